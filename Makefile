@@ -1,0 +1,49 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+# Both create .venv (once), install torch 2.13.0 (the CPU wheel on this machine's disk) and the test
+# dependencies, build the extension against that torch, then run the demo / the whole test suite.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+TORCH_VERSION ?= 2.13.0
+export MAX_JOBS ?= 2
+export GLOO_SOCKET_IFNAME ?= lo
+export OMP_NUM_THREADS ?= 1
+
+STAMP_DEPS := $(VENV)/.deps-$(TORCH_VERSION)
+STAMP_BUILD := $(VENV)/.build
+CSRC := $(shell find csrc -name '*.cpp' -o -name '*.h') setup.py pyproject.toml
+
+.PHONY: all setup build demo test bench clean
+
+all: build
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP_DEPS): | $(PY)
+	$(PIP) install --quiet --upgrade pip setuptools wheel
+	$(PIP) install --quiet "torch==$(TORCH_VERSION)"
+	$(PIP) install --quiet pytest numpy ninja
+	touch $@
+
+setup: $(STAMP_DEPS)
+
+$(STAMP_BUILD): $(STAMP_DEPS) $(CSRC)
+	$(PIP) install --quiet --no-build-isolation --no-deps -e .
+	touch $@
+
+build: $(STAMP_BUILD)
+
+demo: build
+	$(VENV)/bin/torchrun --standalone --nproc-per-node=4 examples/demo.py
+
+test: build
+	$(PY) -m pytest tests -q
+
+bench: build
+	$(PY) bench/bench_validation.py
+
+clean:
+	rm -rf build *.egg-info torch_shard/_C*.so $(STAMP_BUILD)

@@ -1,0 +1,69 @@
+// Kernels that build a ShardedTensorImpl and read it back.
+//
+// Registered as CompositeImplicitAutograd so they run at the Autograd key, before the Python key a
+// wrapped ShardedTensor carries: reading the shards never bounces through __torch_dispatch__.
+
+#include <torch/library.h>
+
+#include "layout/box.h"
+#include "sharded_tensor_impl.h"
+
+namespace torch_shard {
+namespace {
+
+at::Tensor make_sharded(at::TensorList local_shards,
+                        c10::IntArrayRef local_shard_indices,
+                        c10::IntArrayRef global_size,
+                        c10::IntArrayRef shard_offsets,
+                        c10::IntArrayRef shard_sizes,
+                        c10::IntArrayRef shard_ranks,
+                        c10::ScalarType dtype,
+                        c10::Device device,
+                        bool pin_memory,
+                        c10::string_view group_name) {
+  auto boxes = layout::boxes_from_flat(shard_offsets.vec(), shard_sizes.vec(),
+                                       static_cast<int64_t>(global_size.size()));
+  return make_sharded_tensor(local_shards.vec(), local_shard_indices.vec(), global_size.vec(),
+                             std::move(boxes), shard_ranks.vec(), dtype, device, pin_memory,
+                             std::string(group_name));
+}
+
+bool is_sharded(const at::Tensor& self) {
+  return is_sharded_tensor(self);
+}
+
+std::vector<at::Tensor> local_shards(const at::Tensor& self) {
+  return unsafe_get_sharded_impl(self, "_local_shards")->local_shards();
+}
+
+std::vector<int64_t> local_shard_indices(const at::Tensor& self) {
+  return unsafe_get_sharded_impl(self, "_local_shard_indices")->local_shard_indices();
+}
+
+std::tuple<std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>> shard_layout(
+    const at::Tensor& self) {
+  const auto* impl = unsafe_get_sharded_impl(self, "_shard_layout");
+  std::vector<int64_t> offsets, sizes;
+  for (const auto& box : impl->global_shards()) {
+    offsets.insert(offsets.end(), box.offsets.begin(), box.offsets.end());
+    sizes.insert(sizes.end(), box.sizes.begin(), box.sizes.end());
+  }
+  return {std::move(offsets), std::move(sizes), impl->shard_ranks()};
+}
+
+std::string group_name(const at::Tensor& self) {
+  return unsafe_get_sharded_impl(self, "_group_name")->group_name();
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(torch_shard, CompositeImplicitAutograd, m) {
+  m.impl("_make_sharded", TORCH_FN(make_sharded));
+  m.impl("is_sharded", TORCH_FN(is_sharded));
+  m.impl("_local_shards", TORCH_FN(local_shards));
+  m.impl("_local_shard_indices", TORCH_FN(local_shard_indices));
+  m.impl("_shard_layout", TORCH_FN(shard_layout));
+  m.impl("_group_name", TORCH_FN(group_name));
+}
+
+}  // namespace torch_shard

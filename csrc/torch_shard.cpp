@@ -1,0 +1,44 @@
+// The torch_shard operator library: every schema lives here, in the one TORCH_LIBRARY block.
+// Kernels are registered next to their code under csrc/ops/ with TORCH_LIBRARY_IMPL.
+//
+// Importing torch_shard._C only loads this shared object; the static initialisers below register the
+// ops, which Python then reaches as torch.ops.torch_shard.*. There is no pybind11 module.
+
+#include <Python.h>
+
+#include <torch/library.h>
+
+TORCH_LIBRARY(torch_shard, m) {
+  // --- layout math (pure; see csrc/layout/) ---
+  // Offsets and lengths, along the sharded dim, of `num_chunks` torch.chunk-style chunks.
+  m.def("chunk_layout(int dim_size, int num_chunks) -> (int[], int[])");
+  // Shards are given flat: N boxes of `ndim` dims as row-major (N x ndim) offset and size arrays.
+  // Raises ValueError for inconsistent ranks, overlap and (with global_size) bounds and coverage.
+  m.def("validate_shards(int[] shard_offsets, int[] shard_sizes, int ndim, int[]? global_size=None) -> ()");
+  // [i, j] for the first overlapping pair of non-empty shards found, or [] if none overlap.
+  m.def("_find_overlap(int[] shard_offsets, int[] shard_sizes, int ndim) -> int[]");
+
+  // --- ShardedTensorImpl construction and accessors (see csrc/sharded_tensor_impl.h) ---
+  m.def(
+      "_make_sharded(Tensor[] local_shards, int[] local_shard_indices, int[] global_size, "
+      "int[] shard_offsets, int[] shard_sizes, int[] shard_ranks, ScalarType dtype, Device device, "
+      "bool pin_memory, str group_name) -> Tensor");
+  m.def("is_sharded(Tensor self) -> bool");
+  m.def("_local_shards(Tensor self) -> Tensor[]");
+  m.def("_local_shard_indices(Tensor self) -> int[]");
+  // (offsets, sizes, ranks) of every global shard, flat as in validate_shards.
+  m.def("_shard_layout(Tensor self) -> (int[], int[], int[])");
+  m.def("_group_name(Tensor self) -> str");
+}
+
+// Loading the extension as a Python module needs an init function; the module itself is empty.
+extern "C" PyObject* PyInit__C(void) {
+  static struct PyModuleDef module_def = {
+      PyModuleDef_HEAD_INIT,
+      "_C",  // name
+      "torch_shard native library: registers torch.ops.torch_shard.*",  // doc
+      -1,  // size
+      nullptr,  // methods
+  };
+  return PyModule_Create(&module_def);
+}

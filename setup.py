@@ -1,0 +1,50 @@
+"""Build script for torch_shard: one C++ extension, ``torch_shard._C``.
+
+Build against the torch that is already installed (the extension is tied to its exact C++ ABI):
+
+    pip install --no-build-isolation -e .
+"""
+
+import glob
+import os
+
+from setuptools import find_packages, setup
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEBUG = os.environ.get("DEBUG", "0") == "1"
+
+
+def _sources():
+    # Paths relative to setup.py: setuptools rejects absolute source paths in editable builds.
+    files = glob.glob(os.path.join("csrc", "**", "*.cpp"), recursive=True)
+    return sorted(files)
+
+
+extra_compile_args = {
+    "cxx": [
+        "-std=c++17",
+        "-O0" if DEBUG else "-O2",
+        "-Wall",
+        "-Wextra",
+        "-Wno-unused-parameter",
+        "-Wno-missing-field-initializers",
+        "-fdiagnostics-color=always",
+    ]
+}
+if DEBUG:
+    extra_compile_args["cxx"].append("-g")
+
+setup(
+    name="torch_shard",
+    packages=find_packages(include=["torch_shard", "torch_shard.*"]),
+    ext_modules=[
+        CppExtension(
+            "torch_shard._C",
+            _sources(),
+            include_dirs=[os.path.join(HERE, "csrc")],
+            extra_compile_args=extra_compile_args,
+        )
+    ],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+)
