@@ -12,11 +12,14 @@ TORCH_LIBRARY(torch_shard, m) {
   // --- layout math (pure; see csrc/layout/) ---
   // Offsets and lengths, along the sharded dim, of `num_chunks` torch.chunk-style chunks.
   m.def("chunk_layout(int dim_size, int num_chunks) -> (int[], int[])");
-  // Shards are given flat: N boxes of `ndim` dims as row-major (N x ndim) offset and size arrays.
-  // Raises ValueError for inconsistent ranks, overlap and (with global_size) bounds and coverage.
-  m.def("validate_shards(int[] shard_offsets, int[] shard_sizes, int ndim, int[]? global_size=None) -> ()");
-  // [i, j] for the first overlapping pair of non-empty shards found, or [] if none overlap.
-  m.def("_find_overlap(int[] shard_offsets, int[] shard_sizes, int ndim) -> int[]");
+  // Shards are given flat: N boxes of `ndim` dims as row-major (N x ndim) offset and size arrays;
+  // num_shards (N) is needed only when ndim is 0. Raises ValueError for overlap and, with
+  // global_size, for shards outside the tensor and uncovered elements.
+  m.def(
+      "validate_shards(int[] shard_offsets, int[] shard_sizes, int ndim, int[]? global_size=None, "
+      "int num_shards=-1) -> ()");
+  // [i, j] (i < j) for an overlapping pair of non-empty shards, or [] if none overlap.
+  m.def("_find_overlap(int[] shard_offsets, int[] shard_sizes, int ndim, int num_shards=-1) -> int[]");
 
   // --- ShardedTensorImpl construction and accessors (see csrc/sharded_tensor_impl.h) ---
   m.def(

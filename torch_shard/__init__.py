@@ -1,4 +1,16 @@
-"""torch_shard: sharded tensors for PyTorch with a C++ core."""
-import torch  # noqa: F401  (loads libtorch before our extension)
+"""torch_shard: sharded tensors for PyTorch with a C++ core.
+
+A drop-in for ``torch.distributed._shard``: the module tree and names are the same, so code changes
+only its imports (``torch.distributed._shard.X`` -> ``torch_shard.X``). The C++ ops are available as
+``torch.ops.torch_shard.*`` once this package is imported.
+"""
+
+import torch  # noqa: F401  (loads libtorch before the extension)
 
 from . import _C  # noqa: F401  (registers torch.ops.torch_shard.*)
+from . import sharded_tensor, sharding_spec
+from .metadata import ShardMetadata
+
+__version__ = "0.1.0"
+
+__all__ = ["ShardMetadata", "sharded_tensor", "sharding_spec"]

@@ -22,7 +22,8 @@ at::Tensor make_sharded(at::TensorList local_shards,
                         bool pin_memory,
                         c10::string_view group_name) {
   auto boxes = layout::boxes_from_flat(shard_offsets.vec(), shard_sizes.vec(),
-                                       static_cast<int64_t>(global_size.size()));
+                                       static_cast<int64_t>(global_size.size()),
+                                       static_cast<int64_t>(shard_ranks.size()));
   return make_sharded_tensor(local_shards.vec(), local_shard_indices.vec(), global_size.vec(),
                              std::move(boxes), shard_ranks.vec(), dtype, device, pin_memory,
                              std::string(group_name));

@@ -26,8 +26,10 @@ std::tuple<std::vector<int64_t>, std::vector<int64_t>> chunk_layout(int64_t dim_
 void validate_shards(c10::IntArrayRef shard_offsets,
                      c10::IntArrayRef shard_sizes,
                      int64_t ndim,
-                     c10::OptionalIntArrayRef global_size) {
-  const auto boxes = layout::boxes_from_flat(shard_offsets.vec(), shard_sizes.vec(), ndim);
+                     c10::OptionalIntArrayRef global_size,
+                     int64_t num_shards) {
+  const auto boxes =
+      layout::boxes_from_flat(shard_offsets.vec(), shard_sizes.vec(), ndim, num_shards);
   std::optional<layout::Dims> global;
   if (global_size.has_value()) {
     global = global_size->vec();
@@ -37,8 +39,10 @@ void validate_shards(c10::IntArrayRef shard_offsets,
 
 std::vector<int64_t> find_overlap(c10::IntArrayRef shard_offsets,
                                   c10::IntArrayRef shard_sizes,
-                                  int64_t ndim) {
-  const auto boxes = layout::boxes_from_flat(shard_offsets.vec(), shard_sizes.vec(), ndim);
+                                  int64_t ndim,
+                                  int64_t num_shards) {
+  const auto boxes =
+      layout::boxes_from_flat(shard_offsets.vec(), shard_sizes.vec(), ndim, num_shards);
   for (size_t i = 1; i < boxes.size(); ++i) {
     TORCH_CHECK_VALUE(boxes[i].ndim() == boxes[0].ndim(), "Found inconsistent ranks for shards: ",
                       layout::describe_box(boxes[0], 0), " and ", layout::describe_box(boxes[i], i));

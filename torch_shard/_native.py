@@ -1,0 +1,73 @@
+"""Typed wrappers over the C++ layout ops (``torch.ops.torch_shard.*``).
+
+The Python sharding classes hold data; the shape math they need runs in ``csrc/layout/`` through these
+wrappers, which only convert Python objects to the flat integer lists the op schemas take.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from . import _C  # noqa: F401  (registers the ops)
+
+if TYPE_CHECKING:
+    from .metadata import ShardMetadata
+
+_ops = torch.ops.torch_shard
+
+
+def chunk_layout(dim_size: int, num_chunks: int) -> tuple[list[int], list[int]]:
+    """Offsets and lengths along the sharded dim of ``num_chunks`` torch.chunk-style chunks.
+
+    Trailing chunks are empty once ``dim_size`` runs out, and their offsets keep growing by the split
+    size (upstream's ChunkShardingSpec reports them that way).
+    """
+    offsets, lengths = _ops.chunk_layout(int(dim_size), int(num_chunks))
+    return list(offsets), list(lengths)
+
+
+def flatten_shards(shards: Sequence[ShardMetadata]) -> tuple[list[int], list[int], int]:
+    """(offsets, sizes, ndim) of ``shards`` as the flat row-major arrays the ops take."""
+    ndim = len(shards[0].shard_sizes) if shards else 0
+    offsets: list[int] = []
+    sizes: list[int] = []
+    for shard in shards:
+        offsets.extend(shard.shard_offsets)
+        sizes.extend(shard.shard_sizes)
+    return offsets, sizes, ndim
+
+
+def check_consistent_ranks(shards: Sequence[ShardMetadata]) -> None:
+    """ValueError when shards disagree on their number of dims (checked before flattening)."""
+    if not shards:
+        return
+    ndim = len(shards[0].shard_sizes)
+    for shard in shards[1:]:
+        if len(shard.shard_sizes) != ndim:
+            raise ValueError(f"Found inconsistent ranks for shards: {shards[0]} and {shard}")
+
+
+def validate_shards(shards: Sequence[ShardMetadata], global_size: Sequence[int] | None = None) -> None:
+    """Raise ValueError unless ``shards`` are disjoint (and, given ``global_size``, tile the tensor).
+
+    Runs in C++: a tiling proof in O(N * 2^d) for valid layouts, and an O(N log N) sweep (for up to
+    2-D tensors) to name the offending pair otherwise. Empty shards never overlap anything.
+    """
+    check_consistent_ranks(shards)
+    offsets, sizes, ndim = flatten_shards(shards)
+    if global_size is not None:
+        global_size = [int(s) for s in global_size]
+        if shards and ndim != len(global_size):
+            raise ValueError(f"Rank of tensor is {len(global_size)}, but shards rank is {ndim}")
+    _ops.validate_shards(offsets, sizes, ndim, global_size, len(shards))
+
+
+def find_overlap(shards: Sequence[ShardMetadata]) -> tuple[int, int] | None:
+    """Indices of two non-empty shards that overlap, or None."""
+    check_consistent_ranks(shards)
+    offsets, sizes, ndim = flatten_shards(shards)
+    pair = _ops._find_overlap(offsets, sizes, ndim, len(shards))
+    return (pair[0], pair[1]) if pair else None

@@ -1,0 +1,42 @@
+"""Checks and helpers shared by ShardedTensor op implementations."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch.utils import _pytree as pytree
+
+
+def _sharded_tensors_in(args, kwargs) -> list:
+    from .sharded_tensor.api import ShardedTensorBase
+
+    leaves = pytree.tree_leaves((args, kwargs or {}))
+    return [leaf for leaf in leaves if isinstance(leaf, ShardedTensorBase)]
+
+
+def _basic_validation(op: Callable, args=(), kwargs=None) -> None:
+    """Reject calls without inputs, without any ShardedTensor, or mixing process groups."""
+    if len(args) == 0 and (kwargs is None or len(kwargs) == 0):
+        raise ValueError(f" No input for '{op.__name__}'!")
+    sharded = _sharded_tensors_in(args, kwargs)
+    if not sharded:
+        raise TypeError(
+            f"torch function '{op.__name__}', with args: {args} and kwargs: {kwargs} are called "
+            f"without any distributed tensor!"
+        )
+    pg = getattr(sharded[0], "_process_group", None)
+    for st in sharded[1:]:
+        if getattr(st, "_process_group", None) is not pg:
+            raise RuntimeError(
+                "All distributed tensors should use the same ProcessGroup if used together in an op."
+            )
+
+
+def _register_default_op(op: Callable, decorator: Callable) -> None:
+    """Register ``op`` so it runs as on a plain tensor (metadata reads served by the TensorImpl)."""
+
+    @decorator(op)
+    def tensor_default_op(types, args=(), kwargs=None, pg=None):
+        with torch._C.DisableTorchFunctionSubclass():
+            return op(*args, **(kwargs or {}))

@@ -1,0 +1,177 @@
+"""ShardedTensor and its constructors, module for module like ``torch.distributed._shard.sharded_tensor``."""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import torch
+
+from ..metadata import ShardMetadata
+from ..op_registry_utils import _decorator_func
+from ..sharding_spec import ShardingSpec
+from .api import _CUSTOM_SHARDED_OPS, _SHARDED_OPS, ShardedTensor, ShardedTensorBase, _flatten_tensor_size
+from .metadata import ShardedTensorMetadata, TensorProperties
+from .shard import Shard
+
+__all__ = [
+    "Shard",
+    "ShardMetadata",
+    "ShardedTensor",
+    "ShardedTensorBase",
+    "ShardedTensorMetadata",
+    "TensorProperties",
+    "custom_sharded_op_impl",
+    "empty",
+    "full",
+    "ones",
+    "rand",
+    "randn",
+    "zeros",
+]
+
+
+def _size_from(size_args: tuple, size_kwarg) -> torch.Size:
+    if size_kwarg is not None:
+        if size_args:
+            raise TypeError("size given both positionally and as size=")
+        size_args = (size_kwarg,)
+    return _flatten_tensor_size(size_args)
+
+
+def empty(
+    sharding_spec: ShardingSpec,
+    *dims,
+    size=None,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout = torch.strided,
+    requires_grad: bool = False,
+    pin_memory: bool = False,
+    memory_format: torch.memory_format = torch.contiguous_format,
+    process_group=None,
+    init_rrefs: bool = False,
+) -> ShardedTensor:
+    """A ShardedTensor with uninitialised data.
+
+    Args:
+        sharding_spec (ShardingSpec): how to shard the tensor (e.g. a ChunkShardingSpec).
+        *dims (int...): the global size: ``empty(spec, 10, 20)``, ``empty(spec, (10, 20))``,
+            ``empty(spec, [10, 20])`` or ``empty(spec, size=(10, 20))``.
+
+    Keyword args:
+        dtype (torch.dtype, optional): defaults to ``torch.get_default_dtype()``.
+        layout (torch.layout): only ``torch.strided`` is supported.
+        requires_grad (bool): whether autograd records operations on the result.
+        pin_memory (bool): pinned CPU shards (needs an accelerator).
+        memory_format (torch.memory_format): only ``torch.contiguous_format`` is supported.
+        process_group (ProcessGroup, optional): defaults to the default group.
+        init_rrefs (bool): build RRefs to remote shards over RPC (collective).
+
+    Returns:
+        ShardedTensor: each rank holds the shards placed on it.
+
+    Raises:
+        TypeError: a size element is not an int.
+        ValueError: invalid sharding dim, placement rank outside ``process_group``, non-strided layout
+            or non-contiguous memory format.
+    """
+    return ShardedTensor(
+        sharding_spec,
+        *_size_from(dims, size),
+        dtype=dtype,
+        layout=layout,
+        requires_grad=requires_grad,
+        pin_memory=pin_memory,
+        memory_format=memory_format,
+        process_group=process_group,
+        init_rrefs=init_rrefs,
+    )
+
+
+def full(
+    sharding_spec: ShardingSpec,
+    size,
+    fill_value,
+    *,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout = torch.strided,
+    requires_grad: bool = False,
+    pin_memory: bool = False,
+    memory_format: torch.memory_format = torch.contiguous_format,
+    process_group=None,
+    init_rrefs: bool = False,
+) -> ShardedTensor:
+    """A ShardedTensor of ``size`` filled with ``fill_value`` (``size`` is one list/tuple/torch.Size).
+
+    As upstream, ``dtype=None`` means ``torch.get_default_dtype()`` whatever the fill value's type.
+    Other arguments as in :func:`empty`.
+    """
+    st = empty(
+        sharding_spec,
+        size,
+        dtype=dtype,
+        layout=layout,
+        requires_grad=requires_grad,
+        pin_memory=pin_memory,
+        memory_format=memory_format,
+        process_group=process_group,
+        init_rrefs=init_rrefs,
+    )
+    torch.nn.init.constant_(st, fill_value)
+    return st
+
+
+def ones(sharding_spec: ShardingSpec, *dims, size=None, **kwargs) -> ShardedTensor:
+    """A ShardedTensor filled with 1. Arguments as in :func:`empty`."""
+    return full(sharding_spec, _size_from(dims, size), 1, **kwargs)
+
+
+def zeros(sharding_spec: ShardingSpec, *dims, size=None, **kwargs) -> ShardedTensor:
+    """A ShardedTensor filled with 0. Arguments as in :func:`empty`."""
+    return full(sharding_spec, _size_from(dims, size), 0, **kwargs)
+
+
+def rand(sharding_spec: ShardingSpec, *dims, size=None, **kwargs) -> ShardedTensor:
+    """A ShardedTensor filled from U[0, 1).
+
+    Each rank fills its shards from its own RNG stream, in shard order: after the same
+    ``torch.manual_seed`` a rank's shard equals ``torch.rand`` of that shard's size (upstream's
+    semantics; the result is not a slice of one global random tensor). Arguments as in :func:`empty`.
+    """
+    st = empty(sharding_spec, *_size_from(dims, size), **kwargs)
+    torch.nn.init.uniform_(st, 0, 1)
+    return st
+
+
+def randn(sharding_spec: ShardingSpec, *dims, size=None, **kwargs) -> ShardedTensor:
+    """A ShardedTensor filled from N(0, 1), with :func:`rand`'s per-rank RNG semantics."""
+    st = empty(sharding_spec, *_size_from(dims, size), **kwargs)
+    torch.nn.init.normal_(st, 0, 1)
+    return st
+
+
+def _sharded_op_impl(func: Callable):
+    """Decorator registering a built-in ShardedTensor implementation of torch function ``func``.
+
+    The implementation's signature is ``(types, args, kwargs, process_group)``.
+    """
+    return functools.partial(_decorator_func, op=func, op_table=_SHARDED_OPS)
+
+
+def custom_sharded_op_impl(func: Callable):
+    """Decorator registering a user implementation of torch function ``func`` for ShardedTensor.
+
+    User implementations take precedence over spec-specific and built-in ones. The decorated function
+    must have the signature ``(types, args, kwargs, process_group)``.
+
+    Example::
+
+        @custom_sharded_op_impl(torch.asin)
+        def my_asin(types, args, kwargs, process_group):
+            ...
+    """
+    return functools.partial(_decorator_func, op=func, op_table=_CUSTOM_SHARDED_OPS)
+
+
+# Built-in op implementations register themselves on import.
+from . import _ops  # noqa: E402,F401

@@ -1,0 +1,3 @@
+"""Built-in ShardedTensor op implementations; importing this package registers them."""
+
+from . import _common, init, tensor_ops  # noqa: F401

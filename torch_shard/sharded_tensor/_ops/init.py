@@ -1,0 +1,69 @@
+"""torch.nn.init on ShardedTensor: each local shard is filled from this rank's RNG stream."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import _sharded_op_impl
+
+
+def _param(kwargs, name):
+    value = kwargs.get(name)
+    if value is None:
+        raise ValueError(f"param: {name} shouldn't be None!")
+    return value
+
+
+@_sharded_op_impl(torch.nn.init.uniform_)
+def uniform_(types, args=(), kwargs=None, pg=None):
+    """Fill every local shard from U[a, b) (torch.nn.init passes its arguments as kwargs)."""
+    kwargs = kwargs or {}
+    st = _param(kwargs, "tensor")
+    a, b = _param(kwargs, "a"), _param(kwargs, "b")
+    generator = kwargs.get("generator")
+    for shard in st.local_shards():
+        torch.nn.init.uniform_(shard.tensor, a=a, b=b, generator=generator)
+    return st
+
+
+@_sharded_op_impl(torch.nn.init.normal_)
+def normal_(types, args=(), kwargs=None, pg=None):
+    """Fill every local shard from N(mean, std^2)."""
+    kwargs = kwargs or {}
+    st = _param(kwargs, "tensor")
+    mean, std = _param(kwargs, "mean"), _param(kwargs, "std")
+    generator = kwargs.get("generator")
+    for shard in st.local_shards():
+        torch.nn.init.normal_(shard.tensor, mean=mean, std=std, generator=generator)
+    return st
+
+
+@_sharded_op_impl(torch.nn.init.kaiming_uniform_)
+def kaiming_uniform_(types, args=(), kwargs=None, pg=None):
+    """Kaiming-uniform fill whose bound comes from the GLOBAL fan (upstream uses each shard's own
+    fan, which is wrong whenever the fan dim is sharded)."""
+    kwargs = kwargs or {}
+    st = _param(kwargs, "tensor")
+    a = _param(kwargs, "a")
+    mode = _param(kwargs, "mode")
+    nonlinearity = _param(kwargs, "nonlinearity")
+    generator = kwargs.get("generator")
+    fan = torch.nn.init._calculate_correct_fan(torch.empty(st.size(), device="meta"), mode)
+    bound = math.sqrt(3.0) * torch.nn.init.calculate_gain(nonlinearity, a) / math.sqrt(fan)
+    with torch.no_grad():
+        for shard in st.local_shards():
+            shard.tensor.uniform_(-bound, bound, generator=generator)
+    return st
+
+
+@_sharded_op_impl(torch.nn.init.constant_)
+def constant_(types, args=(), kwargs=None, pg=None):
+    """Fill every local shard with ``val``."""
+    kwargs = kwargs or {}
+    st = _param(kwargs, "tensor")
+    val = _param(kwargs, "val")
+    for shard in st.local_shards():
+        torch.nn.init.constant_(shard.tensor, val)
+    return st

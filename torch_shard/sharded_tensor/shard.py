@@ -1,0 +1,51 @@
+"""Shard: one local piece of a ShardedTensor, a dense tensor plus its metadata."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.distributed.remote_device import _remote_device
+
+from ..metadata import ShardMetadata
+
+__all__ = ["Shard"]
+
+
+@dataclass
+class Shard:
+    """A dense tensor holding one shard of a ShardedTensor, and that shard's metadata.
+
+    Args:
+        tensor (torch.Tensor): the shard's data; its size must equal ``metadata.shard_sizes``.
+        metadata (ShardMetadata): where the shard sits in the global tensor and where it is placed;
+            when it has a placement, that placement's device must be ``tensor.device``.
+    """
+
+    __slots__ = ["tensor", "metadata"]
+    tensor: torch.Tensor
+    metadata: ShardMetadata
+
+    def __post_init__(self):
+        if list(self.tensor.size()) != list(self.metadata.shard_sizes):
+            raise ValueError(
+                "Shard tensor size does not match with metadata.shard_lengths! "
+                f"Found shard tensor size: {list(self.tensor.size())}, "
+                f"metadata.shard_lengths: {self.metadata.shard_sizes}, "
+            )
+        placement = self.metadata.placement
+        if placement is not None and placement.device() != self.tensor.device:
+            raise ValueError(
+                "Local shard tensor device does not match with local Shard's placement! "
+                f"Found local shard tensor device: {self.tensor.device}, "
+                f"local shard metadata placement device: {placement.device()}"
+            )
+
+    @classmethod
+    def from_tensor_and_offsets(cls, tensor: torch.Tensor, shard_offsets: list[int], rank: int) -> Shard:
+        """A Shard of ``tensor`` at ``shard_offsets``, placed on ``rank`` and ``tensor``'s device."""
+        placement = _remote_device(f"rank:{rank}/{tensor.device}")
+        metadata = ShardMetadata(
+            shard_offsets=shard_offsets, shard_sizes=list(tensor.size()), placement=placement
+        )
+        return cls(tensor, metadata)

@@ -1,0 +1,172 @@
+"""Sharding specs: how a tensor is cut into shards and where each shard goes."""
+
+from __future__ import annotations
+
+import abc
+import functools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import torch
+from torch.distributed.remote_device import _remote_device
+
+from .. import _native
+from ..metadata import ShardMetadata
+from ..op_registry_utils import _decorator_func
+from ._internals import check_tensor, validate_non_overlapping_shards_metadata
+
+if TYPE_CHECKING:
+    from ..sharded_tensor import ShardedTensor
+    from ..sharded_tensor.metadata import ShardedTensorMetadata, TensorProperties
+
+__all__ = [
+    "DevicePlacementSpec",
+    "EnumerableShardingSpec",
+    "PlacementSpec",
+    "ShardingSpec",
+    "custom_sharding_spec_op",
+]
+
+
+class PlacementSpec(abc.ABC):  # noqa: B024
+    """Base class of placement specs: where a whole tensor or a shard lives."""
+
+
+@dataclass
+class DevicePlacementSpec(PlacementSpec):
+    """Places an entire tensor on one device.
+
+    Args:
+        device (str | int | torch.device | torch.distributed._remote_device): e.g. ``"cuda:0"``,
+            ``"rank:0/cpu"`` or ``torch.device(0)``.
+    """
+
+    device: _remote_device
+
+    def __post_init__(self):
+        if not isinstance(self.device, _remote_device):
+            self.device = _remote_device(self.device)
+
+
+class ShardingSpec(abc.ABC):
+    """Base class of sharding specs.
+
+    A spec turns a global size into shard metadata (:meth:`build_metadata`) and can scatter a full
+    tensor into a ShardedTensor (:meth:`shard`). Any subclass works with the ``sharded_tensor``
+    constructors, which only need :meth:`build_metadata`.
+    """
+
+    @abc.abstractmethod
+    def build_metadata(
+        self, tensor_sizes: torch.Size, tensor_properties: TensorProperties
+    ) -> ShardedTensorMetadata:
+        """Metadata of a tensor of ``tensor_sizes`` sharded by this spec."""
+
+    @abc.abstractmethod
+    def shard(self, tensor: torch.Tensor, src_rank: int = 0, process_group=None) -> ShardedTensor:
+        """Scatter ``tensor`` held on ``src_rank`` into a ShardedTensor laid out by this spec."""
+
+
+# Per-spec-class op tables: {spec class: {torch function: implementation}}. Keyed by the class object
+# itself (upstream keys by __qualname__, so two spec classes with the same name collide).
+_CUSTOM_SHARDING_SPEC_OPS: dict[type, dict[Callable, Callable]] = {}
+
+
+def _has_custom_op(sharding_spec: ShardingSpec, op: Callable) -> bool:
+    """True if ``op`` has an implementation registered for ``type(sharding_spec)``."""
+    table = _CUSTOM_SHARDING_SPEC_OPS.get(type(sharding_spec))
+    return table is not None and op in table
+
+
+def _dispatch_custom_op(sharding_spec: ShardingSpec, op: Callable, types, args, kwargs, process_group):
+    """Run the implementation of ``op`` registered for ``type(sharding_spec)``."""
+    table = _CUSTOM_SHARDING_SPEC_OPS.get(type(sharding_spec), {})
+    if op not in table:
+        raise RuntimeError(f"Custom op: {op} not registered for {type(sharding_spec).__qualname__}")
+    return table[op](types, args, kwargs, process_group)
+
+
+def custom_sharding_spec_op(sharding_spec_class: type, func: Callable):
+    """Decorator registering an implementation of torch function ``func`` for ShardedTensors whose
+    spec is exactly ``sharding_spec_class``. It takes precedence over the built-in implementation.
+
+    The decorated function must have the signature ``(types, args, kwargs, process_group)``.
+
+    Example::
+
+        @custom_sharding_spec_op(ChunkShardingSpec, torch.nn.functional.linear)
+        def my_linear(types, args, kwargs, process_group):
+            ...
+    """
+    table = _CUSTOM_SHARDING_SPEC_OPS.setdefault(sharding_spec_class, {})
+    return functools.partial(_decorator_func, op=func, op_table=table)
+
+
+@dataclass
+class EnumerableShardingSpec(ShardingSpec):
+    """A sharding spec that lists every shard explicitly.
+
+    Shards must not overlap (zero-size shards never do); whether they cover a tensor is checked when
+    the spec is applied to a size (:meth:`build_metadata`).
+
+    Args:
+        shards (List[ShardMetadata]): one entry per shard, with its offsets, sizes and placement.
+    """
+
+    shards: list[ShardMetadata]
+
+    def __post_init__(self):
+        if len(self.shards) == 0:
+            raise ValueError(f"Empty shard list provided: {self.shards}")
+        _native.check_consistent_ranks(self.shards)
+        validate_non_overlapping_shards_metadata(self.shards)
+
+    def build_metadata(
+        self, tensor_sizes: torch.Size, tensor_properties: TensorProperties
+    ) -> ShardedTensorMetadata:
+        from ..sharded_tensor.metadata import ShardedTensorMetadata
+
+        check_tensor(self.shards, tensor_sizes)
+        return ShardedTensorMetadata(self.shards, tensor_sizes, tensor_properties)
+
+    def shard(self, tensor: torch.Tensor, src_rank: int = 0, process_group=None) -> ShardedTensor:
+        # Scatter of an arbitrary layout arrives with the data-movement work (see the issue tracker);
+        # until then keep upstream's exact refusal, which callers and tests match on.
+        raise NotImplementedError("EnumerableShardingSpec.shard not implemented yet!")
+
+
+def _infer_sharding_spec_from_shards_metadata(shards_metadata: list[ShardMetadata]) -> ShardingSpec:
+    """The spec a list of shards follows: a ChunkShardingSpec when the shards are exactly the
+    torch.chunk layout along one dim (in some placement order), else an EnumerableShardingSpec.
+    """
+    chunk_spec = _as_chunk_spec(shards_metadata)
+    if chunk_spec is not None:
+        return chunk_spec
+    return EnumerableShardingSpec(shards_metadata)
+
+
+def _as_chunk_spec(shards: list[ShardMetadata]):
+    from .chunk_sharding_spec import ChunkShardingSpec
+
+    if not shards or any(s.placement is None for s in shards):
+        return None
+    ndim = len(shards[0].shard_sizes)
+    if any(len(s.shard_sizes) != ndim for s in shards):
+        return None
+    # The sharded dim is the only dim where any shard has a non-zero offset.
+    dims = {d for s in shards for d, off in enumerate(s.shard_offsets) if off != 0}
+    if len(dims) != 1:
+        return None
+    (dim,) = dims
+    # Every other dim must be whole and identical across shards.
+    others = [d for d in range(ndim) if d != dim]
+    first = shards[0]
+    if any(s.shard_sizes[d] != first.shard_sizes[d] for s in shards for d in others):
+        return None
+    order = sorted(range(len(shards)), key=lambda i: shards[i].shard_offsets[dim])
+    dim_size = sum(s.shard_sizes[dim] for s in shards)
+    offsets, lengths = _native.chunk_layout(dim_size, len(shards))
+    for pos, i in enumerate(order):
+        if shards[i].shard_offsets[dim] != offsets[pos] or shards[i].shard_sizes[dim] != lengths[pos]:
+            return None
+    return ChunkShardingSpec(dim=dim, placements=[shards[i].placement for i in order])

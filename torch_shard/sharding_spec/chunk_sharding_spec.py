@@ -1,0 +1,78 @@
+"""ChunkShardingSpec: torch.chunk along one dim, one chunk per placement."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Union
+
+import torch
+from torch.distributed.remote_device import _remote_device
+
+from .. import _native
+from ..metadata import ShardMetadata
+from .api import ShardingSpec
+
+if TYPE_CHECKING:
+    from ..sharded_tensor import ShardedTensor
+    from ..sharded_tensor.metadata import ShardedTensorMetadata, TensorProperties
+
+__all__ = ["ChunkShardingSpec"]
+
+
+@dataclass
+class ChunkShardingSpec(ShardingSpec):
+    """Splits a tensor along ``dim`` like ``torch.chunk`` into ``len(placements)`` chunks; chunk ``i``
+    goes to ``placements[i]``.
+
+    Every chunk but the trailing ones has ``ceil(size / len(placements))`` rows; once the dim runs out
+    the remaining chunks are empty (and still get a metadata entry and a zero-size local tensor). A
+    rank may appear several times (several local shards) or not at all (no local shard).
+
+    Args:
+        dim (int): the dim to shard; negative values count from the end. Named dims are not supported.
+        placements (List[str | torch.distributed._remote_device]): e.g. ``"rank:0/cuda:0"`` or
+            ``"rank:1/cpu"``. Strings are converted to ``_remote_device`` in place.
+    """
+
+    ShardingDim = Union[int, str]
+
+    dim: ShardingDim
+    placements: list[Union[_remote_device, str]]
+
+    def __post_init__(self):
+        self._verify_dim(self.dim)
+        for i, placement in enumerate(self.placements):
+            if not isinstance(placement, _remote_device):
+                self.placements[i] = _remote_device(placement)
+
+    @staticmethod
+    def _verify_dim(dim) -> None:
+        if isinstance(dim, str):
+            raise NotImplementedError("ChunkShardingSpec does not support named dimension yet!")
+        if not isinstance(dim, int) or isinstance(dim, bool):
+            raise ValueError(f"Sharding dim needs to be an integer, found: {dim}")
+
+    def build_metadata(
+        self, tensor_sizes: torch.Size, tensor_properties: TensorProperties
+    ) -> ShardedTensorMetadata:
+        from ..sharded_tensor.metadata import ShardedTensorMetadata
+
+        tensor_num_dim = len(tensor_sizes)
+        self._verify_dim(self.dim)
+        if self.dim >= tensor_num_dim or self.dim < -tensor_num_dim:
+            raise ValueError(f"Invalid sharding dim: {self.dim}")
+        dim = self.dim % tensor_num_dim
+        offsets, lengths = _native.chunk_layout(tensor_sizes[dim], len(self.placements))
+        shards = []
+        for placement, offset, length in zip(self.placements, offsets, lengths):
+            shard_offsets = [0] * tensor_num_dim
+            shard_offsets[dim] = offset
+            shard_sizes = list(tensor_sizes)
+            shard_sizes[dim] = length
+            shards.append(ShardMetadata(shard_offsets, shard_sizes, placement))
+        return ShardedTensorMetadata(shards, tensor_sizes, tensor_properties)
+
+    def shard(self, tensor: torch.Tensor, src_rank: int = 0, process_group=None) -> ShardedTensor:
+        raise NotImplementedError(
+            "ChunkShardingSpec.shard (scatter from a source rank) is not available in this build yet"
+        )
