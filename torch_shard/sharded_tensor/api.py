@@ -255,7 +255,7 @@ class ShardedTensorBase(torch.Tensor):
         kwargs = kwargs or {}
         if func is torch.ops.aten.detach.default:
             (src,) = args
-            with torch._C._DisableTorchDispatch():
+            with torch._C.DisableTorchFunctionSubclass(), torch._C._DisableTorchDispatch():
                 raw = func(src)
             return src._shallow_rewrap(raw, False)
         raise RuntimeError(

@@ -1,0 +1,192 @@
+"""The C++ ShardedTensorImpl behind ShardedTensor: type survival, global metadata, clean errors.
+
+These are the risky parts of building ShardedTensor as a storage-less c10::TensorImpl subclass
+(TENSORIMPL_NOTES.md B.7), checked on 4 ranks with real ShardedTensors.
+"""
+
+import copy
+
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import torch_shard
+from torch_shard import sharded_tensor
+from torch_shard.sharded_tensor import ShardedTensor
+from torch_shard.sharding_spec import ChunkShardingSpec, EnumerableShardingSpec, ShardMetadata
+from torch_shard.testing import ShardedTensorTestBase, TestCase, placement, rank_device, run_tests, with_comms
+
+_ops = torch.ops.torch_shard
+
+
+class _PassThroughMode(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.seen.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+def _row_spec(n_placements=4):
+    return ChunkShardingSpec(dim=0, placements=[placement(r % 4) for r in range(n_placements)])
+
+
+class TestShardedTensorImpl(ShardedTensorTestBase):
+    @with_comms(init_rpc=False)
+    def test_impl_holds_the_layout(self):
+        st = sharded_tensor.rand(_row_spec(8), 16, 5)
+        self.assertTrue(_ops.is_sharded(st))
+        self.assertFalse(_ops.is_sharded(torch.zeros(2)))
+        offsets, sizes, ranks = _ops._shard_layout(st)
+        md = st.metadata().shards_metadata
+        self.assertEqual(offsets, [o for s in md for o in s.shard_offsets])
+        self.assertEqual(sizes, [z for s in md for z in s.shard_sizes])
+        self.assertEqual(ranks, [s.placement.rank() for s in md])
+        # The C++ local shards are the very tensors the Python Shards hold.
+        cpp_locals = _ops._local_shards(st)
+        self.assertEqual(len(cpp_locals), 2)
+        for cpp, shard in zip(cpp_locals, st.local_shards()):
+            self.assertEqual(cpp.data_ptr(), shard.tensor.data_ptr())
+        self.assertEqual(_ops._local_shard_indices(st), [self.rank, self.rank + 4])
+        self.assertEqual(_ops._group_name(st), dist.group.WORLD.group_name)
+
+    @with_comms(init_rpc=False)
+    def test_global_tensor_reporting(self):
+        st = sharded_tensor.zeros(_row_spec(), 10, 6, dtype=torch.float64)
+        self.assertEqual(st.shape, torch.Size([10, 6]))
+        self.assertEqual(st.numel(), 60)
+        self.assertEqual(st.stride(), (6, 1))
+        self.assertEqual(st.dtype, torch.float64)
+        self.assertEqual(st.device, torch.device(rank_device(self.rank)))
+        self.assertTrue(st.is_contiguous())
+        self.assertTrue(st.contiguous() is st)
+        self.assertTrue(st.is_floating_point())
+        with self.assertRaisesRegex(IndexError, "Dimension out of range"):
+            st.size(2)
+
+    @with_comms(init_rpc=False)
+    def test_type_survives_detach_make_subclass_and_parameter(self):
+        st = sharded_tensor.rand(_row_spec(), 12, 4)
+        # Tensor-level detach (torch function table) and dispatcher-level detach (no torch function).
+        self.assertIs(type(st.detach()), ShardedTensor)
+        with torch._C.DisableTorchFunctionSubclass():
+            raw_detached = st.detach()
+        self.assertIs(type(raw_detached), ShardedTensor)
+        self.assertEqual(raw_detached.local_tensor(), st.local_tensor())
+        self.assertTrue(_ops.is_sharded(raw_detached))
+        # _make_subclass keeps the C++ impl type.
+        again = torch.Tensor._make_subclass(ShardedTensor, st, False)
+        self.assertTrue(_ops.is_sharded(again))
+        self.assertEqual(again.shape, st.shape)
+        # nn.Parameter keeps the ShardedTensor type and turns on requires_grad everywhere.
+        param = torch.nn.Parameter(st)
+        self.assertIsInstance(param, ShardedTensor)
+        self.assertTrue(param.requires_grad)
+        self.assertTrue(param.metadata().tensor_properties.requires_grad)
+        self.assertTrue(all(s.tensor.requires_grad for s in param.local_shards()))
+        self.assertFalse(st.requires_grad)
+
+    @with_comms(init_rpc=False)
+    def test_detach_under_dispatch_mode(self):
+        st = sharded_tensor.rand(_row_spec(), 8, 4)
+        mode = _PassThroughMode()
+        with mode:
+            with torch._C.DisableTorchFunctionSubclass():
+                out = st.detach()
+        self.assertIs(type(out), ShardedTensor)
+        self.assertIn(torch.ops.aten.detach.default, mode.seen)
+        self.assertEqual(out.local_tensor(), st.local_tensor())
+
+    @with_comms(init_rpc=False)
+    def test_unsupported_ops_fail_cleanly(self):
+        st = sharded_tensor.ones(_row_spec(), 8, 4)
+        with self.assertRaisesRegex(RuntimeError, r"(?s)torch function 'add'.*not supported for ShardedTensor!$"):
+            torch.add(st, torch.ones(8, 4))
+        with self.assertRaisesRegex(RuntimeError, "not supported for ShardedTensor!$"):
+            st.sum()
+        # Below torch function, at the dispatcher: the same error, naming the aten op.
+        with torch._C.DisableTorchFunctionSubclass():
+            with self.assertRaisesRegex(RuntimeError, r"(?s)aten\.mul\.Tensor.*not supported for ShardedTensor!$"):
+                torch.mul(st, 2)
+        with self.assertRaisesRegex(RuntimeError, "torch function '__set__'"):
+            st.requires_grad = True
+
+    @with_comms(init_rpc=False)
+    def test_storage_access_is_a_clear_error(self):
+        st = sharded_tensor.ones(_row_spec(), 8, 4)
+        with torch._C.DisableTorchFunctionSubclass():
+            with self.assertRaisesRegex(RuntimeError, "has no single storage"):
+                st.untyped_storage()
+            with self.assertRaisesRegex(RuntimeError, "has no single storage"):
+                st.data_ptr()
+            # `.data = dense` must not silently turn the impl into something else.
+            with self.assertRaisesRegex(TypeError, "cannot assign"):
+                st.data = torch.zeros(8, 4)
+        self.assertTrue(_ops.is_sharded(st))
+
+    @with_comms(init_rpc=False)
+    def test_deepcopy_and_repr(self):
+        st = sharded_tensor.rand(_row_spec(), 8, 4)
+        clone = copy.deepcopy(st)
+        self.assertIs(type(clone), ShardedTensor)
+        self.assertIsNot(clone, st)
+        self.assertEqual(clone.local_tensor(), st.local_tensor())
+        self.assertNotEqual(clone.local_tensor().data_ptr(), st.local_tensor().data_ptr())
+        self.assertIs(clone._process_group, st._process_group)
+        self.assertEqual(clone.metadata(), st.metadata())
+        self.assertTrue(repr(st).startswith("ShardedTensor(ShardedTensorMetadata("))
+        self.assertEqual(f"{st}", repr(st))
+
+    @with_comms(init_rpc=False)
+    def test_enumerable_several_shards_and_empty_ranks(self):
+        # Rank 0 owns two shards, rank 1 one, rank 2 one empty shard, rank 3 nothing.
+        spec = EnumerableShardingSpec(
+            [
+                ShardMetadata([0, 0], [2, 6], placement(0)),
+                ShardMetadata([2, 0], [3, 6], placement(1)),
+                ShardMetadata([5, 0], [0, 6], placement(2)),
+                ShardMetadata([5, 0], [3, 6], placement(0)),
+            ]
+        )
+        st = sharded_tensor.full(spec, (8, 6), 7, dtype=torch.int64)
+        expected = {0: [[2, 6], [3, 6]], 1: [[3, 6]], 2: [[0, 6]], 3: []}[self.rank]
+        self.assertEqual([list(s.tensor.shape) for s in st.local_shards()], expected)
+        for shard in st.local_shards():
+            self.assertTrue(bool((shard.tensor == 7).all()))
+        self.assertEqual(len(_ops._local_shards(st)), len(expected))
+        self.assertEqual(st.device, torch.device(rank_device(self.rank)))
+
+
+class TestShardedTensorErrorsNoComms(TestCase):
+    def test_make_sharded_checks_local_shards(self):
+        with self.assertRaisesRegex(ValueError, "has size"):
+            _ops._make_sharded(
+                [torch.zeros(3, 2)], [0], [4, 2], [0, 0, 2, 0], [2, 2, 2, 2], [0, 1],
+                torch.float32, torch.device("cpu"), False, "",
+            )
+        with self.assertRaisesRegex(TypeError, "dtype"):
+            _ops._make_sharded(
+                [torch.zeros(2, 2, dtype=torch.int32)], [0], [4, 2], [0, 0, 2, 0], [2, 2, 2, 2], [0, 1],
+                torch.float32, torch.device("cpu"), False, "",
+            )
+        with self.assertRaisesRegex(IndexError, "claims global shard 5"):
+            _ops._make_sharded(
+                [torch.zeros(2, 2)], [5], [4, 2], [0, 0, 2, 0], [2, 2, 2, 2], [0, 1],
+                torch.float32, torch.device("cpu"), False, "",
+            )
+
+    def test_accessors_reject_dense_tensors(self):
+        with self.assertRaisesRegex(TypeError, "expected a ShardedTensor"):
+            _ops._local_shards(torch.zeros(3))
+
+    def test_ops_are_registered_with_schemas(self):
+        for name in ("chunk_layout", "validate_shards", "_make_sharded", "_local_shards", "_shard_layout"):
+            packet = getattr(torch.ops.torch_shard, name)
+            self.assertTrue(str(packet.default._schema).startswith(f"torch_shard::{name}("))
+        self.assertEqual(torch_shard.__version__, "0.1.0")
+
+
+if __name__ == "__main__":
+    run_tests()
