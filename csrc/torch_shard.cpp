@@ -12,25 +12,23 @@ TORCH_LIBRARY(torch_shard, m) {
   // --- layout math (pure; see csrc/layout/) ---
   // Offsets and lengths, along the sharded dim, of `num_chunks` torch.chunk-style chunks.
   m.def("chunk_layout(int dim_size, int num_chunks) -> (int[], int[])");
-  // Shards are given flat: N boxes of `ndim` dims as row-major (N x ndim) offset and size arrays;
-  // num_shards (N) is needed only when ndim is 0. Raises ValueError for overlap and, with
-  // global_size, for shards outside the tensor and uncovered elements.
-  m.def(
-      "validate_shards(int[] shard_offsets, int[] shard_sizes, int ndim, int[]? global_size=None, "
-      "int num_shards=-1) -> ()");
+  // Shards are given as two int64 CPU tensors of shape (N, ndim): offsets and sizes (see
+  // csrc/ops/box_args.h). Raises ValueError for overlap and, with global_size, for shards outside the
+  // tensor and uncovered elements.
+  m.def("validate_shards(Tensor shard_offsets, Tensor shard_sizes, int[]? global_size=None) -> ()");
   // [i, j] (i < j) for an overlapping pair of non-empty shards, or [] if none overlap.
-  m.def("_find_overlap(int[] shard_offsets, int[] shard_sizes, int ndim, int num_shards=-1) -> int[]");
+  m.def("_find_overlap(Tensor shard_offsets, Tensor shard_sizes) -> int[]");
 
   // --- ShardedTensorImpl construction and accessors (see csrc/sharded_tensor_impl.h) ---
   m.def(
       "_make_sharded(Tensor[] local_shards, int[] local_shard_indices, int[] global_size, "
-      "int[] shard_offsets, int[] shard_sizes, int[] shard_ranks, ScalarType dtype, Device device, "
-      "bool pin_memory, str group_name) -> Tensor");
+      "Tensor shard_offsets, Tensor shard_sizes, int[] shard_ranks, ScalarType dtype, "
+      "Device device, bool pin_memory, str group_name) -> Tensor");
   m.def("is_sharded(Tensor self) -> bool");
   m.def("_local_shards(Tensor self) -> Tensor[]");
   m.def("_local_shard_indices(Tensor self) -> int[]");
-  // (offsets, sizes, ranks) of every global shard, flat as in validate_shards.
-  m.def("_shard_layout(Tensor self) -> (int[], int[], int[])");
+  // (offsets, sizes, ranks) of every global shard; offsets and sizes as (N, ndim) int64 tensors.
+  m.def("_shard_layout(Tensor self) -> (Tensor, Tensor, int[])");
   m.def("_group_name(Tensor self) -> str");
 }
 

@@ -4,13 +4,18 @@ The ops are registered under ``torch.ops.torch_shard`` when ``torch_shard`` is i
 
 * ``chunk_layout(dim_size, num_chunks) -> (offsets, lengths)``: ChunkShardingSpec's split of one dim,
   with torch.chunk lengths and upstream's (unclamped) ``split * i`` offsets.
-* ``validate_shards(offsets_flat, sizes_flat, ndim, global_size_or_None)``: raises ValueError for a bad
-  layout, returns None for a good one.
-* ``_find_overlap(offsets_flat, sizes_flat, ndim) -> []`` or ``[i, j]`` (i < j): a pair of non-empty
-  shards sharing an element.
+* ``validate_shards(<shards>, global_size_or_None)``: raises ValueError for a bad layout, returns None
+  for a good one.
+* ``_find_overlap(<shards>) -> []`` or ``[i, j]`` (i < j): a pair of non-empty shards sharing an
+  element.
 
-Shards are half-open boxes ``[offset, offset + size)``; the flat arrays are row-major (N x ndim). A
-shard with a zero size on any dim is empty: it never overlaps anything and is never out of bounds.
+``<shards>`` is N boxes of ndim dims, passed either flat (``offsets_flat, sizes_flat, ndim`` as
+row-major N x ndim int lists, plus ``num_shards=N`` where the schema has it) or as two (N, ndim) int64
+CPU tensors, whichever schema the built extension registers; ``_box_args`` reads the schema and builds
+the arguments, so every test below checks the same behaviour under either calling convention.
+
+Shards are half-open boxes ``[offset, offset + size)``. A shard with a zero size on any dim is empty:
+it never overlaps anything and is never out of bounds.
 """
 
 import itertools
@@ -25,31 +30,45 @@ import torch_shard  # noqa: F401  (registers torch.ops.torch_shard.*)
 
 ops = torch.ops.torch_shard
 
-# With ndim 0 the flat arrays are empty whatever the number of shards; the ops take the count as an
-# optional trailing ``num_shards`` argument (needed only then).
+
+def _arg_names_and_types(op):
+    return [(a.name, str(a.type)) for a in op.default._schema.arguments]
+
+
+# Calling convention of the box arguments: "tensor" ((N, ndim) int64 tensors) or "flat" (int lists).
+_BOX_STYLE = "tensor" if _arg_names_and_types(ops.validate_shards)[0][1] == "Tensor" else "flat"
+# The flat convention cannot tell how many 0-dim shards there are (its arrays are empty whatever N);
+# some versions take the count as an optional ``num_shards`` argument.
 _HAS_NUM_SHARDS = all(
-    "num_shards" in [a.name for a in op.default._schema.arguments]
+    "num_shards" in [name for name, _ in _arg_names_and_types(op)]
     for op in (ops.validate_shards, ops._find_overlap)
 )
+_ZERO_DIM_EXPRESSIBLE = _BOX_STYLE == "tensor" or _HAS_NUM_SHARDS
 
 
-def _flat(shards):
-    """[(offsets, sizes), ...] -> (offsets_flat, sizes_flat)."""
+def _box_args(shards, ndim):
+    """[(offsets, sizes), ...] of ``ndim``-dim boxes -> (positional args, keyword args) for the ops."""
+    n = len(shards)
+    if _BOX_STYLE == "tensor":
+        offsets = torch.tensor([list(o) for o, _ in shards], dtype=torch.long).reshape(n, ndim)
+        sizes = torch.tensor([list(s) for _, s in shards], dtype=torch.long).reshape(n, ndim)
+        return [offsets, sizes], {}
     offsets_flat = [int(o) for offsets, _ in shards for o in offsets]
     sizes_flat = [int(s) for _, sizes in shards for s in sizes]
-    return offsets_flat, sizes_flat
+    kwargs = {"num_shards": n} if _HAS_NUM_SHARDS else {}
+    return [offsets_flat, sizes_flat, ndim], kwargs
 
 
 def _validate(shards, ndim, global_size):
-    offsets_flat, sizes_flat = _flat(shards)
+    args, kwargs = _box_args(shards, ndim)
     return ops.validate_shards(
-        offsets_flat, sizes_flat, ndim, None if global_size is None else list(global_size)
+        *args, global_size=None if global_size is None else list(global_size), **kwargs
     )
 
 
 def _find_overlap(shards, ndim):
-    offsets_flat, sizes_flat = _flat(shards)
-    return list(ops._find_overlap(offsets_flat, sizes_flat, ndim))
+    args, kwargs = _box_args(shards, ndim)
+    return list(ops._find_overlap(*args, **kwargs))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -338,19 +357,23 @@ class TestValidateShards(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "overlap"):
             validate_non_overlapping_shards_metadata([scalar, other])
 
-    @unittest.skipUnless(_HAS_NUM_SHARDS, "the flat ops take no num_shards: ndim 0 is inexpressible")
-    def test_zero_dim_flat(self):
+    @unittest.skipUnless(
+        _ZERO_DIM_EXPRESSIBLE, "flat box arguments without num_shards cannot express 0-dim shards"
+    )
+    def test_zero_dim_ops(self):
         # Global size [], shards with offsets [] and sizes []: one is valid, two overlap.
-        self.assertIsNone(ops.validate_shards([], [], 0, [], num_shards=1))
-        self.assertEqual([], list(ops._find_overlap([], [], 0, num_shards=1)))
-        self.assertEqual([0, 1], list(ops._find_overlap([], [], 0, num_shards=2)))
+        scalar = ([], [])
+        self.assertIsNone(_validate([scalar], 0, []))
+        self.assertIsNone(_validate([scalar], 0, None))
+        self.assertEqual([], _find_overlap([scalar], 0))
+        self.assertEqual([0, 1], _find_overlap([scalar, scalar], 0))
         with self.assertRaisesRegex(ValueError, "overlap"):
-            ops.validate_shards([], [], 0, [], num_shards=2)
+            _validate([scalar, scalar], 0, [])
         with self.assertRaisesRegex(ValueError, "overlap"):
-            ops.validate_shards([], [], 0, None, num_shards=2)
+            _validate([scalar, scalar], 0, None)
         # No shard at all leaves the scalar uncovered.
         with self.assertRaisesRegex(ValueError, "does not match tensor volume"):
-            ops.validate_shards([], [], 0, [], num_shards=0)
+            _validate([], 0, [])
 
     def test_randomized_against_reference(self):
         rng = random.Random(20240601)

@@ -29,6 +29,10 @@ class _PassThroughMode(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def _boxes(offsets, sizes):
+    return torch.tensor(offsets, dtype=torch.int64), torch.tensor(sizes, dtype=torch.int64)
+
+
 def _row_spec(n_placements=4):
     return ChunkShardingSpec(dim=0, placements=[placement(r % 4) for r in range(n_placements)])
 
@@ -41,8 +45,8 @@ class TestShardedTensorImpl(ShardedTensorTestBase):
         self.assertFalse(_ops.is_sharded(torch.zeros(2)))
         offsets, sizes, ranks = _ops._shard_layout(st)
         md = st.metadata().shards_metadata
-        self.assertEqual(offsets, [o for s in md for o in s.shard_offsets])
-        self.assertEqual(sizes, [z for s in md for z in s.shard_sizes])
+        self.assertEqual(offsets.tolist(), [s.shard_offsets for s in md])
+        self.assertEqual(sizes.tolist(), [s.shard_sizes for s in md])
         self.assertEqual(ranks, [s.placement.rank() for s in md])
         # The C++ local shards are the very tensors the Python Shards hold.
         cpp_locals = _ops._local_shards(st)
@@ -163,17 +167,17 @@ class TestShardedTensorErrorsNoComms(TestCase):
     def test_make_sharded_checks_local_shards(self):
         with self.assertRaisesRegex(ValueError, "has size"):
             _ops._make_sharded(
-                [torch.zeros(3, 2)], [0], [4, 2], [0, 0, 2, 0], [2, 2, 2, 2], [0, 1],
+                [torch.zeros(3, 2)], [0], [4, 2], *_boxes([[0, 0], [2, 0]], [[2, 2], [2, 2]]), [0, 1],
                 torch.float32, torch.device("cpu"), False, "",
             )
         with self.assertRaisesRegex(TypeError, "dtype"):
             _ops._make_sharded(
-                [torch.zeros(2, 2, dtype=torch.int32)], [0], [4, 2], [0, 0, 2, 0], [2, 2, 2, 2], [0, 1],
+                [torch.zeros(2, 2, dtype=torch.int32)], [0], [4, 2], *_boxes([[0, 0], [2, 0]], [[2, 2], [2, 2]]), [0, 1],
                 torch.float32, torch.device("cpu"), False, "",
             )
         with self.assertRaisesRegex(IndexError, "claims global shard 5"):
             _ops._make_sharded(
-                [torch.zeros(2, 2)], [5], [4, 2], [0, 0, 2, 0], [2, 2, 2, 2], [0, 1],
+                [torch.zeros(2, 2)], [5], [4, 2], *_boxes([[0, 0], [2, 0]], [[2, 2], [2, 2]]), [0, 1],
                 torch.float32, torch.device("cpu"), False, "",
             )
 

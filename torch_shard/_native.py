@@ -6,7 +6,9 @@ wrappers, which only convert Python objects to the flat integer lists the op sch
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
+from itertools import chain
 from typing import TYPE_CHECKING
 
 import torch
@@ -29,15 +31,24 @@ def chunk_layout(dim_size: int, num_chunks: int) -> tuple[list[int], list[int]]:
     return list(offsets), list(lengths)
 
 
-def flatten_shards(shards: Sequence[ShardMetadata]) -> tuple[list[int], list[int], int]:
-    """(offsets, sizes, ndim) of ``shards`` as the flat row-major arrays the ops take."""
+def _as_box_tensor(values: array, n: int, ndim: int) -> torch.Tensor:
+    if n * ndim == 0:
+        return torch.empty((n, ndim), dtype=torch.int64)
+    # Zero-copy view of the array's buffer; the array stays alive through the tensor.
+    return torch.frombuffer(values, dtype=torch.int64).view(n, ndim)
+
+
+def shard_box_tensors(shards: Sequence[ShardMetadata]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(offsets, sizes) of ``shards`` as the (N, ndim) int64 tensors the ops take.
+
+    Built through ``array('q')`` buffers: converting N * ndim Python ints one by one in the op call
+    would cost more than the validation itself.
+    """
+    n = len(shards)
     ndim = len(shards[0].shard_sizes) if shards else 0
-    offsets: list[int] = []
-    sizes: list[int] = []
-    for shard in shards:
-        offsets.extend(shard.shard_offsets)
-        sizes.extend(shard.shard_sizes)
-    return offsets, sizes, ndim
+    offsets = array("q", chain.from_iterable(shard.shard_offsets for shard in shards))
+    sizes = array("q", chain.from_iterable(shard.shard_sizes for shard in shards))
+    return _as_box_tensor(offsets, n, ndim), _as_box_tensor(sizes, n, ndim)
 
 
 def check_consistent_ranks(shards: Sequence[ShardMetadata]) -> None:
@@ -57,17 +68,18 @@ def validate_shards(shards: Sequence[ShardMetadata], global_size: Sequence[int] 
     2-D tensors) to name the offending pair otherwise. Empty shards never overlap anything.
     """
     check_consistent_ranks(shards)
-    offsets, sizes, ndim = flatten_shards(shards)
     if global_size is not None:
         global_size = [int(s) for s in global_size]
-        if shards and ndim != len(global_size):
+        ndim = len(shards[0].shard_sizes) if shards else len(global_size)
+        if ndim != len(global_size):
             raise ValueError(f"Rank of tensor is {len(global_size)}, but shards rank is {ndim}")
-    _ops.validate_shards(offsets, sizes, ndim, global_size, len(shards))
+    offsets, sizes = shard_box_tensors(shards)
+    _ops.validate_shards(offsets, sizes, global_size)
 
 
 def find_overlap(shards: Sequence[ShardMetadata]) -> tuple[int, int] | None:
     """Indices of two non-empty shards that overlap, or None."""
     check_consistent_ranks(shards)
-    offsets, sizes, ndim = flatten_shards(shards)
-    pair = _ops._find_overlap(offsets, sizes, ndim, len(shards))
+    offsets, sizes = shard_box_tensors(shards)
+    pair = _ops._find_overlap(offsets, sizes)
     return (pair[0], pair[1]) if pair else None

@@ -41,14 +41,6 @@ struct Box {
   int64_t end(size_t d) const { return offsets[d] + sizes[d]; }
 };
 
-// Rebuilds boxes from the flat row-major (N x ndim) offset and size arrays used in op schemas.
-// `num_shards` is N; it is needed only for 0-dim tensors, whose boxes have no coordinates at all
-// (pass -1 to derive N from the arrays).
-std::vector<Box> boxes_from_flat(const std::vector<int64_t>& offsets_flat,
-                                 const std::vector<int64_t>& sizes_flat,
-                                 int64_t ndim,
-                                 int64_t num_shards = -1);
-
 // "[1, 2, 3]"
 std::string dims_str(const Dims& dims);
 

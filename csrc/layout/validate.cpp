@@ -172,6 +172,90 @@ std::optional<std::pair<size_t, size_t>> find_overlap(const std::vector<Box>& bo
   return std::nullopt;
 }
 
+namespace {
+
+// Layouts whose non-empty shards differ along one dim only: every chunk layout, every 1-D tensor. They
+// are intervals on that dim, so one pass over the shards in offset order (already sorted for chunk
+// layouts, so usually no sort at all) settles overlap, bounds and coverage. Returns false when the
+// layout is not of this kind and the general checks must run. Throws upstream's errors otherwise.
+bool validate_one_varying_dim(const std::vector<Box>& boxes, const std::optional<Dims>& global_size) {
+  std::vector<size_t> live;
+  live.reserve(boxes.size());
+  for (size_t i = 0; i < boxes.size(); ++i) {
+    if (!boxes[i].empty()) {
+      live.push_back(i);
+    }
+  }
+  if (live.empty()) {
+    return false;
+  }
+  const size_t d = boxes[0].ndim();
+  const Box& first = boxes[live[0]];
+  std::optional<size_t> varying;
+  for (size_t k = 0; k < d; ++k) {
+    for (size_t i : live) {
+      if (boxes[i].offsets[k] != first.offsets[k] || boxes[i].sizes[k] != first.sizes[k]) {
+        if (varying.has_value()) {
+          return false;  // a second varying dim: not an interval layout
+        }
+        varying = k;
+        break;
+      }
+    }
+  }
+  if (!varying.has_value()) {
+    // Identical non-empty shards (or just one): two of them overlap.
+    TORCH_CHECK_VALUE(live.size() < 2, "Shards ", describe_box(boxes[live[0]], live[0]), " and ",
+                      describe_box(boxes[live[1]], live[1]), " overlap");
+    if (d == 0) {
+      return true;  // one scalar shard covering the scalar
+    }
+    varying = 0;
+  }
+  const size_t k = *varying;
+  auto by_offset = [&](size_t a, size_t b) {
+    return boxes[a].offsets[k] != boxes[b].offsets[k] ? boxes[a].offsets[k] < boxes[b].offsets[k]
+                                                       : a < b;
+  };
+  if (!std::is_sorted(live.begin(), live.end(), by_offset)) {
+    std::sort(live.begin(), live.end(), by_offset);
+  }
+  size_t reach = live[0];
+  for (size_t pos = 1; pos < live.size(); ++pos) {
+    const size_t cur = live[pos];
+    TORCH_CHECK_VALUE(boxes[cur].offsets[k] >= boxes[reach].end(k), "Shards ",
+                      describe_box(boxes[std::min(reach, cur)], std::min(reach, cur)), " and ",
+                      describe_box(boxes[std::max(reach, cur)], std::max(reach, cur)), " overlap");
+    if (boxes[cur].end(k) > boxes[reach].end(k)) {
+      reach = cur;
+    }
+  }
+  if (!global_size.has_value()) {
+    return true;
+  }
+  // Bounds: the shared extents once, the varying dim at its furthest shard.
+  for (size_t dim = 0; dim < d; ++dim) {
+    const size_t i = dim == k ? reach : live[0];
+    TORCH_CHECK_VALUE(boxes[i].end(dim) <= (*global_size)[dim], "Shard offset ",
+                      boxes[i].offsets[dim], " and length ", boxes[i].sizes[dim],
+                      " exceeds tensor dim: ", (*global_size)[dim], " for ", describe_box(boxes[i], i));
+  }
+  int64_t shards_volume = 0;
+  for (size_t i : live) {
+    shards_volume += boxes[i].volume();
+  }
+  int64_t tensor_volume = 1;
+  for (int64_t s : *global_size) {
+    tensor_volume *= s;
+  }
+  TORCH_CHECK_VALUE(shards_volume == tensor_volume, "Total volume of shards: ", shards_volume,
+                    " does not match tensor volume: ", tensor_volume,
+                    ", in other words all the individual shards do not cover the entire tensor");
+  return true;
+}
+
+}  // namespace
+
 void validate_shards(const std::vector<Box>& boxes, const std::optional<Dims>& global_size) {
   for (size_t i = 0; i < boxes.size(); ++i) {
     const Box& box = boxes[i];
@@ -206,9 +290,13 @@ void validate_shards(const std::vector<Box>& boxes, const std::optional<Dims>& g
     return;
   }
 
+  const size_t d = boxes[0].ndim();
+  if (validate_one_varying_dim(boxes, global_size)) {
+    return;
+  }
+
   // Fast path: a proof that the shards tile the tensor (or, without a global size, their bounding
   // box) settles every remaining check at once.
-  const size_t d = boxes[0].ndim();
   Box whole{Dims(d, 0), Dims(d, 0)};
   if (global_size.has_value()) {
     whole.sizes = *global_size;

@@ -3,9 +3,11 @@
 // Registered as CompositeImplicitAutograd so they run at the Autograd key, before the Python key a
 // wrapped ShardedTensor carries: reading the shards never bounces through __torch_dispatch__.
 
+#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include "layout/box.h"
+#include "ops/box_args.h"
 #include "sharded_tensor_impl.h"
 
 namespace torch_shard {
@@ -14,16 +16,14 @@ namespace {
 at::Tensor make_sharded(at::TensorList local_shards,
                         c10::IntArrayRef local_shard_indices,
                         c10::IntArrayRef global_size,
-                        c10::IntArrayRef shard_offsets,
-                        c10::IntArrayRef shard_sizes,
+                        const at::Tensor& shard_offsets,
+                        const at::Tensor& shard_sizes,
                         c10::IntArrayRef shard_ranks,
                         c10::ScalarType dtype,
                         c10::Device device,
                         bool pin_memory,
                         c10::string_view group_name) {
-  auto boxes = layout::boxes_from_flat(shard_offsets.vec(), shard_sizes.vec(),
-                                       static_cast<int64_t>(global_size.size()),
-                                       static_cast<int64_t>(shard_ranks.size()));
+  auto boxes = boxes_from_tensors(shard_offsets, shard_sizes, "_make_sharded");
   return make_sharded_tensor(local_shards.vec(), local_shard_indices.vec(), global_size.vec(),
                              std::move(boxes), shard_ranks.vec(), dtype, device, pin_memory,
                              std::string(group_name));
@@ -41,13 +41,18 @@ std::vector<int64_t> local_shard_indices(const at::Tensor& self) {
   return unsafe_get_sharded_impl(self, "_local_shard_indices")->local_shard_indices();
 }
 
-std::tuple<std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>> shard_layout(
-    const at::Tensor& self) {
+std::tuple<at::Tensor, at::Tensor, std::vector<int64_t>> shard_layout(const at::Tensor& self) {
   const auto* impl = unsafe_get_sharded_impl(self, "_shard_layout");
-  std::vector<int64_t> offsets, sizes;
-  for (const auto& box : impl->global_shards()) {
-    offsets.insert(offsets.end(), box.offsets.begin(), box.offsets.end());
-    sizes.insert(sizes.end(), box.sizes.begin(), box.sizes.end());
+  const auto& shards = impl->global_shards();
+  const auto n = static_cast<int64_t>(shards.size());
+  const auto ndim = static_cast<int64_t>(impl->global_size().size());
+  at::Tensor offsets = at::empty({n, ndim}, at::TensorOptions().dtype(at::kLong));
+  at::Tensor sizes = at::empty({n, ndim}, at::TensorOptions().dtype(at::kLong));
+  int64_t* off = offsets.mutable_data_ptr<int64_t>();
+  int64_t* len = sizes.mutable_data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    std::copy(shards[i].offsets.begin(), shards[i].offsets.end(), off + i * ndim);
+    std::copy(shards[i].sizes.begin(), shards[i].sizes.end(), len + i * ndim);
   }
   return {std::move(offsets), std::move(sizes), impl->shard_ranks()};
 }

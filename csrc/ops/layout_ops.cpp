@@ -1,11 +1,12 @@
 // Kernels for the pure layout ops: thin adapters from schema types to csrc/layout/.
 //
-// They are CompositeImplicitAutograd: no tensor inputs, so the dispatcher needs a kernel that serves
-// an empty key set, and there is nothing for autograd to track.
+// They are CompositeImplicitAutograd: chunk_layout has no tensor inputs, so the dispatcher needs a
+// kernel that serves an empty key set, and none of them has anything for autograd to track.
 
 #include <torch/library.h>
 
 #include "layout/box.h"
+#include "ops/box_args.h"
 #include "layout/chunk.h"
 #include "layout/validate.h"
 
@@ -23,13 +24,10 @@ std::tuple<std::vector<int64_t>, std::vector<int64_t>> chunk_layout(int64_t dim_
   return {std::move(offsets), std::move(lengths)};
 }
 
-void validate_shards(c10::IntArrayRef shard_offsets,
-                     c10::IntArrayRef shard_sizes,
-                     int64_t ndim,
-                     c10::OptionalIntArrayRef global_size,
-                     int64_t num_shards) {
-  const auto boxes =
-      layout::boxes_from_flat(shard_offsets.vec(), shard_sizes.vec(), ndim, num_shards);
+void validate_shards(const at::Tensor& shard_offsets,
+                     const at::Tensor& shard_sizes,
+                     c10::OptionalIntArrayRef global_size) {
+  const auto boxes = boxes_from_tensors(shard_offsets, shard_sizes, "validate_shards");
   std::optional<layout::Dims> global;
   if (global_size.has_value()) {
     global = global_size->vec();
@@ -37,16 +35,8 @@ void validate_shards(c10::IntArrayRef shard_offsets,
   layout::validate_shards(boxes, global);
 }
 
-std::vector<int64_t> find_overlap(c10::IntArrayRef shard_offsets,
-                                  c10::IntArrayRef shard_sizes,
-                                  int64_t ndim,
-                                  int64_t num_shards) {
-  const auto boxes =
-      layout::boxes_from_flat(shard_offsets.vec(), shard_sizes.vec(), ndim, num_shards);
-  for (size_t i = 1; i < boxes.size(); ++i) {
-    TORCH_CHECK_VALUE(boxes[i].ndim() == boxes[0].ndim(), "Found inconsistent ranks for shards: ",
-                      layout::describe_box(boxes[0], 0), " and ", layout::describe_box(boxes[i], i));
-  }
+std::vector<int64_t> find_overlap(const at::Tensor& shard_offsets, const at::Tensor& shard_sizes) {
+  const auto boxes = boxes_from_tensors(shard_offsets, shard_sizes, "_find_overlap");
   if (auto pair = layout::find_overlap(boxes)) {
     return {static_cast<int64_t>(pair->first), static_cast<int64_t>(pair->second)};
   }

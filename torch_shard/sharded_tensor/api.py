@@ -168,7 +168,7 @@ class ShardedTensorBase(torch.Tensor):
                 for md in shards_md
             ]
         _native.check_consistent_ranks(shards_md)
-        offsets, sizes, _ = _native.flatten_shards(shards_md)
+        offsets, sizes = _native.shard_box_tensors(shards_md)
         props = metadata.tensor_properties
         raw = _ops._make_sharded(
             [shard.tensor for shard in local_shards],
