@@ -10,6 +10,8 @@ TORCH_VERSION ?= 2.13.0
 export MAX_JOBS ?= 2
 export GLOO_SOCKET_IFNAME ?= lo
 export OMP_NUM_THREADS ?= 1
+# The venv's tools (ninja for the extension build, torchrun) come first.
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 STAMP_DEPS := $(VENV)/.deps-$(TORCH_VERSION)
 STAMP_BUILD := $(VENV)/.build
@@ -23,7 +25,7 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP_DEPS): | $(PY)
-	$(PIP) install --quiet --upgrade pip setuptools wheel
+	$(PIP) install --quiet "setuptools>=64" wheel
 	$(PIP) install --quiet "torch==$(TORCH_VERSION)"
 	$(PIP) install --quiet pytest numpy ninja
 	touch $@
