@@ -25,7 +25,7 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP_DEPS): | $(PY)
-	$(PIP) install --quiet "setuptools>=64" wheel
+	$(PIP) install --quiet "setuptools>=77" wheel
 	$(PIP) install --quiet "torch==$(TORCH_VERSION)"
 	$(PIP) install --quiet pytest numpy ninja
 	touch $@

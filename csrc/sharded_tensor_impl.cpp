@@ -62,6 +62,18 @@ void ShardedTensorImpl::copy_sharded_fields_from(const ShardedTensorImpl& src) {
   pin_memory_ = src.pin_memory_;
 }
 
+void ShardedTensorImpl::set_layout(std::vector<layout::Box> global_shards,
+                                   std::vector<int64_t> shard_ranks,
+                                   std::vector<at::Tensor> local_shards,
+                                   std::vector<int64_t> local_shard_indices) {
+  TORCH_INTERNAL_ASSERT(global_shards.size() == shard_ranks.size());
+  TORCH_INTERNAL_ASSERT(local_shards.size() == local_shard_indices.size());
+  global_shards_ = std::move(global_shards);
+  shard_ranks_ = std::move(shard_ranks);
+  local_shards_ = std::move(local_shards);
+  local_shard_indices_ = std::move(local_shard_indices);
+}
+
 // NOTE [ ShardedTensorImpl detach ]
 // detach(), Tensor._make_subclass and nn.Parameter all end in shallow_copy_and_detach. The base class
 // would return a plain TensorImpl and silently drop the shards, so both overloads are overridden.

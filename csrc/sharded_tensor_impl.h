@@ -2,8 +2,8 @@
 //
 // It reports the GLOBAL tensor (sizes, contiguous strides, dtype) to everything that reads TensorImpl
 // fields, owns no storage, and holds what C++ kernels need to work without Python: the global shard
-// boxes and their owner ranks, this rank's local shard tensors (with the index of the global shard
-// each one is), and the process group by name. Python objects (specs, ProcessGroup handles) are never
+// boxes and their owners (as ranks in the tensor's process group; -1 for none), this rank's local
+// shard tensors (with the index of the global shard each one is), and the process group by name. Python objects (specs, ProcessGroup handles) are never
 // stored here; see TENSORIMPL_NOTES.md B.4 and B.6.
 #pragma once
 
@@ -36,6 +36,13 @@ class ShardedTensorImpl : public c10::TensorImpl {
   const std::vector<int64_t>& local_shard_indices() const { return local_shard_indices_; }
   const std::string& group_name() const { return group_name_; }
   bool pin_memory() const { return pin_memory_; }
+
+  // Replaces the shard layout and local shards (reshard works in place). The global size and dtype
+  // stay; the caller guarantees `local_shards` match `global_shards` at `local_shard_indices`.
+  void set_layout(std::vector<layout::Box> global_shards,
+                  std::vector<int64_t> shard_ranks,
+                  std::vector<at::Tensor> local_shards,
+                  std::vector<int64_t> local_shard_indices);
 
   // See NOTE [ ShardedTensorImpl detach ] in sharded_tensor_impl.cpp.
   c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(

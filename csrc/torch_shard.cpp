@@ -30,6 +30,26 @@ TORCH_LIBRARY(torch_shard, m) {
   // (offsets, sizes, ranks) of every global shard; offsets and sizes as (N, ndim) int64 tensors.
   m.def("_shard_layout(Tensor self) -> (Tensor, Tensor, int[])");
   m.def("_group_name(Tensor self) -> str");
+
+  // --- data movement over the process group `group_name` (see csrc/comm/) ---
+  // Ranks are ranks of that group. Layouts are (N, ndim) offset/size tensors plus the owner of each
+  // shard; `out_shards` are this rank's preallocated target shards, `out_indices` their positions.
+  // Scatter `tensor` (read on rank `src` only) into the target layout.
+  m.def(
+      "shard(Tensor? tensor, int src, int[] global_size, Tensor(a!)[] out_shards, int[] out_indices, "
+      "Tensor shard_offsets, Tensor shard_sizes, int[] shard_owners, ScalarType dtype, "
+      "Device device, str group_name) -> ()");
+  // Assemble the whole tensor into `out` on rank `dst` (None elsewhere); exact sizes on the wire.
+  m.def("gather(Tensor self, int dst, Tensor(a!)? out, str group_name) -> ()");
+  // Move `self` to a new layout in one all-to-all of the elements that change owner; `self` then
+  // holds `out_shards` under the new layout.
+  m.def(
+      "reshard(Tensor(a!) self, Tensor(b!)[] out_shards, int[] out_indices, Tensor shard_offsets, "
+      "Tensor shard_sizes, int[] shard_owners, str group_name) -> ()");
+  // All ranks' `values` (same length everywhere), rank-major: agreement checks before data moves.
+  m.def("_exchange_header(int[] values, str group_name, Device device) -> int[]");
+  // [bytes sent to other ranks, bytes received from other ranks, collectives] since the last reset.
+  m.def("_comm_stats(bool reset=False) -> int[]");
 }
 
 // Loading the extension as a Python module needs an init function; the module itself is empty.

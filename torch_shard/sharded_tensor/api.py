@@ -25,6 +25,7 @@ from ..sharding_spec.api import (
 from .metadata import ShardedTensorMetadata, TensorProperties
 from .shard import Shard
 from .utils import _PlacementResolver
+from . import _movement
 
 __all__ = ["ShardedTensor", "ShardedTensorBase"]
 
@@ -74,6 +75,31 @@ def _preferred_device(process_group) -> torch.device:
     if backend == dist.Backend.NCCL and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def _group_ranks(process_group) -> dict[int, int] | None:
+    """Global rank -> group rank, or None without a process group (global ranks are used as is)."""
+    if process_group is None:
+        return None
+    if distributed_c10d._rank_not_in_group(process_group):
+        return {}
+    return {g: i for i, g in enumerate(distributed_c10d.get_process_group_ranks(process_group))}
+
+
+def _owner_ranks(shards_md: list[ShardMetadata], process_group) -> list[int]:
+    """Owner of each shard as a rank of ``process_group`` (-1 for no placement rank or outside the
+    group); global ranks as they are when there is no group."""
+    to_group = _group_ranks(process_group)
+    owners = []
+    for md in shards_md:
+        rank = md.placement.rank() if md.placement is not None else None
+        if rank is None:
+            owners.append(-1)
+        elif to_group is None:
+            owners.append(rank)
+        else:
+            owners.append(to_group.get(rank, -1))
+    return owners
 
 
 def _group_name(process_group) -> str:
@@ -163,10 +189,7 @@ class ShardedTensorBase(torch.Tensor):
         if device is None:
             device = local_shards[0].tensor.device if local_shards else _preferred_device(process_group)
         if shard_ranks is None:
-            shard_ranks = [
-                md.placement.rank() if md.placement is not None and md.placement.rank() is not None else -1
-                for md in shards_md
-            ]
+            shard_ranks = _owner_ranks(shards_md, process_group)
         _native.check_consistent_ranks(shards_md)
         offsets, sizes = _native.shard_box_tensors(shards_md)
         props = metadata.tensor_properties
@@ -339,13 +362,14 @@ class ShardedTensor(ShardedTensorBase):
 
         process_group = process_group if process_group is not None else distributed_c10d._get_default_group()
         resolve = _PlacementResolver(process_group)
+        to_group = _group_ranks(process_group)
         my_rank = dist.get_rank()
         local_shards: list[Shard] = []
         local_indices: list[int] = []
         shard_ranks: list[int] = []
         for idx, shard_md in enumerate(metadata.shards_metadata):
             rank, device = resolve(shard_md.placement)
-            shard_ranks.append(rank)
+            shard_ranks.append(to_group.get(rank, -1))
             if rank == my_rank:
                 tensor = _create_tensor_from_params(
                     *shard_md.shard_sizes, local_device=device, tensor_properties=properties
@@ -426,6 +450,38 @@ class ShardedTensor(ShardedTensorBase):
         if len(self._local_shards) != 1:
             raise NotImplementedError("Only single local shard is supported.")
         return self._local_shards[0].tensor
+
+    def gather(
+        self,
+        dst: int = 0,
+        out: torch.Tensor | None = None,
+        enforce_dtype: bool = False,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        """Assemble the whole tensor into ``out`` on rank ``dst`` of the tensor's process group.
+
+        Collective: every rank calls it; ``out`` is given on ``dst`` only. Each rank sends exactly its
+        shards, in their own dtype (no padding to the largest rank, no float32 staging), and ``dst``
+        receives straight into ``out`` when the shards tile its memory in rank order (row chunks).
+
+        Args:
+            dst (int): rank (in the tensor's process group) that receives the tensor.
+            out (torch.Tensor, optional): on ``dst``, a tensor of the global size; values are written
+                in ``out``'s dtype. Must be None on every other rank.
+            enforce_dtype (bool): deprecated, accepted for compatibility (the transfer is lossless).
+            dtype (torch.dtype, optional): if given, ``out`` must have this dtype.
+        """
+        _movement.gather(self, dst, out, enforce_dtype, dtype)
+
+    def reshard(self, resharding_spec: ShardingSpec) -> ShardedTensor:
+        """Move this tensor to the layout of ``resharding_spec``, in place; returns ``self``.
+
+        Any layout to any layout: chunk or enumerable specs on any dims, several shards per rank,
+        empty shards, placements on a subset of ranks, any permutation of placements. Only the
+        elements that change owner cross the network, in one all-to-all; the rest are copied locally.
+        The new metadata lists shards in rank order, as upstream does.
+        """
+        return _movement.reshard(self, resharding_spec)
 
     def _with_local_shards(self, local_shards: list[Shard], metadata: ShardedTensorMetadata, init_rrefs: bool):
         """A new ShardedTensor with the same layout, process group and spec over ``local_shards``."""

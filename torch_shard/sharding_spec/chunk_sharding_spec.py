@@ -73,6 +73,11 @@ class ChunkShardingSpec(ShardingSpec):
         return ShardedTensorMetadata(shards, tensor_sizes, tensor_properties)
 
     def shard(self, tensor: torch.Tensor, src_rank: int = 0, process_group=None) -> ShardedTensor:
-        raise NotImplementedError(
-            "ChunkShardingSpec.shard (scatter from a source rank) is not available in this build yet"
-        )
+        """Scatter ``tensor`` from group rank ``src_rank``: each rank receives only its own chunks.
+
+        Collective over ``process_group`` (default group if None). Every rank passes a tensor of the
+        same size and dtype; only ``src_rank``'s data is read.
+        """
+        from ..sharded_tensor._movement import scatter
+
+        return scatter(tensor, self, src_rank, process_group)

@@ -1,0 +1,158 @@
+#include "layout/plan.h"
+
+#include <algorithm>
+
+#include <c10/util/Exception.h>
+
+namespace torch_shard {
+namespace layout {
+
+std::optional<Box> intersect(const Box& a, const Box& b) {
+  TORCH_INTERNAL_ASSERT(a.ndim() == b.ndim());
+  Box out{Dims(a.ndim()), Dims(a.ndim())};
+  for (size_t d = 0; d < a.ndim(); ++d) {
+    const int64_t lo = std::max(a.offsets[d], b.offsets[d]);
+    const int64_t hi = std::min(a.end(d), b.end(d));
+    if (hi <= lo) {
+      return std::nullopt;
+    }
+    out.offsets[d] = lo;
+    out.sizes[d] = hi - lo;
+  }
+  return out;
+}
+
+namespace {
+
+// Non-empty boxes sorted by their dim-0 offset, with the longest dim-0 extent, so the boxes that can
+// meet a query box are found by binary search instead of a scan of all N.
+struct SortedBoxes {
+  std::vector<size_t> order;
+  int64_t max_len0 = 0;
+
+  SortedBoxes(const std::vector<Box>& boxes, const std::vector<int64_t>& owners, int64_t world) {
+    for (size_t i = 0; i < boxes.size(); ++i) {
+      if (!boxes[i].empty() && owners[i] >= 0 && owners[i] < world) {
+        order.push_back(i);
+      }
+    }
+    if (!boxes.empty() && boxes[0].ndim() > 0) {
+      std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+        return boxes[a].offsets[0] < boxes[b].offsets[0];
+      });
+      for (size_t i : order) {
+        max_len0 = std::max(max_len0, boxes[i].sizes[0]);
+      }
+    }
+  }
+
+  // Indices of boxes that may intersect `q` (a superset; intersect() decides).
+  template <typename F>
+  void for_each_candidate(const std::vector<Box>& boxes, const Box& q, F&& f) const {
+    if (q.ndim() == 0) {
+      for (size_t i : order) {
+        f(i);
+      }
+      return;
+    }
+    // Candidates start in (q.offset0 - max_len0, q.end0).
+    const int64_t lo = q.offsets[0] - max_len0;
+    auto first = std::upper_bound(order.begin(), order.end(), lo,
+                                  [&](int64_t v, size_t i) { return v < boxes[i].offsets[0]; });
+    for (auto it = first; it != order.end() && boxes[*it].offsets[0] < q.end(0); ++it) {
+      f(*it);
+    }
+  }
+};
+
+}  // namespace
+
+TransferPlan plan_transfer(const std::vector<Box>& src_boxes,
+                           const std::vector<int64_t>& src_owners,
+                           const std::vector<Box>& dst_boxes,
+                           const std::vector<int64_t>& dst_owners,
+                           int64_t me,
+                           int64_t world) {
+  TORCH_INTERNAL_ASSERT(src_boxes.size() == src_owners.size());
+  TORCH_INTERNAL_ASSERT(dst_boxes.size() == dst_owners.size());
+  TransferPlan plan;
+  plan.send.resize(world);
+  plan.recv.resize(world);
+  const SortedBoxes sorted_dst(dst_boxes, dst_owners, world);
+  const SortedBoxes sorted_src(src_boxes, src_owners, world);
+
+  for (size_t s = 0; s < src_boxes.size(); ++s) {
+    if (src_owners[s] != me || src_boxes[s].empty()) {
+      continue;
+    }
+    sorted_dst.for_each_candidate(dst_boxes, src_boxes[s], [&](size_t d) {
+      if (auto box = intersect(src_boxes[s], dst_boxes[d])) {
+        auto& peer = plan.send[dst_owners[d]];
+        peer.elements += box->volume();
+        peer.regions.push_back(Region{s, d, std::move(*box)});
+      }
+    });
+  }
+  for (size_t d = 0; d < dst_boxes.size(); ++d) {
+    if (dst_owners[d] != me || dst_boxes[d].empty()) {
+      continue;
+    }
+    sorted_src.for_each_candidate(src_boxes, dst_boxes[d], [&](size_t s) {
+      if (auto box = intersect(src_boxes[s], dst_boxes[d])) {
+        auto& peer = plan.recv[src_owners[s]];
+        peer.elements += box->volume();
+        peer.regions.push_back(Region{s, d, std::move(*box)});
+      }
+    });
+  }
+  auto canonical = [](const Region& a, const Region& b) {
+    return a.dst != b.dst ? a.dst < b.dst : a.src < b.src;
+  };
+  for (auto& peer : plan.send) {
+    std::sort(peer.regions.begin(), peer.regions.end(), canonical);
+  }
+  for (auto& peer : plan.recv) {
+    std::sort(peer.regions.begin(), peer.regions.end(), canonical);
+  }
+  return plan;
+}
+
+std::optional<std::pair<int64_t, int64_t>> contiguous_run(const Box& region, const Box& shard) {
+  const size_t d = shard.ndim();
+  TORCH_INTERNAL_ASSERT(region.ndim() == d);
+  // Row-major memory: the region is one run iff every dim after the last partially covered dim is
+  // whole (true by definition of "last") and every dim before it has extent 1 in the region.
+  size_t last_partial = d;
+  for (size_t k = 0; k < d; ++k) {
+    if (region.offsets[k] != shard.offsets[k] || region.sizes[k] != shard.sizes[k]) {
+      last_partial = k;
+    }
+  }
+  if (last_partial != d) {
+    for (size_t k = 0; k < last_partial; ++k) {
+      if (region.sizes[k] != 1) {
+        return std::nullopt;
+      }
+    }
+  }
+  int64_t start = 0;
+  int64_t stride = 1;
+  for (size_t k = d; k-- > 0;) {
+    start += (region.offsets[k] - shard.offsets[k]) * stride;
+    stride *= shard.sizes[k];
+  }
+  return std::make_pair(start, region.volume());
+}
+
+int64_t elements_sent_to_peers(const TransferPlan& plan, int64_t me) {
+  int64_t total = 0;
+  for (size_t peer = 0; peer < plan.send.size(); ++peer) {
+    if (static_cast<int64_t>(peer) != me) {
+      total += plan.send[peer].elements;
+    }
+  }
+  return total;
+}
+
+}  // namespace layout
+}  // namespace torch_shard

@@ -1,0 +1,124 @@
+"""Sharding tensors and module parameters, and module hooks for sharded outputs."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+import torch.nn as nn
+from torch.distributed import distributed_c10d
+
+from .sharded_tensor import ShardedTensor
+from .sharded_tensor._movement import check_src_and_spec, comm_device
+from .sharding_spec import ChunkShardingSpec, ShardingSpec
+
+__all__ = ["_shard_tensor", "load_with_process_group", "shard_parameter"]
+
+_CURRENT_PROCESS_GROUP = None
+
+
+def _shard_tensor(
+    tensor: torch.Tensor, sharding_spec: ShardingSpec, src_rank: int = 0, process_group=None
+) -> ShardedTensor:
+    """Shard a full tensor held on ``src_rank`` into a ShardedTensor laid out by ``sharding_spec``.
+
+    Collective: every rank of ``process_group`` calls it with the same ``src_rank`` and spec and a
+    tensor of the same size and dtype (only ``src_rank``'s data is read). Each rank receives only its
+    own shards. ``src_rank`` is a rank of ``process_group``.
+
+    Raises:
+        ValueError: ``tensor`` is not contiguous, or ``src_rank`` / ``sharding_spec`` differ across
+            ranks (raised on every rank).
+        NotImplementedError: the spec cannot scatter (e.g. EnumerableShardingSpec, as upstream).
+    """
+    return _shard_tensor_checked(tensor, sharding_spec, src_rank, process_group, None)
+
+
+def _shard_tensor_checked(tensor, sharding_spec, src_rank, process_group, error):
+    pg = process_group if process_group is not None else distributed_c10d._get_default_group()
+    if error is None and isinstance(tensor, torch.Tensor) and not tensor.is_contiguous():
+        error = ValueError("input tensor is not a contiguous Tensor")
+    device = comm_device(pg, tensor if isinstance(tensor, torch.Tensor) else None)
+    check_src_and_spec(pg, device, error, src_rank, sharding_spec)
+    return sharding_spec.shard(tensor, src_rank=src_rank, process_group=pg)
+
+
+def shard_parameter(
+    module: nn.Module, param_name: str, sharding_spec: ShardingSpec, src_rank: int = 0, process_group=None
+) -> None:
+    """Replace ``module.<param_name>`` with ``nn.Parameter`` of a ShardedTensor sharded from ``src_rank``.
+
+    Collective, like :func:`_shard_tensor`. Argument errors are raised on every rank together.
+
+    Raises:
+        AttributeError: the module has no such attribute.
+        ValueError: the attribute is not a Tensor or not contiguous; ranks disagree on src_rank/spec.
+    """
+    error: BaseException | None = None
+    tensor = None
+    if not hasattr(module, param_name):
+        error = AttributeError(f"{module._get_name()} has no attribute `{param_name}`")
+    else:
+        tensor = getattr(module, param_name)
+        if not isinstance(tensor, torch.Tensor):
+            error = ValueError(
+                f"Expected {type(module).__name__}.{param_name} to be a Tensor, but found {type(tensor).__name__}"
+            )
+        elif not tensor.is_contiguous():
+            error = ValueError(f"param: {param_name} is not a contiguous Tensor")
+    st = _shard_tensor_checked(tensor, sharding_spec, src_rank, process_group, error)
+    if param_name not in module._parameters:
+        delattr(module, param_name)
+    module.register_parameter(param_name, nn.Parameter(st))
+
+
+@contextmanager
+def load_with_process_group(process_group):
+    """Context manager: ShardedTensors unpickled inside it join ``process_group``."""
+    global _CURRENT_PROCESS_GROUP
+    if _CURRENT_PROCESS_GROUP is not None:
+        raise RuntimeError('ProcessGroup already set by previous "load_with_process_group" context manager')
+    _CURRENT_PROCESS_GROUP = process_group
+    try:
+        yield process_group
+    finally:
+        _CURRENT_PROCESS_GROUP = None
+
+
+def _get_current_process_group():
+    """The group set by :func:`load_with_process_group`, else the default group."""
+    if _CURRENT_PROCESS_GROUP is None:
+        return distributed_c10d._get_default_group()
+    return _CURRENT_PROCESS_GROUP
+
+
+def _reshard_output(module: nn.Module, resharding_spec: ShardingSpec) -> nn.Module:
+    """Make ``module``'s ShardedTensor output come out resharded by ``resharding_spec``."""
+
+    def hook_func(_module, _input, output):
+        if isinstance(output, ShardedTensor):
+            return output.reshard(resharding_spec)
+        return None
+
+    module.register_forward_hook(hook_func)
+    return module
+
+
+def _collect_local_shard(module: nn.Module) -> nn.Module:
+    """Make ``module``'s ShardedTensor output come out as this rank's local tensor.
+
+    For a ChunkShardingSpec output whose local chunk has length 1 along the sharded dim, that dim is
+    squeezed away.
+    """
+
+    def hook_func(_module, _input, output):
+        if isinstance(output, ShardedTensor):
+            local_tensor = output.local_tensor()
+            spec = output.sharding_spec()
+            if isinstance(spec, ChunkShardingSpec) and local_tensor.size(spec.dim) == 1:
+                local_tensor = local_tensor.squeeze(spec.dim)
+            return local_tensor
+        return None
+
+    module.register_forward_hook(hook_func)
+    return module
