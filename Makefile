@@ -46,6 +46,8 @@ test: build
 
 bench: build
 	$(PY) bench/bench_validation.py
+	$(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_data_paths.py
+	$(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_data_paths.py --memory
 
 clean:
 	rm -rf build *.egg-info torch_shard/_C*.so $(STAMP_BUILD)
