@@ -77,6 +77,11 @@ def validate_shards(shards: Sequence[ShardMetadata], global_size: Sequence[int] 
     _ops.validate_shards(offsets, sizes, global_size)
 
 
+def validate_boxes(offsets: torch.Tensor, sizes: torch.Tensor, global_size: Sequence[int] | None) -> None:
+    """:func:`validate_shards` for boxes already held as (N, ndim) int64 tensors."""
+    _ops.validate_shards(offsets, sizes, None if global_size is None else [int(s) for s in global_size])
+
+
 def find_overlap(shards: Sequence[ShardMetadata]) -> tuple[int, int] | None:
     """Indices of two non-empty shards that overlap, or None."""
     check_consistent_ranks(shards)

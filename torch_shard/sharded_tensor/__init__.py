@@ -23,6 +23,9 @@ __all__ = [
     "TensorProperties",
     "custom_sharded_op_impl",
     "empty",
+    "init_from_local_shards",
+    "pre_load_state_dict_hook",
+    "state_dict_hook",
     "full",
     "ones",
     "rand",
@@ -150,6 +153,58 @@ def randn(sharding_spec: ShardingSpec, *dims, size=None, **kwargs) -> ShardedTen
     return st
 
 
+def init_from_local_shards(
+    local_shards: list[Shard], *global_size, process_group=None, init_rrefs: bool = False
+) -> ShardedTensor:
+    """Assemble a ShardedTensor from the shards each rank already holds.
+
+    Collective: one exchange of shard metadata over ``process_group``; every rank checks the
+    assembled layout (no overlap, full coverage, matching sizes, dtypes, requires_grad and pinning)
+    and all ranks raise the same error on failure.
+
+    Args:
+        local_shards (List[Shard]): this rank's shards (may be empty); their placements name this
+            rank.
+        *global_size (int...): the global size. A ``None`` entry means "recompute": each rank holds
+            one shard and the shards are stacked row-wise in rank order.
+
+    Keyword args:
+        process_group (ProcessGroup, optional): defaults to the default group.
+        init_rrefs (bool): build RRefs to remote shards (needs RPC).
+    """
+    return ShardedTensor._init_from_local_shards(
+        local_shards, *global_size, process_group=process_group, init_rrefs=init_rrefs
+    )
+
+
+def state_dict_hook(module, destination, prefix, local_metadata) -> None:
+    """Module state_dict hook adding every ShardedTensor attribute of ``module`` and its submodules.
+
+    Register with ``module._register_state_dict_hook(state_dict_hook)``.
+    """
+    for submodule_name, submodule in module.named_modules():
+        for attr_name, attr in submodule.__dict__.items():
+            if isinstance(attr, ShardedTensor):
+                mod_prefix = prefix + submodule_name
+                key = mod_prefix + ("." if mod_prefix else "") + attr_name
+                destination[key] = attr
+
+
+def pre_load_state_dict_hook(
+    module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+) -> None:
+    """Load-state-dict pre-hook putting ShardedTensor entries back as attributes of the submodules.
+
+    Register with ``module._register_load_state_dict_pre_hook(pre_load_state_dict_hook, True)``.
+    """
+    for submodule_name, submodule in module.named_modules():
+        for attr_name in list(submodule.__dict__.keys()):
+            mod_prefix = prefix + submodule_name
+            key = mod_prefix + ("." if mod_prefix else "") + attr_name
+            if key in state_dict and isinstance(state_dict[key], ShardedTensor):
+                setattr(submodule, attr_name, state_dict[key])
+
+
 def _sharded_op_impl(func: Callable):
     """Decorator registering a built-in ShardedTensor implementation of torch function ``func``.
 
@@ -175,3 +230,32 @@ def custom_sharded_op_impl(func: Callable):
 
 # Built-in op implementations register themselves on import.
 from . import _ops  # noqa: E402,F401
+
+
+def _register_safe_globals() -> None:
+    # torch.load defaults to weights_only=True: allow exactly what a pickled ShardedTensor references.
+    from torch.distributed.remote_device import _remote_device
+
+    from ..sharding_spec import ChunkShardingSpec, EnumerableShardingSpec
+    from .api import ProcessGroupState, _rebuild_sharded_tensor
+    from .metadata import MEM_FORMAT_ENCODING
+
+    torch.serialization.add_safe_globals(
+        [
+            _rebuild_sharded_tensor,
+            ShardedTensor,
+            ShardedTensorBase,
+            Shard,
+            ShardMetadata,
+            ShardedTensorMetadata,
+            TensorProperties,
+            ProcessGroupState,
+            MEM_FORMAT_ENCODING,
+            ChunkShardingSpec,
+            EnumerableShardingSpec,
+            _remote_device,
+        ]
+    )
+
+
+_register_safe_globals()

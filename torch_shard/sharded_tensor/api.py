@@ -6,7 +6,10 @@ import collections.abc
 import copy
 import threading
 import weakref
+from dataclasses import dataclass
 from typing import Callable
+
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -24,8 +27,8 @@ from ..sharding_spec.api import (
 )
 from .metadata import ShardedTensorMetadata, TensorProperties
 from .shard import Shard
+from . import _from_local, _movement
 from .utils import _PlacementResolver
-from . import _movement
 
 __all__ = ["ShardedTensor", "ShardedTensorBase"]
 
@@ -53,6 +56,52 @@ def _register_remote_shards(sharded_tensor_id: int, rrefs: list[rpc.RRef[Shard]]
         if sharded_tensor is None:
             raise RuntimeError("ShardedTensor weakref has been deallocated")
     sharded_tensor._register_remote_shards(rrefs, rpc_rank)
+
+
+@dataclass
+class ProcessGroupState:
+    """Ranks and world sizes at save time, checked again when a ShardedTensor is loaded."""
+
+    local_rank: int
+    global_rank: int
+    local_world_size: int
+    global_world_size: int
+
+
+def _rebuild_sharded_tensor(
+    cls: type,
+    local_shards: list[Shard],
+    metadata: ShardedTensorMetadata,
+    pg_state: ProcessGroupState,
+    sharding_spec: ShardingSpec,
+    init_rrefs: bool,
+) -> ShardedTensor:
+    """Unpickle a ShardedTensor: the same ranks must load what they saved (each rank's file holds only
+    its local shards). The process group is the one set by ``load_with_process_group``, else the
+    default group."""
+    from ..api import _get_current_process_group
+
+    if not distributed_c10d.is_initialized():
+        raise RuntimeError(
+            'Need to initialize default process group using "init_process_group" before loading '
+            "ShardedTensor"
+        )
+    pg = _get_current_process_group()
+    now = ProcessGroupState(
+        dist.get_rank(pg), dist.get_rank(), dist.get_world_size(pg), dist.get_world_size()
+    )
+    for field, label in (
+        ("local_rank", "Local rank"),
+        ("global_rank", "Global rank"),
+        ("local_world_size", "Local world size"),
+        ("global_world_size", "Global world size"),
+    ):
+        saved, current = getattr(pg_state, field), getattr(now, field)
+        if saved != current:
+            raise RuntimeError(f"{label} at save time was {saved}, but at load time was {current}")
+    st = cls._from_parts(local_shards, None, metadata, sharding_spec, pg)
+    st._post_init(init_rrefs)
+    return st
 
 
 def _flatten_tensor_size(size) -> torch.Size:
@@ -106,6 +155,16 @@ def _group_name(process_group) -> str:
     if process_group is None or distributed_c10d._rank_not_in_group(process_group):
         return ""
     return process_group.group_name
+
+
+def _incompatible(expected, actual, prop_name: str, rank: int, is_property: bool = False) -> None:
+    if expected == actual:
+        return
+    against = "tensor property" if is_property else "local ShardMetadata"
+    raise ValueError(
+        f"Local shards' tensor {prop_name} property is incompatible with {against} on rank {rank}: "
+        f"{against} {prop_name}={expected}, local shard tensor {prop_name}={actual}."
+    )
 
 
 def _create_tensor_from_params(*size, local_device, tensor_properties: TensorProperties):
@@ -216,6 +275,26 @@ class ShardedTensorBase(torch.Tensor):
         obj._remote_shards = {}
         obj._sharded_tensor_id = None
         return obj
+
+    @classmethod
+    def _init_from_local_shards_and_global_metadata(
+        cls,
+        local_shards: list[Shard],
+        sharded_tensor_metadata: ShardedTensorMetadata,
+        sharding_spec: ShardingSpec | None = None,
+    ) -> ShardedTensorBase:
+        """Build a ShardedTensorBase from local shards and complete global metadata, without a
+        process group and without per-shard checks (local shards may be non-contiguous views).
+
+        The global layout is still validated (no overlap, full coverage of the size).
+        """
+        shards_metadata = sharded_tensor_metadata.shards_metadata
+        if len(shards_metadata) == 0:
+            raise ValueError("shards_metadata must not be empty!")
+        if sharded_tensor_metadata.tensor_properties.layout != torch.strided:
+            raise ValueError("Only torch.strided layout is currently supported")
+        _native.validate_shards(shards_metadata, sharded_tensor_metadata.size)
+        return cls._from_parts(local_shards, None, sharded_tensor_metadata, sharding_spec, None)
 
     def _shallow_rewrap(self, raw: torch.Tensor, requires_grad: bool):
         """A new Python ShardedTensor over ``raw`` (a detached copy of this impl) sharing the metadata."""
@@ -382,6 +461,95 @@ class ShardedTensor(ShardedTensorBase):
         st._post_init(init_rrefs)
         return st
 
+    @classmethod
+    def _init_from_local_shards(
+        cls, local_shards: list[Shard], *global_size, process_group=None, init_rrefs: bool = False
+    ) -> ShardedTensor:
+        """Assemble a ShardedTensor from the shards every rank holds (collective, one exchange).
+
+        ``global_size`` may contain None: then the shards (one per rank) are laid out row-wise in rank
+        order and the size is recomputed. Errors are raised on every rank together.
+        """
+        pg = process_group if process_group is not None else distributed_c10d._get_default_group()
+        metadata, local_indices = _from_local.gather_global_metadata(local_shards, global_size, pg)
+        spec = _infer_sharding_spec_from_shards_metadata(metadata.shards_metadata)
+        st = cls._from_parts(local_shards, local_indices, metadata, spec, pg)
+        st._post_init(init_rrefs)
+        return st
+
+    @classmethod
+    def _init_from_local_tensor(
+        cls,
+        local_tensor: torch.Tensor,
+        sharding_spec: ShardingSpec,
+        *global_size,
+        process_group=None,
+        init_rrefs: bool = False,
+    ) -> ShardedTensor:
+        """Wrap this rank's ``local_tensor`` as its shard(s) of a tensor of ``global_size`` sharded by
+        ``sharding_spec`` (no communication unless ``init_rrefs``)."""
+        if not local_tensor.is_contiguous():
+            raise ValueError("local_tensor is not a contiguous Tensor.")
+        sizes = _flatten_tensor_size(global_size)
+        properties = TensorProperties.create_from_tensor(local_tensor)
+        metadata = sharding_spec.build_metadata(sizes, properties)
+        pg = process_group if process_group is not None else distributed_c10d._get_default_group()
+        resolve = _PlacementResolver(pg)
+        current_rank = dist.get_rank()
+        local_shards = [
+            Shard(tensor=local_tensor, metadata=md)
+            for md in metadata.shards_metadata
+            if resolve(md.placement)[0] == current_rank
+        ]
+        return cls._init_from_local_shards_and_global_metadata(
+            local_shards, metadata, process_group=pg, init_rrefs=init_rrefs, sharding_spec=sharding_spec
+        )
+
+    @classmethod
+    def _init_from_local_shards_and_global_metadata(  # type: ignore[override]
+        cls,
+        local_shards: list[Shard],
+        sharded_tensor_metadata: ShardedTensorMetadata,
+        process_group=None,
+        init_rrefs: bool = False,
+        sharding_spec: ShardingSpec | None = None,
+    ) -> ShardedTensor:
+        """Build a ShardedTensor from this rank's shards and the complete global metadata, with no
+        communication: every local shard is checked against the metadata, and the layout against the
+        global size. Each rank trusts its own copy of the metadata."""
+        pg = process_group if process_group is not None else distributed_c10d._get_default_group()
+        current_rank = dist.get_rank()
+        shards_metadata = sharded_tensor_metadata.shards_metadata
+        properties = sharded_tensor_metadata.tensor_properties
+        resolve = _PlacementResolver(pg)
+        local_count = sum(1 for md in shards_metadata if resolve(md.placement)[0] == current_rank)
+        if len(local_shards) != local_count:
+            raise RuntimeError(
+                f"Number of local shards ({len(local_shards)}) does not match number of local shards "
+                f"metadata in sharded_tensor_metadata ({local_count}) on rank ({current_rank}) "
+            )
+        if len(shards_metadata) == 0:
+            raise ValueError("shards_metadata must not be empty!")
+        if properties.layout != torch.strided:
+            raise ValueError("Only torch.strided layout is currently supported")
+        for local_shard in local_shards:
+            md, tensor = local_shard.metadata, local_shard.tensor
+            if md.placement is None:
+                raise AssertionError("Must specify placement for `Shard`!")
+            rank, device = md.placement.rank(), md.placement.device()
+            _incompatible(properties.layout, tensor.layout, "layout", rank, True)
+            if not tensor.is_contiguous():
+                raise ValueError("Only torch.contiguous_format memory_format is currently supported")
+            _incompatible(md.shard_sizes, list(tensor.size()), "size", rank)
+            _incompatible(properties.pin_memory, tensor.is_pinned(), "pin_memory", rank, True)
+            _incompatible(device, tensor.device, "device", rank)
+            _incompatible(properties.dtype, tensor.dtype, "dtype", rank, True)
+            _incompatible(properties.requires_grad, tensor.requires_grad, "requires_grad", rank, True)
+        _native.validate_shards(shards_metadata, sharded_tensor_metadata.size)
+        st = cls._from_parts(local_shards, None, sharded_tensor_metadata, sharding_spec, pg)
+        st._post_init(init_rrefs)
+        return st
+
     def _post_init(self, init_rrefs: bool) -> None:
         self._init_rrefs = init_rrefs
         if not init_rrefs:
@@ -494,6 +662,115 @@ class ShardedTensor(ShardedTensorBase):
             shard_ranks=list(_ops._shard_layout(self)[2]),
         )
         st._post_init(init_rrefs)
+        return st
+
+    def __reduce_ex__(self, protocol):
+        # Tensor.__reduce_ex__ would read storage. A ShardedTensor pickles as its local shards (plain
+        # tensors, so torch.save writes only this rank's data), its metadata and spec, and the ranks
+        # it was saved from, checked on load.
+        pg = self._process_group
+        pg_state = ProcessGroupState(
+            dist.get_rank(pg), dist.get_rank(), dist.get_world_size(pg), dist.get_world_size()
+        )
+        return (
+            _rebuild_sharded_tensor,
+            (type(self), self._local_shards, self._metadata, pg_state, self._sharding_spec, self._init_rrefs),
+        )
+
+    def cpu(
+        self, memory_format: torch.memory_format = torch.preserve_format, process_group=None
+    ) -> ShardedTensor:
+        """This tensor with every shard on the CPU (``self`` when all placements already are)."""
+        if memory_format not in (torch.preserve_format, torch.contiguous_format):
+            raise RuntimeError("Only `torch.contiguous_format` or `torch.preserve_format` is supported!")
+        if all(md.placement.device().type == "cpu" for md in self._metadata.shards_metadata):
+            return self
+        return self._moved(torch.device("cpu"), self.dtype, process_group, non_blocking=False)
+
+    def cuda(
+        self,
+        device=None,
+        non_blocking: bool = False,
+        memory_format: torch.memory_format = torch.preserve_format,
+        process_group=None,
+    ) -> ShardedTensor:
+        """A new ShardedTensor with every shard on this rank's current CUDA device."""
+        if memory_format not in (torch.preserve_format, torch.contiguous_format):
+            raise RuntimeError("Only `torch.contiguous_format` or `torch.preserve_format` is supported!")
+        if device is not None:
+            device = torch.device(device) if not isinstance(device, torch.device) else device
+            if device.index is not None and device.index != torch.cuda.current_device():
+                raise AssertionError(
+                    'Only device without device id (e.g. "cpu" or "cuda") is expected for ShardedTensor!'
+                )
+        current = torch.device("cuda", torch.cuda.current_device())
+        return self._moved(current, self.dtype, process_group, non_blocking=non_blocking, force_new=True)
+
+    def to(self, *args, **kwargs) -> ShardedTensor:  # type: ignore[override]
+        """Convert dtype and/or device, as ``Tensor.to``: ``to(dtype)``, ``to(device)``,
+        ``to(device, dtype)``, ``to(tensor)``, or keywords ``dtype``, ``device``, ``copy``,
+        ``non_blocking``, ``memory_format``, ``process_group``. A CUDA target is this rank's current
+        device. Returns ``self`` when nothing changes and ``copy`` is False."""
+        current_device = self._local_shards[0].tensor.device if self._local_shards else _preferred_device(self._process_group)
+        current_dtype = self.dtype
+        device_to, dtype_to = current_device, current_dtype
+        if len(args) == 1:
+            if isinstance(args[0], torch.dtype):
+                dtype_to = args[0]
+            elif isinstance(args[0], torch.device):
+                device_to = args[0]
+            elif isinstance(args[0], (str, int)):
+                device_to = torch.device(args[0])
+            elif isinstance(args[0], torch.Tensor):
+                dtype_to, device_to = args[0].dtype, args[0].device
+            else:
+                raise RuntimeError(f"ShardedTensor.to() have wrong arguments: {args}")
+        elif len(args) == 2:
+            device_to, dtype_to = args
+        elif len(args) > 2:
+            raise RuntimeError(f"ShardedTensor.to() have wrong arguments: {args}")
+        dtype_to = kwargs.get("dtype", dtype_to)
+        device_to = kwargs.get("device", device_to)
+        device_to = torch.device(device_to) if isinstance(device_to, (str, int)) else device_to
+        if device_to.type == "cuda":
+            current_idx = torch.cuda.current_device()
+            if device_to.index != current_idx:
+                warnings.warn(
+                    "ShardedTensor.to only move tensor to its current device"
+                    "If you want to put to different device, use `reshard` instead.",
+                    stacklevel=2,
+                )
+            device_to = torch.device("cuda", current_idx)
+        copy_tensor = kwargs.get("copy", False)
+        non_blocking = kwargs.get("non_blocking", False)
+        memory_format = kwargs.get("memory_format", torch.preserve_format)
+        if memory_format not in (torch.preserve_format, torch.contiguous_format):
+            raise RuntimeError("Only `torch.contiguous_format` or `torch.preserve_format` is supported!")
+        process_group = kwargs.get("process_group")
+        if not copy_tensor and dtype_to == current_dtype and device_to == current_device:
+            return self
+        return self._moved(device_to, dtype_to, process_group, non_blocking=non_blocking, force_new=True)
+
+    def _moved(self, device, dtype, process_group, non_blocking: bool, force_new: bool = True) -> ShardedTensor:
+        """A new ShardedTensor with local shards converted to ``device``/``dtype`` and every placement
+        in the metadata rewritten to ``device``'s type (ranks kept)."""
+        local_shards = []
+        for shard in self._local_shards:
+            tensor = shard.tensor.to(device=device, dtype=dtype, non_blocking=non_blocking)
+            md = copy.deepcopy(shard.metadata)
+            md.placement._device = tensor.device
+            local_shards.append(Shard(tensor, md))
+        metadata = copy.deepcopy(self._metadata)
+        metadata.tensor_properties.dtype = dtype
+        for md in metadata.shards_metadata:
+            placement_device = md.placement.device()
+            if placement_device.type != device.type:
+                md.placement._device = device if device.type != "cuda" else torch.device("cuda", device.index)
+        # A ChunkShardingSpec stays a ChunkShardingSpec with the rewritten placements.
+        pg = process_group if process_group is not None else self._process_group
+        st = type(self)._init_from_local_shards_and_global_metadata(
+            local_shards, metadata, process_group=pg, init_rrefs=self._init_rrefs
+        )
         return st
 
     def __deepcopy__(self, memo):

@@ -1,3 +1,3 @@
 """Built-in ShardedTensor op implementations; importing this package registers them."""
 
-from . import _common, init, tensor_ops  # noqa: F401
+from . import _common, binary_cmp, init, tensor_ops  # noqa: F401

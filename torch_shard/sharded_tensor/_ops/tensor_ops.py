@@ -7,6 +7,7 @@ import copy
 import torch
 
 from .. import _sharded_op_impl, empty, full, ones, rand, randn, zeros
+from ..api import ShardedTensorBase
 from ..shard import Shard
 
 
@@ -66,3 +67,63 @@ for _like, _creator in (
     (torch.full_like, full),
 ):
     _register_like(_like, _creator)
+
+
+def _same_spec_new_tensor(st, local_tensors, metadata):
+    """A ShardedTensor with ``st``'s layout, spec and group over new local tensors."""
+    local_shards = [Shard(tensor, shard.metadata) for tensor, shard in zip(local_tensors, st.local_shards())]
+    return st._with_local_shards(local_shards, metadata, st._init_rrefs)
+
+
+@_sharded_op_impl(torch.Tensor.type_as)
+def sharded_type_as(types, args=(), kwargs=None, pg=None):
+    """Cast every local shard to the dtype of the given Tensor or ShardedTensor."""
+    st = args[0]
+    if len(args) < 2:
+        raise ValueError("Needs to give a tensor to cast type as!")
+    other = args[1]
+    if not isinstance(other, torch.Tensor):
+        raise ValueError("Needs to give a Tensor or ShardedTensor to cast type as!")
+    if st.dtype == other.dtype:
+        return st
+    metadata = copy.deepcopy(st.metadata())
+    metadata.tensor_properties.dtype = other.dtype
+    return _same_spec_new_tensor(st, [s.tensor.to(other.dtype) for s in st.local_shards()], metadata)
+
+
+@_sharded_op_impl(torch.Tensor.clone)
+def sharded_clone(types, args=(), kwargs=None, pg=None):
+    """Clone every local shard (only ``torch.preserve_format``)."""
+    kwargs = kwargs or {}
+    st = args[0]
+    memory_format = kwargs.get("memory_format", torch.preserve_format)
+    if memory_format != torch.preserve_format:
+        raise RuntimeError("Only support torch.preserve_format for ShardedTensor!")
+    return _same_spec_new_tensor(
+        st, [s.tensor.clone() for s in st.local_shards()], copy.deepcopy(st.metadata())
+    )
+
+
+@_sharded_op_impl(torch.Tensor.copy_)
+def sharded_copy_(types, args=(), kwargs=None, pg=None):
+    """In-place copy between two ShardedTensors with identical metadata, shard by shard."""
+    kwargs = kwargs or {}
+    self_st, src = args[0], args[1]
+    non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+    if (
+        not isinstance(src, ShardedTensorBase)
+        or self_st.metadata() != src.metadata()
+        or len(self_st.local_shards()) != len(src.local_shards())
+        or any(a.metadata != b.metadata for a, b in zip(self_st.local_shards(), src.local_shards()))
+    ):
+        raise RuntimeError("inplace copy can only happen between two ShardedTensor with same metadata!")
+    with torch.no_grad():
+        for dst_shard, src_shard in zip(self_st.local_shards(), src.local_shards()):
+            dst_shard.tensor.copy_(src_shard.tensor, non_blocking)
+    return self_st
+
+
+@_sharded_op_impl(torch._has_compatible_shallow_copy_type)
+def sharded_has_compatible_shallow_copy_type(types, args=(), kwargs=None, pg=None):
+    # Module._apply then replaces parameters instead of assigning `.data` into a ShardedTensor.
+    return False

@@ -1,0 +1,232 @@
+"""Assembling a ShardedTensor from the shards each rank already holds (init_from_local_shards).
+
+One metadata exchange: every rank contributes a compact record (its local boxes as int64 buffers,
+the distinct placements they use, its tensor properties, the global size it claims, and the error
+its local checks raised, if any) through one ``all_gather_object``. Every rank then runs the same
+checks on the same gathered data, so all ranks accept or all raise the same error. Validation of the
+assembled layout runs in C++ (O(N) for chunk-like layouts, O(N * 2^d) otherwise).
+"""
+
+from __future__ import annotations
+
+from array import array
+from itertools import chain
+
+import torch
+import torch.distributed as dist
+
+from .. import _native
+from .._agreement import _error_class, _error_code
+from ..metadata import ShardMetadata
+from .metadata import ShardedTensorMetadata, TensorProperties
+from .shard import Shard
+from .utils import _PlacementResolver
+
+
+def _raise_if_mismatch(expected, actual, prop_name, ranks, is_local=True) -> None:
+    if expected == actual:
+        return
+    if is_local:
+        raise ValueError(
+            f"Local shards' tensor {prop_name} property need to be the same on rank:{ranks}! "
+            f"Found one local shard tensor {prop_name}={expected}, "
+            f"the other local shard tensor {prop_name}={actual}."
+        )
+    raise ValueError(
+        f"ShardedTensor {prop_name} property does not match from different ranks! "
+        f"Found {prop_name}={expected} on rank:{ranks[0]}, and {prop_name}={actual} on rank:{ranks[1]}."
+    )
+
+
+def build_metadata_from_local_shards(
+    local_shards: list[Shard], global_size: torch.Size, current_rank: int, pg
+) -> ShardedTensorMetadata:
+    """Check this rank's shards (placement rank, layout, contiguity, device, matching properties)
+    and describe them as a "local" ShardedTensorMetadata claiming ``global_size``."""
+    if not local_shards:
+        raise ValueError("must have local shards!")
+    first = local_shards[0].tensor
+    resolve = _PlacementResolver(pg)
+    for local_shard in local_shards:
+        tensor, md = local_shard.tensor, local_shard.metadata
+        rank, local_device = resolve(md.placement)
+        if tensor.layout != torch.strided or tensor.layout != first.layout:
+            raise ValueError(
+                f"Only torch.strided layout is currently supported, but found {tensor.layout} on "
+                f"rank:{current_rank}!"
+            )
+        if not tensor.is_contiguous():
+            raise ValueError("Only torch.contiguous_format memory_format is currently supported!")
+        if rank != current_rank:
+            raise ValueError(
+                f"Local shard metadata's rank does not match with the rank in its process group! "
+                f"Found current rank in the process group: {current_rank}, local ShardMetadata "
+                f"placement's rank: {rank}"
+            )
+        if tensor.device != local_device:
+            raise ValueError(
+                f"Local shard tensor device does not match with local Shard's placement! Found local "
+                f"shard tensor device: {tensor.device}, local shard metadata placement device: {local_device}"
+            )
+        _raise_if_mismatch(md.shard_sizes, list(tensor.size()), "size", current_rank)
+        _raise_if_mismatch(tensor.is_pinned(), first.is_pinned(), "pin_memory", current_rank)
+        _raise_if_mismatch(tensor.dtype, first.dtype, "dtype", current_rank)
+        _raise_if_mismatch(tensor.requires_grad, first.requires_grad, "requires_grad", current_rank)
+    properties = TensorProperties(
+        dtype=first.dtype,
+        layout=first.layout,
+        requires_grad=first.requires_grad,
+        memory_format=torch.contiguous_format,
+        pin_memory=first.is_pinned(),
+    )
+    return ShardedTensorMetadata([s.metadata for s in local_shards], global_size, properties)
+
+
+def _record(local_md: ShardedTensorMetadata | None, error: BaseException | None):
+    """What one rank contributes to the exchange."""
+    if error is not None:
+        return (_error_code(error), f"{type(error).__name__}: {error}", None)
+    if local_md is None:
+        return (0, "", None)
+    shards = local_md.shards_metadata
+    placements: list = []
+    placement_index: dict[str, int] = {}
+    which = array("q")
+    for md in shards:
+        key = str(md.placement)
+        if key not in placement_index:
+            placement_index[key] = len(placements)
+            placements.append(md.placement)
+        which.append(placement_index[key])
+    props = local_md.tensor_properties
+    return (
+        0,
+        "",
+        (
+            tuple(local_md.size),
+            len(shards),
+            len(shards[0].shard_sizes),
+            array("q", chain.from_iterable(md.shard_offsets for md in shards)).tobytes(),
+            array("q", chain.from_iterable(md.shard_sizes for md in shards)).tobytes(),
+            placements,
+            which.tobytes(),
+            (props.dtype, props.layout, props.requires_grad, props.pin_memory),
+        ),
+    )
+
+
+def _new_shard_metadata(offsets: list[int], sizes: list[int], placement) -> ShardMetadata:
+    # The values were validated where they were built (on their owning rank); skip __init__'s checks.
+    md = ShardMetadata.__new__(ShardMetadata)
+    md.shard_offsets = offsets
+    md.shard_sizes = sizes
+    md.placement = placement
+    return md
+
+
+def build_global_metadata(records: list, recalc_metadata: bool, me: int):
+    """Check the gathered records against each other and assemble (metadata, box offsets, box sizes,
+    index of this rank's first shard). Every rank computes the same result or raises the same error."""
+    for rank, (code, text, _) in enumerate(records):
+        if code != 0 and rank != me:
+            raise _error_class(code)(f"init_from_local_shards failed on rank {rank}: {text}")
+    reference = None
+    reference_rank = 0
+    offsets_parts, sizes_parts, shards = [], [], []
+    my_first = 0
+    for rank, (_, _, data) in enumerate(records):
+        if data is None:
+            continue
+        size, count, ndim, off_bytes, size_bytes, placements, which_bytes, props = data
+        if reference is None:
+            reference, reference_rank = data, rank
+        else:
+            ref_size, _, _, _, _, _, _, ref_props = reference
+            ranks = [reference_rank, rank]
+            _raise_if_mismatch(torch.Size(ref_size), torch.Size(size), "global_size", ranks, is_local=False)
+            _raise_if_mismatch(ref_props[0], props[0], "dtype", ranks, is_local=False)
+            _raise_if_mismatch(ref_props[2], props[2], "requires_grad", ranks, is_local=False)
+            _raise_if_mismatch(ref_props[3], props[3], "pin_memory", ranks, is_local=False)
+            if ndim != reference[2]:
+                raise ValueError(f"Found inconsistent ranks for shards on rank:{reference_rank} and rank:{rank}")
+        if rank == me:
+            my_first = len(shards)
+        offs = array("q")
+        offs.frombytes(off_bytes)
+        lens = array("q")
+        lens.frombytes(size_bytes)
+        which = array("q")
+        which.frombytes(which_bytes)
+        offsets_parts.append(offs)
+        sizes_parts.append(lens)
+        for i in range(count):
+            shards.append(
+                _new_shard_metadata(
+                    list(offs[i * ndim : (i + 1) * ndim]),
+                    list(lens[i * ndim : (i + 1) * ndim]),
+                    placements[which[i]],
+                )
+            )
+    if reference is None:
+        raise ValueError("ShardedTensor have no local shards on all ranks!")
+    size, _, ndim, _, _, _, _, props = reference
+    offsets = _native._as_box_tensor(array("q", chain.from_iterable(offsets_parts)), len(shards), ndim).clone()
+    sizes = _native._as_box_tensor(array("q", chain.from_iterable(sizes_parts)), len(shards), ndim).clone()
+    global_size = torch.Size(size)
+    if recalc_metadata:
+        # Row-wise, in the gathered (rank) order: each shard starts where the previous one ends.
+        offsets.zero_()
+        if len(shards):
+            rows = sizes[:, 0]
+            offsets[:, 0] = torch.cumsum(rows, 0) - rows
+            global_size = torch.Size([int(rows.sum())] + sizes[0, 1:].tolist())
+        for md, off in zip(shards, offsets.tolist()):
+            md.shard_offsets = off
+    _native.validate_boxes(offsets, sizes, global_size)
+    properties = TensorProperties(
+        dtype=props[0],
+        layout=props[1],
+        requires_grad=props[2],
+        memory_format=torch.contiguous_format,
+        pin_memory=props[3],
+    )
+    return ShardedTensorMetadata(shards, global_size, properties), offsets, sizes, my_first
+
+
+def gather_global_metadata(local_shards: list[Shard], global_size, process_group):
+    """Run the local checks, the one exchange, and the global checks; see the module docstring."""
+    recalc = any(dim is None for dim in global_size)
+    if recalc:
+        global_size = tuple(0 if dim is None else dim for dim in global_size)
+    current_rank = dist.get_rank()
+    error: BaseException | None = None
+    local_md = None
+    try:
+        from .api import _flatten_tensor_size
+
+        tensor_size = _flatten_tensor_size(global_size)
+        if local_shards:
+            local_md = build_metadata_from_local_shards(local_shards, tensor_size, current_rank, process_group)
+    except Exception as exc:  # noqa: BLE001 - reported to every rank through the exchange
+        error = exc
+    record = _record(local_md, error)
+    world = dist.get_world_size(process_group)
+    if world > 1:
+        records: list = [None] * world
+        dist.all_gather_object(records, record, group=process_group)
+    else:
+        records = [record]
+    me = dist.get_rank(process_group)
+    if error is not None:
+        raise error
+    metadata, offsets, sizes, my_first = build_global_metadata(records, recalc, me)
+    if recalc:
+        mine = [md for md in metadata.shards_metadata if md.placement.rank() == current_rank]
+        if not (len(local_shards) > 0 and len(mine) == 1):
+            raise ValueError(
+                "init_from_local_shards with None in the global size (row-wise recalculation) needs "
+                f"exactly one local shard per rank; rank {current_rank} has {len(local_shards)}"
+            )
+        local_shards[0].metadata = mine[0]
+    local_indices = list(range(my_first, my_first + len(local_shards)))
+    return metadata, local_indices
