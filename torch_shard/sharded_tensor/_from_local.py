@@ -10,14 +10,13 @@ assembled layout runs in C++ (O(N) for chunk-like layouts, O(N * 2^d) otherwise)
 from __future__ import annotations
 
 from array import array
-from itertools import chain
 
 import torch
 import torch.distributed as dist
 
 from .. import _native
 from .._agreement import _error_class, _error_code
-from ..metadata import ShardMetadata
+from ._packing import pack_shards, unpack_shards
 from .metadata import ShardedTensorMetadata, TensorProperties
 from .shard import Shard
 from .utils import _PlacementResolver
@@ -83,45 +82,21 @@ def build_metadata_from_local_shards(
 
 
 def _record(local_md: ShardedTensorMetadata | None, error: BaseException | None):
-    """What one rank contributes to the exchange."""
+    """What one rank contributes to the exchange: (error code, error text, payload or None)."""
     if error is not None:
         return (_error_code(error), f"{type(error).__name__}: {error}", None)
     if local_md is None:
         return (0, "", None)
-    shards = local_md.shards_metadata
-    placements: list = []
-    placement_index: dict[str, int] = {}
-    which = array("q")
-    for md in shards:
-        key = str(md.placement)
-        if key not in placement_index:
-            placement_index[key] = len(placements)
-            placements.append(md.placement)
-        which.append(placement_index[key])
     props = local_md.tensor_properties
     return (
         0,
         "",
         (
             tuple(local_md.size),
-            len(shards),
-            len(shards[0].shard_sizes),
-            array("q", chain.from_iterable(md.shard_offsets for md in shards)).tobytes(),
-            array("q", chain.from_iterable(md.shard_sizes for md in shards)).tobytes(),
-            placements,
-            which.tobytes(),
+            pack_shards(local_md.shards_metadata),
             (props.dtype, props.layout, props.requires_grad, props.pin_memory),
         ),
     )
-
-
-def _new_shard_metadata(offsets: list[int], sizes: list[int], placement) -> ShardMetadata:
-    # The values were validated where they were built (on their owning rank); skip __init__'s checks.
-    md = ShardMetadata.__new__(ShardMetadata)
-    md.shard_offsets = offsets
-    md.shard_sizes = sizes
-    md.placement = placement
-    return md
 
 
 def build_global_metadata(records: list, recalc_metadata: bool, me: int):
@@ -134,44 +109,35 @@ def build_global_metadata(records: list, recalc_metadata: bool, me: int):
     reference_rank = 0
     offsets_parts, sizes_parts, shards = [], [], []
     my_first = 0
+    ndim = 0
     for rank, (_, _, data) in enumerate(records):
         if data is None:
             continue
-        size, count, ndim, off_bytes, size_bytes, placements, which_bytes, props = data
+        size, packed, props = data
         if reference is None:
-            reference, reference_rank = data, rank
+            reference, reference_rank, ndim = data, rank, packed[1]
         else:
-            ref_size, _, _, _, _, _, _, ref_props = reference
+            ref_size, _, ref_props = reference
             ranks = [reference_rank, rank]
             _raise_if_mismatch(torch.Size(ref_size), torch.Size(size), "global_size", ranks, is_local=False)
             _raise_if_mismatch(ref_props[0], props[0], "dtype", ranks, is_local=False)
             _raise_if_mismatch(ref_props[2], props[2], "requires_grad", ranks, is_local=False)
             _raise_if_mismatch(ref_props[3], props[3], "pin_memory", ranks, is_local=False)
-            if ndim != reference[2]:
-                raise ValueError(f"Found inconsistent ranks for shards on rank:{reference_rank} and rank:{rank}")
+            if packed[1] != ndim:
+                raise ValueError(
+                    f"Found inconsistent ranks for shards: {ndim}-dim shards on rank:{reference_rank} "
+                    f"and {packed[1]}-dim shards on rank:{rank}"
+                )
         if rank == me:
             my_first = len(shards)
-        offs = array("q")
-        offs.frombytes(off_bytes)
-        lens = array("q")
-        lens.frombytes(size_bytes)
-        which = array("q")
-        which.frombytes(which_bytes)
-        offsets_parts.append(offs)
-        sizes_parts.append(lens)
-        for i in range(count):
-            shards.append(
-                _new_shard_metadata(
-                    list(offs[i * ndim : (i + 1) * ndim]),
-                    list(lens[i * ndim : (i + 1) * ndim]),
-                    placements[which[i]],
-                )
-            )
+        offsets_parts.append(packed[2])
+        sizes_parts.append(packed[3])
+        shards.extend(unpack_shards(packed))
     if reference is None:
         raise ValueError("ShardedTensor have no local shards on all ranks!")
-    size, _, ndim, _, _, _, _, props = reference
-    offsets = _native._as_box_tensor(array("q", chain.from_iterable(offsets_parts)), len(shards), ndim).clone()
-    sizes = _native._as_box_tensor(array("q", chain.from_iterable(sizes_parts)), len(shards), ndim).clone()
+    size, _, props = reference
+    offsets = _native._as_box_tensor(array("q", b"".join(offsets_parts)), len(shards), ndim).clone()
+    sizes = _native._as_box_tensor(array("q", b"".join(sizes_parts)), len(shards), ndim).clone()
     global_size = torch.Size(size)
     if recalc_metadata:
         # Row-wise, in the gathered (rank) order: each shard starts where the previous one ends.

@@ -27,7 +27,7 @@ from ..sharding_spec.api import (
 )
 from .metadata import ShardedTensorMetadata, TensorProperties
 from .shard import Shard
-from . import _from_local, _movement
+from . import _from_local, _movement, _packing
 from .utils import _PlacementResolver
 
 __all__ = ["ShardedTensor", "ShardedTensorBase"]
@@ -70,8 +70,11 @@ class ProcessGroupState:
 
 def _rebuild_sharded_tensor(
     cls: type,
-    local_shards: list[Shard],
-    metadata: ShardedTensorMetadata,
+    local_tensors: list[torch.Tensor],
+    local_indices: list[int],
+    packed_shards: tuple,
+    size: tuple,
+    properties: TensorProperties,
     pg_state: ProcessGroupState,
     sharding_spec: ShardingSpec,
     init_rrefs: bool,
@@ -99,7 +102,10 @@ def _rebuild_sharded_tensor(
         saved, current = getattr(pg_state, field), getattr(now, field)
         if saved != current:
             raise RuntimeError(f"{label} at save time was {saved}, but at load time was {current}")
-    st = cls._from_parts(local_shards, None, metadata, sharding_spec, pg)
+    shards_md = _packing.unpack_shards(packed_shards)
+    metadata = ShardedTensorMetadata(shards_md, torch.Size(size), properties)
+    local_shards = [Shard(tensor, shards_md[idx]) for tensor, idx in zip(local_tensors, local_indices)]
+    st = cls._from_parts(local_shards, list(local_indices), metadata, sharding_spec, pg)
     st._post_init(init_rrefs)
     return st
 
@@ -674,7 +680,17 @@ class ShardedTensor(ShardedTensorBase):
         )
         return (
             _rebuild_sharded_tensor,
-            (type(self), self._local_shards, self._metadata, pg_state, self._sharding_spec, self._init_rrefs),
+            (
+                type(self),
+                [shard.tensor for shard in self._local_shards],
+                list(_ops._local_shard_indices(self)),
+                _packing.pack_shards(self._metadata.shards_metadata),
+                tuple(self._metadata.size),
+                self._metadata.tensor_properties,
+                pg_state,
+                self._sharding_spec,
+                self._init_rrefs,
+            ),
         )
 
     def cpu(

@@ -1,0 +1,63 @@
+"""Compact encoding of shard metadata lists for the wire and for pickles.
+
+N ShardMetadata objects become two int64 buffers (offsets, sizes), the distinct placement strings,
+and one index per shard into them. Encoding and decoding cost O(N) with no per-shard Python objects
+beyond the decoded ShardMetadata, and each distinct placement is parsed once. Only plain types
+(bytes, str, int, tuples, lists) appear, so pickles stay loadable with ``weights_only=True``.
+"""
+
+from __future__ import annotations
+
+from array import array
+from itertools import chain
+
+from torch.distributed.remote_device import _remote_device
+
+from ..metadata import ShardMetadata
+
+PackedShards = tuple  # (count, ndim, offsets bytes, sizes bytes, placements, which bytes)
+
+
+def pack_shards(shards: list[ShardMetadata]) -> PackedShards:
+    placements: list[str] = []
+    index: dict[str, int] = {}
+    which = array("q")
+    for md in shards:
+        key = "" if md.placement is None else str(md.placement)
+        if key not in index:
+            index[key] = len(placements)
+            placements.append(key)
+        which.append(index[key])
+    ndim = len(shards[0].shard_sizes) if shards else 0
+    return (
+        len(shards),
+        ndim,
+        array("q", chain.from_iterable(md.shard_offsets for md in shards)).tobytes(),
+        array("q", chain.from_iterable(md.shard_sizes for md in shards)).tobytes(),
+        placements,
+        which.tobytes(),
+    )
+
+
+def _new_shard_metadata(offsets: list[int], sizes: list[int], placement) -> ShardMetadata:
+    # The values were validated when they were first built; skip __init__'s per-field checks.
+    md = ShardMetadata.__new__(ShardMetadata)
+    md.shard_offsets = offsets
+    md.shard_sizes = sizes
+    md.placement = placement
+    return md
+
+
+def unpack_shards(packed: PackedShards) -> list[ShardMetadata]:
+    count, ndim, offsets_bytes, sizes_bytes, placements, which_bytes = packed
+    offsets, sizes, which = array("q"), array("q"), array("q")
+    offsets.frombytes(offsets_bytes)
+    sizes.frombytes(sizes_bytes)
+    which.frombytes(which_bytes)
+    parsed = [None if p == "" else _remote_device(p) for p in placements]
+    return [
+        _new_shard_metadata(
+            list(offsets[i * ndim : (i + 1) * ndim]), list(sizes[i * ndim : (i + 1) * ndim]), parsed[which[i]]
+        )
+        for i in range(count)
+    ]
