@@ -9,7 +9,7 @@ import torch  # noqa: F401  (loads libtorch before the extension)
 
 from . import _C  # noqa: F401  (registers torch.ops.torch_shard.*)
 from . import sharded_tensor, sharding_spec
-from .api import _shard_tensor, load_with_process_group, shard_parameter
+from .api import _shard_tensor, load_with_process_group, shard_module, shard_parameter
 from .metadata import ShardMetadata
 
 __version__ = "0.1.0"
@@ -18,6 +18,7 @@ __all__ = [
     "ShardMetadata",
     "_shard_tensor",
     "load_with_process_group",
+    "shard_module",
     "shard_parameter",
     "sharded_tensor",
     "sharding_spec",

@@ -12,7 +12,7 @@ from .sharded_tensor import ShardedTensor
 from .sharded_tensor._movement import check_src_and_spec, comm_device
 from .sharding_spec import ChunkShardingSpec, ShardingSpec
 
-__all__ = ["_shard_tensor", "load_with_process_group", "shard_parameter"]
+__all__ = ["_shard_tensor", "load_with_process_group", "shard_module", "shard_parameter"]
 
 _CURRENT_PROCESS_GROUP = None
 
@@ -122,3 +122,57 @@ def _collect_local_shard(module: nn.Module) -> nn.Module:
 
     module.register_forward_hook(hook_func)
     return module
+
+
+def shard_module(module: nn.Module, plan, src_rank: int = 0, process_group=None) -> None:
+    """Shard ``module`` in place according to a :class:`~torch_shard.sharding_plan.ShardingPlan`.
+
+    Parameters named in ``plan.plan`` with a ShardingSpec are sharded with :func:`shard_parameter`;
+    submodules named with a Sharder are replaced, in their parent, by what ``Sharder.shard`` returns
+    (upstream attaches the result to an attribute literally called ``mod_name`` instead). Then
+    ``output_plan`` and ``return_local_tensor`` install output hooks. Collective: every rank of
+    ``process_group`` calls it with the same plan.
+
+    Raises:
+        KeyError: a Sharder entry with an empty module path.
+        RuntimeError: a parameter entry inside a submodule a Sharder handles.
+        TypeError: a plan value that is neither a ShardingSpec nor a Sharder, or an output_plan value
+            that is not a ShardingSpec.
+        AttributeError: a path that names no submodule or parameter.
+    """
+    from .sharder import Sharder
+
+    sharder_paths = [name for name, spec in plan.plan.items() if isinstance(spec, Sharder)]
+    for name, spec in plan.plan.items():
+        if isinstance(spec, ShardingSpec):
+            module_path, _, param_name = name.rpartition(".")
+            for sharder_path in sharder_paths:
+                if module_path.startswith(sharder_path):
+                    raise RuntimeError(
+                        f"ShardingPlan is in-valid, trying to shard a parameter: {name}, but there's "
+                        f"already a Sharder entry for module {sharder_path}, parameter sharding should "
+                        f"not conflict with the submodule tree that a Sharder is working with!"
+                    )
+            submodule = module.get_submodule(module_path)
+            shard_parameter(submodule, param_name, spec, src_rank=src_rank, process_group=process_group)
+        elif isinstance(spec, Sharder):
+            if name == "":
+                raise KeyError("Module path must not be empty for custom sharder!")
+            parent_path, _, child_name = name.rpartition(".")
+            parent = module.get_submodule(parent_path)
+            child = parent.get_submodule(child_name)
+            sharded = spec.shard(child)
+            if sharded is not child:
+                setattr(parent, child_name, sharded)
+        else:
+            raise TypeError(f"Only `ShardingSpec` and `Sharder` are supported to shard '{name}'")
+
+    if plan.output_plan is not None:
+        for module_path, output_spec in plan.output_plan.items():
+            if not isinstance(output_spec, ShardingSpec):
+                raise TypeError(f"Only `ShardingSpec` is supported as output_plan for '{module_path}'")
+            _reshard_output(module.get_submodule(module_path), output_spec)
+    if plan.return_local_tensor is not None:
+        for module_path in plan.return_local_tensor:
+            _collect_local_shard(module.get_submodule(module_path))
+
