@@ -48,6 +48,12 @@ TORCH_LIBRARY(torch_shard, m) {
       "Tensor shard_sizes, int[] shard_owners, str group_name) -> ()");
   // All ranks' `values` (same length everywhere), rank-major: agreement checks before data moves.
   m.def("_exchange_header(int[] values, str group_name, Device device) -> int[]");
+  // Generic exchanges for sharded compute (embedding ops). Flat 1-D tensors; counts in elements.
+  // Rank r receives send_counts[r] elements from this rank; recv_counts[p] must equal what rank p
+  // sends here (both sides compute them from shared metadata).
+  m.def("_all_to_all(Tensor input, int[] send_counts, int[] recv_counts, str group_name) -> Tensor");
+  // Every rank's `input` (any length along dim 0, same trailing dims and dtype), in rank order.
+  m.def("_all_gather_varlen(Tensor input, str group_name) -> Tensor[]");
   // [bytes sent to other ranks, bytes received from other ranks, collectives] since the last reset.
   m.def("_comm_stats(bool reset=False) -> int[]");
 }

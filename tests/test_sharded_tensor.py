@@ -1187,6 +1187,173 @@ class TestShardedTensorChunked(ShardedTensorTestBase):
             st = sharded_tensor.empty(spec, "foo")
 
     @with_comms
+    def test_state_dict(self):
+        spec = ChunkShardingSpec(
+            dim=0,
+            placements=[
+                placement(0),
+                placement(1),
+                placement(2),
+                placement(3),
+            ],
+        )
+
+        m = MyShardedModel1(spec)
+
+        # Test save
+        m._register_state_dict_hook(state_dict_hook)
+        buffer = io.BytesIO()
+        mod_state_dict = m.state_dict()
+        mod_state_keys = mod_state_dict.keys()
+        self.assertTrue("sharded_tensor1" in mod_state_keys)
+        self.assertTrue("submodule.sharded_tensor2" in mod_state_keys)
+        torch.save(mod_state_dict, buffer)
+
+        # Test load.
+        module_load = MyShardedModel1()
+        module_load._register_load_state_dict_pre_hook(pre_load_state_dict_hook, True)
+
+        buffer.seek(0)
+        # weights_only=False as ShardedTensor weights_only is already tested in TestFSDPStateDict.test_torch_save_load
+        state_dict_deser = torch.load(buffer, weights_only=False)
+        module_load.load_state_dict(state_dict_deser, strict=False)
+
+        module_load._register_state_dict_hook(state_dict_hook)
+        loaded_dict_keys = module_load.state_dict().keys()
+        self.assertTrue("sharded_tensor1" in loaded_dict_keys)
+        self.assertTrue("submodule.sharded_tensor2" in loaded_dict_keys)
+        # Verify after load.
+        self.assertTrue(torch.equal(m.sharded_tensor1, module_load.sharded_tensor1))
+        self.assertTrue(
+            torch.equal(
+                m.submodule.sharded_tensor2, module_load.submodule.sharded_tensor2
+            )
+        )
+
+        # Not upstream (upstream defers weights_only to an FSDP test): the same file loads with
+        # weights_only=True too.
+        buffer.seek(0)
+        state_dict_wo = torch.load(buffer, weights_only=True)
+        self.assertTrue(torch.equal(m.sharded_tensor1, state_dict_wo["sharded_tensor1"]))
+        self.assertTrue(
+            torch.equal(
+                m.submodule.sharded_tensor2, state_dict_wo["submodule.sharded_tensor2"]
+            )
+        )
+
+    @with_comms
+    def test_state_dict_new_group(self):
+        spec = ChunkShardingSpec(
+            dim=0,
+            placements=[
+                placement(2, 0),
+                placement(3, 1),
+                placement(2, 2),
+                placement(3, 3),
+            ],
+        )
+
+        pg = dist.new_group([2, 3])
+
+        m = MyShardedModel1(spec, pg)
+
+        # Test save
+        m._register_state_dict_hook(state_dict_hook)
+        buffer = io.BytesIO()
+        torch.save(m.state_dict(), buffer)
+
+        # Test load.
+        module_load = MyShardedModel1(spec=None, group=pg)
+        module_load._register_load_state_dict_pre_hook(pre_load_state_dict_hook, True)
+
+        buffer.seek(0)
+        with load_with_process_group(pg):
+            # ShardedTensor weights_only is already tested in TestFSDPStateDict.test_torch_save_load
+            state_dict_deser = torch.load(buffer, weights_only=False)
+            module_load.load_state_dict(state_dict_deser, strict=False)
+
+        # Verify after load.
+        self.assertTrue(torch.equal(m.sharded_tensor1, module_load.sharded_tensor1))
+        self.assertTrue(
+            torch.equal(
+                m.submodule.sharded_tensor2, module_load.submodule.sharded_tensor2
+            )
+        )
+
+    @with_comms
+    def test_state_dict_no_sharded_tensors(self):
+        # Verify hooks don't affect modules with no ShardedTensors.
+        m = torch.nn.Linear(10, 10)
+
+        # Test save
+        state_dict_before = m.state_dict()
+        m._register_state_dict_hook(state_dict_hook)
+        buffer = io.BytesIO()
+        torch.save(m.state_dict(), buffer)
+        self.assertEqual(state_dict_before, m.state_dict())
+
+        # Test load.
+        module_load = torch.nn.Linear(10, 10)
+        module_load._register_load_state_dict_pre_hook(pre_load_state_dict_hook, True)
+
+        buffer.seek(0)
+        state_dict_deser = torch.load(buffer)
+        module_load.load_state_dict(state_dict_deser, strict=False)
+
+        # Verify after load.
+        self.assertEqual(m.weight, module_load.weight)
+        self.assertEqual(m.bias, module_load.bias)
+
+    def test_load_state_dict_errors(self):
+        # Upstream initialises RPC, then an NCCL default group by hand; here the base picks the backend.
+        self.init_rpc()
+        self.init_pg()
+
+        spec = ChunkShardingSpec(
+            dim=0,
+            placements=[
+                placement(0),
+                placement(1),
+                placement(2),
+                placement(3),
+            ],
+        )
+
+        m = MyShardedModel1(spec)
+
+        # Test save
+        m._register_state_dict_hook(state_dict_hook)
+        buffer = io.BytesIO()
+        torch.save(m.state_dict(), buffer)
+
+        pg = dist.new_group(ranks=[0, 2, 3])
+
+        buffer.seek(0)
+        if self.rank != 0:
+            with self.assertRaisesRegex(RuntimeError, "Local rank at save time was"):
+                with load_with_process_group(pg):
+                    # ShardedTensor weights_only is already tested in TestFSDPStateDict.test_torch_save_load
+                    torch.load(buffer, weights_only=False)
+        else:
+            with self.assertRaisesRegex(
+                RuntimeError, "Local world size at save time was"
+            ):
+                with load_with_process_group(pg):
+                    # ShardedTensor weights_only is already tested in TestFSDPStateDict.test_torch_save_load
+                    torch.load(buffer, weights_only=False)
+
+        # Not upstream: leave the group together (see test_sharding_columns).
+        dist.barrier()
+        dist.destroy_process_group()
+        buffer.seek(0)
+        with self.assertRaisesRegex(
+            RuntimeError, "Need to initialize default process group"
+        ):
+            # ShardedTensor weights_only is already tested in TestFSDPStateDict.test_torch_save_load
+            torch.load(buffer, weights_only=False)
+        rpc.shutdown()
+
+    @with_comms
     def test_cleanup(self):
         def create_tensors():
             spec = ChunkShardingSpec(
@@ -1481,6 +1648,274 @@ class TestShardedTensorEnumerable(ShardedTensorTestBase):
             self.assertEqual(full_tensor, torch.ones(h, w))
         else:
             self.assertIsNone(full_tensor)
+
+    @with_comms
+    def test_sharded_tensor_to_cpu(self):
+        cpu_spec = ChunkShardingSpec(
+            dim=0,
+            placements=[
+                "rank:0/cpu",
+                "rank:1/cpu",
+                "rank:2/cpu",
+                "rank:3/cpu",
+            ],
+        )
+        spec = ChunkShardingSpec(
+            dim=0,
+            placements=[
+                placement(0),
+                placement(1),
+                placement(2),
+                placement(3),
+            ],
+        )
+        h, w = 10, 20
+        gloo_pg = dist.new_group(backend="gloo")
+
+        # CPU sharded tensor should return the same instance (no copy)
+        st_cpu = sharded_tensor.zeros(cpu_spec, h, w, process_group=gloo_pg)
+        new_st_cpu = st_cpu.cpu()
+        self.assertTrue(st_cpu is new_st_cpu)
+
+        # GPU sharded tensor to cpu
+        st = sharded_tensor.zeros(spec, h, w)
+        # test ability to move st to CPU
+        spec_before_move = st.sharding_spec()
+        if _CUDA:
+            new_st = st.cpu(process_group=gloo_pg)
+        else:
+            # Not upstream: without GPUs st already lives on the CPU, so cpu() returns st itself; a
+            # forced copy to the CPU on gloo_pg goes through the same rebuild as upstream's cuda -> cpu.
+            self.assertTrue(st.cpu(process_group=gloo_pg) is st)
+            new_st = st.to(device="cpu", process_group=gloo_pg, copy=True)
+        # return a copy of original st
+        self.assertFalse(st is new_st)
+        # check the spec is still ChunkShardingSpec
+        spec_after_move = new_st.sharding_spec()
+        self.assertIsInstance(spec_after_move, ChunkShardingSpec)
+        self.assertIsInstance(new_st._process_group, distributed_c10d.ProcessGroup)
+        # test specs before and after the move almost the same except placement device
+        self.assertEqual(spec_before_move.dim, spec_after_move.dim)
+        self.assertEqual(
+            len(spec_before_move.placements), len(spec_after_move.placements)
+        )
+        for i, remote_device_after in enumerate(spec_after_move.placements):
+            remote_device_before = spec_before_move.placements[i]
+            self.assertEqual(remote_device_before.rank(), remote_device_after.rank())
+            self.assertEqual(str(remote_device_after.device()), "cpu")
+
+        # ensure metadata also get changed to CPU
+        metas = new_st.metadata().shards_metadata
+        for meta in metas:
+            self.assertEqual(str(meta.placement.device()), "cpu")
+
+        if not _CUDA:
+            # CUDA only: a ShardedTensor with shards on both CPU and GPUs.
+            return
+
+        # Test if a mixed sharded tensor (ShardedTensor with different devices) to cpu
+        mixed_spec = ChunkShardingSpec(
+            dim=0,
+            placements=[
+                "rank:0/cpu",
+                "rank:1/cpu",
+                placement(2),
+                placement(3),
+            ],
+        )
+
+        st = sharded_tensor.zeros(mixed_spec, h, w, process_group=gloo_pg)
+        new_st = st.cpu()
+        # return a copy of original st
+        self.assertFalse(st is new_st)
+        # check the spec is still ChunkShardingSpec
+        spec_after_move = new_st.sharding_spec()
+        self.assertIsInstance(spec_after_move, ChunkShardingSpec)
+        # test specs before and after the move almost the same except placement device
+        self.assertEqual(mixed_spec.dim, spec_after_move.dim)
+        self.assertEqual(len(mixed_spec.placements), len(spec_after_move.placements))
+        for i, remote_device_after in enumerate(spec_after_move.placements):
+            remote_device_before = mixed_spec.placements[i]
+            self.assertEqual(remote_device_before.rank(), remote_device_after.rank())
+            self.assertEqual(str(remote_device_after.device()), "cpu")
+
+        # ensure metadata also get changed to CPU
+        metas = new_st.metadata().shards_metadata
+        for meta in metas:
+            self.assertEqual(str(meta.placement.device()), "cpu")
+
+    # Entirely about .cuda(): moving shards to the current GPU (and keeping them there).
+    @requires_cuda(4)
+    @with_comms
+    def test_sharded_tensor_to_cuda(self):
+        cpu_spec = ChunkShardingSpec(
+            dim=0,
+            placements=[
+                "rank:0/cpu",
+                "rank:1/cpu",
+                "rank:2/cpu",
+                "rank:3/cpu",
+            ],
+        )
+        spec = ChunkShardingSpec(
+            dim=0,
+            placements=[
+                placement(0),
+                placement(1),
+                placement(2),
+                placement(3),
+            ],
+        )
+        h, w = 10, 20
+        # CUDA sharded tensor should return a new ShardedTensor, but same
+        # local shards(no movements)
+        st_cuda = sharded_tensor.zeros(spec, h, w)
+        new_st_cuda = st_cuda.cuda()
+        self.assertTrue(st_cuda is not new_st_cuda)
+        self.assertTrue(st_cuda.local_tensor() is new_st_cuda.local_tensor())
+
+        gloo_pg = dist.new_group(backend="gloo")
+
+        # CPU sharded tensor to GPU
+        st_cpu = sharded_tensor.zeros(cpu_spec, h, w, process_group=gloo_pg)
+        # test ability to move st to GPU
+        spec_before_move = st_cpu.sharding_spec()
+        new_st_gpu = st_cpu.cuda()
+        # check the spec is still ChunkShardingSpec
+        spec_after_move = new_st_gpu.sharding_spec()
+        self.assertIsInstance(spec_after_move, ChunkShardingSpec)
+        # test specs before and after the move almost the same except placement device
+        self.assertEqual(spec_before_move.dim, spec_after_move.dim)
+        self.assertEqual(
+            len(spec_before_move.placements), len(spec_after_move.placements)
+        )
+        for i, remote_device_after in enumerate(spec_after_move.placements):
+            remote_device_before = spec_before_move.placements[i]
+            self.assertEqual(remote_device_before.rank(), remote_device_after.rank())
+            self.assertEqual(str(remote_device_before.device().type), "cpu")
+            self.assertEqual(str(remote_device_after.device().type), "cuda")
+
+        # ensure metadata also get changed to GPU
+        metas = new_st_gpu.metadata().shards_metadata
+        for meta in metas:
+            self.assertEqual(str(meta.placement.device().type), "cuda")
+
+    @with_comms
+    def test_sharded_tensor_to_test(self):
+        spec = ChunkShardingSpec(
+            dim=0,
+            placements=[
+                placement(0),
+                placement(1),
+                placement(2),
+                placement(3),
+            ],
+        )
+        h, w = 10, 20
+        # CUDA sharded tensor should return a new ShardedTensor, but same
+        # local shards(no movements)
+        st = sharded_tensor.zeros(spec, h, w)
+        # test same dtype, device return itself
+        # Upstream: device="cuda" (the shards' device type).
+        st_self = st.to(dtype=st.dtype, device=DEVICE_TYPE)
+        self.assertTrue(st_self is st)
+
+        # test dtype to
+        st_16 = st.to(torch.float16)
+        self.assertFalse(st_16 is st)
+        self.assertEqual(st_16.dtype, torch.float16)
+        # test device to
+        st_cpu = st.to(device=torch.device("cpu"))
+        if _CUDA:
+            self.assertFalse(st_cpu is st)
+        else:
+            # Not upstream: already on the CPU, so nothing changes and st itself comes back.
+            self.assertTrue(st_cpu is st)
+        self.assertEqual(st_cpu.local_tensor().device.type, "cpu")
+        if _CUDA:
+            st_cuda = st_cpu.to(device=torch.device("cuda"))
+            self.assertEqual(st_cuda.local_tensor().device.type, "cuda")
+            # non-kwarg device to
+            st_cuda = st_cpu.to(torch.device("cuda"))
+            self.assertEqual(st_cuda.local_tensor().device.type, "cuda")
+        else:
+            # The rank's own device is the CPU here: the "cuda" moves below are CUDA only.
+            st_cuda = st
+        st_cpu = st_cuda.to(torch.device("cpu"))
+        self.assertEqual(st_cpu.local_tensor().device.type, "cpu")
+        # with string like device conversion
+        st_cpu = st_cuda.to("cpu")
+        self.assertEqual(st_cpu.local_tensor().device.type, "cpu")
+        if _CUDA:
+            st_cuda = st_cpu.to("cuda")
+            self.assertEqual(st_cuda.local_tensor().device.type, "cuda")
+        # with int like device conversion
+        st_cpu = st_cuda.to("cpu")
+        self.assertEqual(st_cpu.local_tensor().device.type, "cpu")
+        if _CUDA:
+            st_cuda = st_cpu.to(self.rank)
+            self.assertEqual(st_cuda.local_tensor().device.type, "cuda")
+
+        # test tensor to
+        # Upstream: device="cuda" and device="cuda:2" (the current GPU and another rank's GPU).
+        cuda_tensor = torch.randn(3, 4, dtype=torch.float16, device=DEVICE_TYPE)
+        st_cuda = st.to(cuda_tensor)
+        self.assertFalse(st_cuda is st)
+        self.assertEqual(st_cuda.dtype, torch.float16)
+
+        cuda_tensor = torch.randn(3, 4, dtype=torch.float16, device=rank_device(2))
+        st_cuda = st.to(cuda_tensor)
+        self.assertEqual(st_cuda.dtype, torch.float16)
+
+        # test dtype and device together
+        st_cpu_16 = st.to("cpu", torch.float16)
+        self.assertEqual(st_cpu_16.dtype, torch.float16)
+        self.assertEqual(st_cpu_16.local_tensor().device.type, "cpu")
+
+        # Upstream: "cuda".
+        st_cuda_32 = st_cpu_16.to(DEVICE_TYPE, torch.float32)
+        self.assertEqual(st_cuda_32.dtype, torch.float32)
+        self.assertEqual(st_cuda_32.local_tensor().device.type, DEVICE_TYPE)
+
+        # test pass additional process group
+        gloo_pg = dist.new_group(backend="gloo")
+        if _CUDA:
+            st_gloo = st.to(device="cpu", process_group=gloo_pg)
+        else:
+            # Not upstream: st already is on the CPU with this dtype, so without copy=True to()
+            # returns st itself (and keeps its group); copy=True forces the rebuild on gloo_pg.
+            self.assertTrue(st.to(device="cpu", process_group=gloo_pg) is st)
+            st_gloo = st.to(device="cpu", process_group=gloo_pg, copy=True)
+        self.assertFalse(st_gloo is st)
+        self.assertEqual(st_gloo.local_tensor().device.type, "cpu")
+        self.assertEqual(st_gloo._process_group, gloo_pg)
+
+    @with_comms
+    def test_sharded_tensor_device(self):
+        spec = ChunkShardingSpec(
+            dim=0,
+            placements=[
+                placement(0),
+                placement(1),
+                placement(2),
+                placement(3),
+            ],
+        )
+        h, w = 10, 20
+        # CUDA sharded tensor should return a new ShardedTensor, but same
+        # local shards(no movements)
+        st = sharded_tensor.zeros(spec, h, w)
+        # Upstream: torch.device(torch.cuda.current_device()), which is cuda:<rank> under NCCL.
+        if _CUDA:
+            current_device = torch.device(torch.cuda.current_device())
+        else:
+            current_device = torch.device(rank_device(self.rank))
+        self.assertEqual(current_device, st.device)
+
+        # test after to cpu, device get changed
+        cpu_device = torch.device("cpu")
+        st_cpu = st.to(device=cpu_device)
+        self.assertEqual(st_cpu.device, cpu_device)
 
     def test_uneven_shards(self):
         self.init_pg()

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -20,6 +21,13 @@ c10::intrusive_ptr<c10d::ProcessGroup> resolve_group(const std::string& group_na
 std::vector<int64_t> exchange_header(c10d::ProcessGroup& pg,
                                      const std::vector<int64_t>& mine,
                                      c10::Device device);
+
+// One all-to-all of flat 1-D buffers: send_counts[p] elements of `input` go to rank p (in rank order),
+// recv_counts[p] elements arrive from rank p. Any dtype (moved as bytes); returns the received buffer.
+at::Tensor all_to_all_flat(c10d::ProcessGroup& pg,
+                           const at::Tensor& input,
+                           const std::vector<int64_t>& send_counts,
+                           const std::vector<int64_t>& recv_counts);
 
 // Counters of what torch_shard's data ops put on the wire, for tests and benchmarks. "Peers" excludes
 // a rank's own slot in a collective (that part is a local copy).

@@ -143,9 +143,51 @@ void reshard(const at::Tensor& self,
                    std::move(dst_local.indices));
 }
 
+at::Tensor all_to_all(const at::Tensor& input, c10::IntArrayRef send_counts,
+                      c10::IntArrayRef recv_counts, c10::string_view group_name) {
+  auto pg = comm::resolve_group(std::string(group_name), "_all_to_all");
+  return comm::all_to_all_flat(*pg, input, send_counts.vec(), recv_counts.vec());
+}
+
+std::vector<at::Tensor> all_gather_varlen(const at::Tensor& input, c10::string_view group_name) {
+  auto pg = comm::resolve_group(std::string(group_name), "_all_gather_varlen");
+  const int64_t world = pg->getSize();
+  TORCH_CHECK_VALUE(input.dim() >= 1, "torch_shard._all_gather_varlen: expected at least 1 dim");
+  // Lengths first (with the trailing shape, so mismatches fail on every rank), then one all-to-all in
+  // which every rank sends its input to every rank.
+  std::vector<int64_t> header{input.size(0), input.numel() / std::max<int64_t>(input.size(0), 1),
+                              static_cast<int64_t>(input.scalar_type())};
+  const auto table = comm::exchange_header(*pg, header, input.device());
+  std::vector<int64_t> recv_counts(world), send_counts(world, input.numel());
+  for (int64_t p = 0; p < world; ++p) {
+    const int64_t rows = table[p * 3], row_numel = table[p * 3 + 1];
+    TORCH_CHECK_VALUE(table[p * 3 + 2] == header[2], "torch_shard._all_gather_varlen: rank ", p,
+                      " has dtype ", static_cast<c10::ScalarType>(table[p * 3 + 2]), ", this rank ",
+                      input.scalar_type());
+    TORCH_CHECK_VALUE(rows == 0 || header[0] == 0 || row_numel == header[1],
+                      "torch_shard._all_gather_varlen: rank ", p,
+                      " has rows of a different size than this rank");
+    recv_counts[p] = rows * row_numel;
+  }
+  const at::Tensor flat = input.contiguous().view({-1});
+  const at::Tensor send = world == 1 ? flat : flat.repeat({world});
+  const at::Tensor recv = comm::all_to_all_flat(*pg, send, send_counts, recv_counts);
+  std::vector<at::Tensor> out;
+  int64_t pos = 0;
+  auto trailing = input.sizes().vec();
+  for (int64_t p = 0; p < world; ++p) {
+    trailing[0] = table[p * 3];
+    out.push_back(recv.narrow(0, pos, recv_counts[p]).view(trailing));
+    pos += recv_counts[p];
+  }
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(torch_shard, CompositeImplicitAutograd, m) {
+  m.impl("_all_to_all", TORCH_FN(all_to_all));
+  m.impl("_all_gather_varlen", TORCH_FN(all_gather_varlen));
   m.impl("_exchange_header", TORCH_FN(exchange_header));
   m.impl("_comm_stats", TORCH_FN(get_comm_stats));
   m.impl("shard", TORCH_FN(shard));

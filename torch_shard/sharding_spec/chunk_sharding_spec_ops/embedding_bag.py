@@ -1,0 +1,142 @@
+"""torch.nn.functional.embedding_bag with a ChunkShardingSpec-sharded weight (rows or columns)."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ..api import custom_sharding_spec_op
+from ..chunk_sharding_spec import ChunkShardingSpec
+from ._common import Bags, column_order, exchange_chunks, local_weight, renorm_rows_, share_bags, validate_common
+from .embedding import _width_of
+
+
+def _as_bags(input, offsets, per_sample_weights, include_last_offset) -> Bags:
+    if input.dim() > 2:
+        raise ValueError("Input more than 2 dims not supported")
+    if input.dim() == 2:
+        if offsets is not None:
+            raise ValueError("Input dimension needs to be exactly 1 dim")
+        n_bags, length = input.shape
+        ids = input.reshape(-1).to(torch.int64)
+        bag_offsets = torch.arange(0, n_bags * length, length, dtype=torch.int64, device=input.device)
+    else:
+        if offsets is None:
+            raise ValueError("offsets is required for 1D input")
+        if not isinstance(offsets, torch.Tensor):
+            raise TypeError("offsets need to be torch.Tensor")
+        ids = input.to(torch.int64)
+        bag_offsets = offsets.to(torch.int64)
+        if include_last_offset:
+            if bag_offsets.numel() == 0 or int(bag_offsets[-1]) != ids.numel():
+                raise ValueError("offsets' last value must equal the input length with include_last_offset")
+            bag_offsets = bag_offsets[:-1]
+    psw = None
+    if per_sample_weights is not None:
+        if not isinstance(per_sample_weights, torch.Tensor):
+            raise TypeError("per_sample_weights need to be torch.Tensor")
+        if per_sample_weights.shape != input.shape:
+            raise ValueError(
+                f"per_sample_weights size {per_sample_weights.shape} not equal to input size {input.shape}"
+            )
+        if per_sample_weights.requires_grad:
+            raise NotImplementedError("gradients with respect to per_sample_weights are not supported")
+        psw = per_sample_weights.reshape(-1)
+    return Bags(ids=ids, offsets=bag_offsets, per_sample_weights=psw)
+
+
+@custom_sharding_spec_op(ChunkShardingSpec, F.embedding_bag)
+def sharded_embedding_bag(types, args, kwargs, pg):
+    """Bag lookups (sum / mean / max) against a row- or column-sharded weight.
+
+    Every rank passes its own bags; each gets ``[num_bags, embedding_dim]``, equal to the dense op
+    (padding ids excluded from the reduction, empty bags give 0). Row-wise: each owner pools what it
+    holds of every requester's bags, and the partial results are combined at the requester (sum,
+    or max). Column-wise: each rank pools every requester's bags in its column block, and the blocks
+    are exchanged.
+    """
+    kwargs = kwargs or {}
+    input = args[0] if args else kwargs.get("input")
+    weight = args[1] if len(args) > 1 else kwargs.get("weight")
+    offsets = kwargs.get("offsets")
+    mode = kwargs.get("mode", "mean") or "mean"
+    padding_idx = kwargs.get("padding_idx")
+    max_norm = kwargs.get("max_norm")
+    norm_type = kwargs.get("norm_type", 2.0)
+    error = None
+    try:
+        validate_common(input, weight, max_norm, kwargs.get("scale_grad_by_freq", False), kwargs.get("sparse", False), "EmbeddingBag")
+        if mode not in ("sum", "mean", "max"):
+            raise ValueError(f"mode '{mode}' is not supported")
+        if kwargs.get("per_sample_weights") is not None and mode != "sum":
+            raise NotImplementedError("embedding_bag: per_sample_weights was not None. per_sample_weights is only supported for mode='sum'")
+        local, start, dim = local_weight(weight, "embedding_bag")
+        if padding_idx is not None and padding_idx < 0:
+            padding_idx += weight.size(0)
+        mine = _as_bags(input, offsets, kwargs.get("per_sample_weights"), kwargs.get("include_last_offset", False))
+    except Exception as exc:  # noqa: BLE001 - raised on every rank by share_bags
+        error, mine = exc, None
+    everyone = share_bags(mine, weight, error, "embedding_bag")
+    group = pg.group_name
+    embedding_dim = weight.size(1)
+
+    if dim == 1:
+        if max_norm is not None:
+            renorm_rows_(local, torch.cat([b.ids for b in everyone]), max_norm, norm_type, weight, dim)
+        send = [
+            F.embedding_bag(
+                bags.ids,
+                local,
+                bags.offsets,
+                mode=mode,
+                per_sample_weights=bags.per_sample_weights,
+                padding_idx=padding_idx,
+            )
+            for bags in everyone
+        ]
+        order = column_order(weight)
+        shapes = [(mine.num_bags, _width_of(order, rank)) for rank in range(len(everyone))]
+        received = exchange_chunks(send, shapes, group)
+        return torch.cat([received[rank] for _, _, rank in order], dim=1)
+
+    end = start + local.size(0)
+    if max_norm is not None:
+        all_ids = torch.cat([b.ids for b in everyone])
+        owned = all_ids[(all_ids >= start) & (all_ids < end)]
+        renorm_rows_(local, owned - start, max_norm, norm_type, weight, dim)
+    send = []
+    for bags in everyone:
+        keep = (bags.ids >= start) & (bags.ids < end)
+        if padding_idx is not None:
+            keep &= bags.ids != padding_idx
+        rows = local.index_select(0, bags.ids[keep] - start)
+        if bags.per_sample_weights is not None:
+            rows = rows * bags.per_sample_weights[keep].unsqueeze(1).to(rows.dtype)
+        which = bags.bag_of_id()[keep]
+        if mode == "max":
+            base = torch.full((bags.num_bags, embedding_dim), float("-inf"), dtype=local.dtype, device=local.device)
+            with warnings.catch_warnings():
+                # index_reduce is marked beta; its amax reduction and gradient are what we need.
+                warnings.simplefilter("ignore", UserWarning)
+                partial = base.index_reduce(0, which, rows, "amax", include_self=True)
+        else:
+            partial = torch.zeros(bags.num_bags, embedding_dim, dtype=local.dtype, device=local.device)
+            partial = partial.index_add(0, which, rows)
+        send.append(partial)
+    shapes = [(mine.num_bags, embedding_dim)] * len(everyone)
+    received = exchange_chunks(send, shapes, group)
+    stacked = torch.stack(received)
+    if mode == "max":
+        out = stacked.amax(dim=0)
+        return torch.where(torch.isinf(out) & (out < 0), torch.zeros_like(out), out)
+    out = stacked.sum(dim=0)
+    if mode == "mean":
+        keep = mine.ids != padding_idx if padding_idx is not None else torch.ones_like(mine.ids, dtype=torch.bool)
+        counts = torch.zeros(mine.num_bags, dtype=out.dtype, device=out.device).index_add(
+            0, mine.bag_of_id(), keep.to(out.dtype)
+        )
+        out = out / counts.clamp(min=1).unsqueeze(1)
+    return out
