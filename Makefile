@@ -48,6 +48,8 @@ bench: build
 	$(PY) bench/bench_validation.py
 	$(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_data_paths.py
 	$(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_data_paths.py --memory
+	$(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_metadata.py
+	$(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_embedding.py
 
 clean:
 	rm -rf build *.egg-info torch_shard/_C*.so $(STAMP_BUILD)
