@@ -142,7 +142,6 @@ def main() -> None:
         res["gather"] = timed(lambda: st_rows.gather(0, out), args.repeats)
         if rank == 0:
             res["gather_exact"] = float(torch.equal(out, full))
-        del out, copies, st_rows
 
     # The floor: the bytes a row->column reshard moves, with one all_to_all_single.
     chunk = n // world
@@ -158,7 +157,6 @@ def main() -> None:
     floor_fresh = timed(
         lambda: dist.all_to_all_single(torch.empty(sum(splits)), send_used, splits, splits), args.repeats
     )
-    del send, recv, send_used, recv_used
 
     if rank == 0:
         up, ts = results["upstream"], results["torch_shard"]

@@ -64,7 +64,6 @@ def main() -> None:
                     stats = torch.ops.torch_shard._comm_stats(True)
                     sent = stats[0] / (args.repeats + 1)
             results[(dim_name, lib)] = (t, sent)
-            del weight
     if rank == 0:
         print(
             f"torch {torch.__version__}, {world} gloo ranks, table {args.rows}x{args.dim} float32, "

@@ -9,10 +9,7 @@ The ops are registered under ``torch.ops.torch_shard`` when ``torch_shard`` is i
 * ``_find_overlap(<shards>) -> []`` or ``[i, j]`` (i < j): a pair of non-empty shards sharing an
   element.
 
-``<shards>`` is N boxes of ndim dims, passed either flat (``offsets_flat, sizes_flat, ndim`` as
-row-major N x ndim int lists, plus ``num_shards=N`` where the schema has it) or as two (N, ndim) int64
-CPU tensors, whichever schema the built extension registers; ``_box_args`` reads the schema and builds
-the arguments, so every test below checks the same behaviour under either calling convention.
+``<shards>`` is N boxes of ndim dims, passed as two (N, ndim) int64 CPU tensors (offsets, sizes).
 
 Shards are half-open boxes ``[offset, offset + size)``. A shard with a zero size on any dim is empty:
 it never overlaps anything and is never out of bounds.
@@ -31,32 +28,12 @@ import torch_shard  # noqa: F401  (registers torch.ops.torch_shard.*)
 ops = torch.ops.torch_shard
 
 
-def _arg_names_and_types(op):
-    return [(a.name, str(a.type)) for a in op.default._schema.arguments]
-
-
-# Calling convention of the box arguments: "tensor" ((N, ndim) int64 tensors) or "flat" (int lists).
-_BOX_STYLE = "tensor" if _arg_names_and_types(ops.validate_shards)[0][1] == "Tensor" else "flat"
-# The flat convention cannot tell how many 0-dim shards there are (its arrays are empty whatever N);
-# some versions take the count as an optional ``num_shards`` argument.
-_HAS_NUM_SHARDS = all(
-    "num_shards" in [name for name, _ in _arg_names_and_types(op)]
-    for op in (ops.validate_shards, ops._find_overlap)
-)
-_ZERO_DIM_EXPRESSIBLE = _BOX_STYLE == "tensor" or _HAS_NUM_SHARDS
-
-
 def _box_args(shards, ndim):
-    """[(offsets, sizes), ...] of ``ndim``-dim boxes -> (positional args, keyword args) for the ops."""
+    """[(offsets, sizes), ...] of ``ndim``-dim boxes -> the ops' (offsets, sizes) tensors."""
     n = len(shards)
-    if _BOX_STYLE == "tensor":
-        offsets = torch.tensor([list(o) for o, _ in shards], dtype=torch.long).reshape(n, ndim)
-        sizes = torch.tensor([list(s) for _, s in shards], dtype=torch.long).reshape(n, ndim)
-        return [offsets, sizes], {}
-    offsets_flat = [int(o) for offsets, _ in shards for o in offsets]
-    sizes_flat = [int(s) for _, sizes in shards for s in sizes]
-    kwargs = {"num_shards": n} if _HAS_NUM_SHARDS else {}
-    return [offsets_flat, sizes_flat, ndim], kwargs
+    offsets = torch.tensor([list(o) for o, _ in shards], dtype=torch.long).reshape(n, ndim)
+    sizes = torch.tensor([list(s) for _, s in shards], dtype=torch.long).reshape(n, ndim)
+    return [offsets, sizes], {}
 
 
 def _validate(shards, ndim, global_size):
@@ -357,9 +334,6 @@ class TestValidateShards(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "overlap"):
             validate_non_overlapping_shards_metadata([scalar, other])
 
-    @unittest.skipUnless(
-        _ZERO_DIM_EXPRESSIBLE, "flat box arguments without num_shards cannot express 0-dim shards"
-    )
     def test_zero_dim_ops(self):
         # Global size [], shards with offsets [] and sizes []: one is valid, two overlap.
         scalar = ([], [])

@@ -37,7 +37,6 @@ def sharded_embedding(types, args, kwargs, pg):
     except Exception as exc:  # noqa: BLE001 - raised on every rank by share_bags
         error, mine = exc, None
     everyone = share_bags(mine, weight, error, "embedding")
-    me = dist.get_rank(pg)
     group = pg.group_name
     dtype = local.dtype
     if dim == 0:

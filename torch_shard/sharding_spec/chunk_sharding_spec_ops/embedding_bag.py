@@ -5,7 +5,6 @@ from __future__ import annotations
 import warnings
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..api import custom_sharding_spec_op
