@@ -193,9 +193,13 @@ def reshard(st: ShardedTensor, spec: ShardingSpec) -> ShardedTensor:
         if not isinstance(spec, _Spec):
             raise TypeError(f"reshard expects a ShardingSpec, but got {type(spec).__name__}")
         target = spec.build_metadata(st.size(), props)
-        # Upstream keeps resharded metadata in rank order (stable for several shards per rank).
-        shards_md = sorted(target.shards_metadata, key=lambda md: md.placement.rank())
-        owners, devices = resolve_owners(shards_md, pg)
+        owners, devices = resolve_owners(target.shards_metadata, pg)
+        # Upstream keeps resharded metadata in rank order (stable for several shards per rank). Sort
+        # by the resolved owner, so worker-name placements ("worker1/cpu") order correctly too.
+        order = sorted(range(len(owners)), key=lambda i: owners[i])
+        shards_md = [target.shards_metadata[i] for i in order]
+        owners = [owners[i] for i in order]
+        devices = [devices[i] for i in order]
         target_fp = layout_fingerprint(shards_md, st.size(), st.dtype)
     except Exception as exc:  # noqa: BLE001 - reported to every rank by agree()
         error, target_fp = exc, 0
