@@ -106,13 +106,14 @@ def sharded_clone(types, args=(), kwargs=None, pg=None):
 
 @_sharded_op_impl(torch.Tensor.copy_)
 def sharded_copy_(types, args=(), kwargs=None, pg=None):
-    """In-place copy between two ShardedTensors with identical metadata, shard by shard."""
+    """In-place copy between two ShardedTensors whose local shards pair up, shard by shard."""
     kwargs = kwargs or {}
     self_st, src = args[0], args[1]
     non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+    # As upstream: the shards must pair up (same offsets, sizes and placement); dtype and
+    # requires_grad may differ (copy_ converts, and copying into a parameter is the point).
     if (
         not isinstance(src, ShardedTensorBase)
-        or self_st.metadata() != src.metadata()
         or len(self_st.local_shards()) != len(src.local_shards())
         or any(a.metadata != b.metadata for a, b in zip(self_st.local_shards(), src.local_shards()))
     ):
