@@ -30,6 +30,9 @@ TORCH_LIBRARY(torch_shard, m) {
   // (offsets, sizes, ranks) of every global shard; offsets and sizes as (N, ndim) int64 tensors.
   m.def("_shard_layout(Tensor self) -> (Tensor, Tensor, int[])");
   m.def("_group_name(Tensor self) -> str");
+  // Replace the local shards (same global layout): keeps the impl in step when Python code swaps
+  // the tensors of `local_shards()` in place.
+  m.def("_set_local_shards(Tensor(a!) self, Tensor[] local_shards, int[] local_shard_indices) -> ()");
 
   // --- data movement over the process group `group_name` (see csrc/comm/) ---
   // Ranks are ranks of that group. Layouts are (N, ndim) offset/size tensors plus the owner of each

@@ -163,6 +163,33 @@ class TestShardedTensorImpl(ShardedTensorTestBase):
         self.assertEqual(st.device, torch.device(rank_device(self.rank)))
 
 
+class TestPythonEditsReachCpp(ShardedTensorTestBase):
+    @with_comms(init_rpc=False)
+    def test_swapped_local_shard_tensors_are_used_by_data_ops(self):
+        # Upstream code (and its tests) replace st.local_shards()[i].tensor in place; the C++ data ops
+        # must see the new tensors, not the ones the impl was built with.
+        spec = _row_spec()
+        st = sharded_tensor.zeros(spec, 8, 4)
+        st.local_shards()[0].tensor = torch.full((2, 4), float(self.rank + 1))
+        out = torch.zeros(8, 4) if self.rank == 0 else None
+        st.gather(0, out)
+        if self.rank == 0:
+            expected = torch.arange(1, 5).repeat_interleave(2).float().unsqueeze(1).expand(8, 4)
+            self.assertEqual(out, expected)
+        self.assertEqual(_ops._local_shards(st)[0], torch.full((2, 4), float(self.rank + 1)))
+        st.reshard(ChunkShardingSpec(dim=1, placements=[placement(r) for r in range(4)]))
+        self.assertEqual(st.local_tensor(), torch.arange(1, 5).repeat_interleave(2).float().unsqueeze(1))
+
+    @with_comms(init_rpc=False)
+    def test_swapped_shard_of_wrong_size_is_rejected_on_every_rank(self):
+        st = sharded_tensor.zeros(_row_spec(), 8, 4)
+        if self.rank == 2:
+            st.local_shards()[0].tensor = torch.zeros(3, 4)
+        out = torch.zeros(8, 4) if self.rank == 0 else None
+        with self.assertRaises(ValueError):
+            st.gather(0, out)
+
+
 class TestShardedTensorErrorsNoComms(TestCase):
     def test_make_sharded_checks_local_shards(self):
         with self.assertRaisesRegex(ValueError, "has size"):

@@ -61,9 +61,32 @@ std::string group_name(const at::Tensor& self) {
   return unsafe_get_sharded_impl(self, "_group_name")->group_name();
 }
 
+void set_local_shards(const at::Tensor& self, at::TensorList local_shards,
+                      c10::IntArrayRef local_shard_indices) {
+  auto* impl = unsafe_get_sharded_impl(self, "_set_local_shards");
+  TORCH_CHECK_VALUE(local_shards.size() == local_shard_indices.size(),
+                    "torch_shard._set_local_shards: ", local_shards.size(), " shards but ",
+                    local_shard_indices.size(), " indices");
+  const auto& boxes = impl->global_shards();
+  for (size_t k = 0; k < local_shards.size(); ++k) {
+    const int64_t idx = local_shard_indices[k];
+    TORCH_CHECK_INDEX(idx >= 0 && idx < static_cast<int64_t>(boxes.size()),
+                      "torch_shard._set_local_shards: shard index ", idx, " out of range");
+    TORCH_CHECK_VALUE(local_shards[k].sizes().vec() == boxes[idx].sizes,
+                      "torch_shard._set_local_shards: local shard ", k, " has size ",
+                      local_shards[k].sizes(), ", but shard ", idx, " is ",
+                      layout::dims_str(boxes[idx].sizes));
+    TORCH_CHECK_TYPE(local_shards[k].scalar_type() == impl->dtype().toScalarType(),
+                     "torch_shard._set_local_shards: local shard ", k, " has dtype ",
+                     local_shards[k].scalar_type(), ", the ShardedTensor ", impl->dtype());
+  }
+  impl->set_layout(boxes, impl->shard_ranks(), local_shards.vec(), local_shard_indices.vec());
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(torch_shard, CompositeImplicitAutograd, m) {
+  m.impl("_set_local_shards", TORCH_FN(set_local_shards));
   m.impl("_make_sharded", TORCH_FN(make_sharded));
   m.impl("is_sharded", TORCH_FN(is_sharded));
   m.impl("_local_shards", TORCH_FN(local_shards));

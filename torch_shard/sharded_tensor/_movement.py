@@ -77,6 +77,22 @@ def comm_device(process_group, *candidates: torch.Tensor | None) -> torch.device
     return torch.device("cpu")
 
 
+def sync_local_shards(st) -> None:
+    """Make the C++ impl hold the tensors ``st.local_shards()`` holds now.
+
+    Python code may swap ``st.local_shards()[i].tensor`` or the list itself (upstream's own tests do);
+    the C++ data ops read the impl, so bring it in step before they run.
+    """
+    from .api import _match_local_indices
+
+    tensors = [shard.tensor for shard in st._local_shards]
+    current = _ops._local_shards(st)
+    if len(current) == len(tensors) and all(a is b for a, b in zip(current, tensors)):
+        return
+    indices = _match_local_indices(st._local_shards, st._metadata.shards_metadata)
+    _ops._set_local_shards(st, tensors, indices)
+
+
 def _raise_mismatch(rows, mine, index: int, name: str, me: int, describe=None) -> None:
     for rank, row in enumerate(rows):
         if row[index] != mine:
@@ -173,6 +189,10 @@ def gather(st: ShardedTensor, dst: int, out: torch.Tensor | None, enforce_dtype:
             error = TypeError(f"Argument ``dst_tensor`` has dtype {out.dtype}, but dtype={dtype} was asked for")
     elif out is not None:
         error = ValueError("Argument ``dst_tensor`` must NOT be specified on non-destination ranks.")
+    try:
+        sync_local_shards(st)
+    except Exception as exc:  # noqa: BLE001 - reported to every rank by agree()
+        error = error or exc
     layout_fp = layout_fingerprint(st.metadata().shards_metadata, st.size(), st.dtype)
     rows = agree(pg, comm_device(pg, *(s.tensor for s in st.local_shards()), out), "gather", error, [dst, layout_fp])
     _raise_mismatch(rows, dst, 0, "dst", me)
@@ -188,6 +208,7 @@ def reshard(st: ShardedTensor, spec: ShardingSpec) -> ShardedTensor:
     props = st.metadata().tensor_properties
     error: BaseException | None = None
     try:
+        sync_local_shards(st)
         from ..sharding_spec import ShardingSpec as _Spec
 
         if not isinstance(spec, _Spec):
