@@ -1,8 +1,9 @@
 // The torch_shard operator library: every schema lives here, in the one TORCH_LIBRARY block.
 // Kernels are registered next to their code under csrc/ops/ with TORCH_LIBRARY_IMPL.
 //
-// Importing torch_shard._C only loads this shared object; the static initialisers below register the
-// ops, which Python then reaches as torch.ops.torch_shard.*. There is no pybind11 module.
+// Importing torch_shard._C loads this shared object; the static initialisers below register the ops,
+// which Python then reaches as torch.ops.torch_shard.*. There is no pybind11 module: the module's
+// few helpers (csrc/bindings.cpp) use the raw CPython API.
 
 #include <Python.h>
 
@@ -61,14 +62,17 @@ TORCH_LIBRARY(torch_shard, m) {
   m.def("_comm_stats(bool reset=False) -> int[]");
 }
 
-// Loading the extension as a Python module needs an init function; the module itself is empty.
+PyMethodDef* torch_shard_python_methods();  // csrc/bindings.cpp
+
+// Loading the extension as a Python module registers the ops (static initialisers above); the module
+// itself only carries the helpers of csrc/bindings.cpp.
 extern "C" PyObject* PyInit__C(void) {
   static struct PyModuleDef module_def = {
       PyModuleDef_HEAD_INIT,
       "_C",  // name
       "torch_shard native library: registers torch.ops.torch_shard.*",  // doc
       -1,  // size
-      nullptr,  // methods
+      torch_shard_python_methods(),  // methods
   };
   return PyModule_Create(&module_def);
 }

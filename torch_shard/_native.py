@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
-from itertools import chain
 from typing import TYPE_CHECKING
 
 import torch
@@ -41,14 +40,14 @@ def _as_box_tensor(values: array, n: int, ndim: int) -> torch.Tensor:
 def shard_box_tensors(shards: Sequence[ShardMetadata]) -> tuple[torch.Tensor, torch.Tensor]:
     """(offsets, sizes) of ``shards`` as the (N, ndim) int64 tensors the ops take.
 
-    Built through ``array('q')`` buffers: converting N * ndim Python ints one by one in the op call
+    The ints are read in one C pass (``_C.pack_boxes``): converting N * ndim Python ints one by one
     would cost more than the validation itself.
     """
+    offsets_bytes, sizes_bytes, ndim, first_bad = _C.pack_boxes(shards)
+    if first_bad >= 0:
+        raise ValueError(f"Found inconsistent ranks for shards: {shards[0]} and {shards[first_bad]}")
     n = len(shards)
-    ndim = len(shards[0].shard_sizes) if shards else 0
-    offsets = array("q", chain.from_iterable(shard.shard_offsets for shard in shards))
-    sizes = array("q", chain.from_iterable(shard.shard_sizes for shard in shards))
-    return _as_box_tensor(offsets, n, ndim), _as_box_tensor(sizes, n, ndim)
+    return _as_box_tensor(array("q", offsets_bytes), n, ndim), _as_box_tensor(array("q", sizes_bytes), n, ndim)
 
 
 def check_consistent_ranks(shards: Sequence[ShardMetadata]) -> None:
@@ -67,13 +66,12 @@ def validate_shards(shards: Sequence[ShardMetadata], global_size: Sequence[int] 
     Runs in C++: a tiling proof in O(N * 2^d) for valid layouts, and an O(N log N) sweep (for up to
     2-D tensors) to name the offending pair otherwise. Empty shards never overlap anything.
     """
-    check_consistent_ranks(shards)
+    offsets, sizes = shard_box_tensors(shards)  # also rejects shards of different ranks
     if global_size is not None:
         global_size = [int(s) for s in global_size]
         ndim = len(shards[0].shard_sizes) if shards else len(global_size)
         if ndim != len(global_size):
             raise ValueError(f"Rank of tensor is {len(global_size)}, but shards rank is {ndim}")
-    offsets, sizes = shard_box_tensors(shards)
     _ops.validate_shards(offsets, sizes, global_size)
 
 
@@ -84,7 +82,6 @@ def validate_boxes(offsets: torch.Tensor, sizes: torch.Tensor, global_size: Sequ
 
 def find_overlap(shards: Sequence[ShardMetadata]) -> tuple[int, int] | None:
     """Indices of two non-empty shards that overlap, or None."""
-    check_consistent_ranks(shards)
     offsets, sizes = shard_box_tensors(shards)
     pair = _ops._find_overlap(offsets, sizes)
     return (pair[0], pair[1]) if pair else None

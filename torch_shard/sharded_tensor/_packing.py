@@ -9,10 +9,9 @@ beyond the decoded ShardMetadata, and each distinct placement is parsed once. On
 from __future__ import annotations
 
 from array import array
-from itertools import chain
-
 from torch.distributed.remote_device import _remote_device
 
+from .. import _C
 from ..metadata import ShardMetadata
 
 PackedShards = tuple  # (count, ndim, offsets bytes, sizes bytes, placements, which bytes)
@@ -28,15 +27,10 @@ def pack_shards(shards: list[ShardMetadata]) -> PackedShards:
             index[key] = len(placements)
             placements.append(key)
         which.append(index[key])
-    ndim = len(shards[0].shard_sizes) if shards else 0
-    return (
-        len(shards),
-        ndim,
-        array("q", chain.from_iterable(md.shard_offsets for md in shards)).tobytes(),
-        array("q", chain.from_iterable(md.shard_sizes for md in shards)).tobytes(),
-        placements,
-        which.tobytes(),
-    )
+    offsets, sizes, ndim, first_bad = _C.pack_boxes(shards)
+    if first_bad >= 0:
+        raise ValueError(f"Found inconsistent ranks for shards: {shards[0]} and {shards[first_bad]}")
+    return (len(shards), ndim, offsets, sizes, placements, which.tobytes())
 
 
 def _new_shard_metadata(offsets: list[int], sizes: list[int], placement) -> ShardMetadata:

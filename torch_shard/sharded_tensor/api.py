@@ -255,7 +255,6 @@ class ShardedTensorBase(torch.Tensor):
             device = local_shards[0].tensor.device if local_shards else _preferred_device(process_group)
         if shard_ranks is None:
             shard_ranks = _owner_ranks(shards_md, process_group)
-        _native.check_consistent_ranks(shards_md)
         offsets, sizes = _native.shard_box_tensors(shards_md)
         props = metadata.tensor_properties
         raw = _ops._make_sharded(

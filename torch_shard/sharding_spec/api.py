@@ -13,7 +13,7 @@ from torch.distributed.remote_device import _remote_device
 from .. import _native
 from ..metadata import ShardMetadata
 from ..op_registry_utils import _decorator_func
-from ._internals import check_tensor, validate_non_overlapping_shards_metadata
+from ._internals import check_tensor
 
 if TYPE_CHECKING:
     from ..sharded_tensor import ShardedTensor
@@ -118,8 +118,7 @@ class EnumerableShardingSpec(ShardingSpec):
     def __post_init__(self):
         if len(self.shards) == 0:
             raise ValueError(f"Empty shard list provided: {self.shards}")
-        _native.check_consistent_ranks(self.shards)
-        validate_non_overlapping_shards_metadata(self.shards)
+        _native.validate_shards(self.shards)  # consistent ranks, then no overlap
 
     def build_metadata(
         self, tensor_sizes: torch.Size, tensor_properties: TensorProperties
