@@ -3,7 +3,7 @@
 Model: ``EmbeddingBag(V=40, D=8, mode="sum") -> Linear(8, 4)``. The EmbeddingBag weight is sharded
 with ``shard_parameter`` (row-wise in one test, column-wise in the other, each over the three
 placement orders upstream's op tests use), the Linear stays a dense replica on every rank, and the
-model is trained for 5 SGD steps with ``ShardedOptimizer`` over ``named_params_with_sharded_tensor``.
+model is trained for 5 SGD (and Adam) steps with ``ShardedOptimizer`` over ``named_params_with_sharded_tensor``.
 Every rank trains on its own batch (different on every rank and every step; 2-D input on even
 steps, 1-D input with offsets, including an empty bag, on odd steps).
 
@@ -98,7 +98,7 @@ def batch(step, rank, device):
 
 
 class TestShardedTraining(ShardedTensorTestBase):
-    def _train_and_compare(self, spec):
+    def _train_and_compare(self, spec, optimizer_class=optim.SGD, **optimizer_kwargs):
         device = rank_device(self.rank)
         dim = spec.dim
         torch.manual_seed(0)
@@ -114,8 +114,9 @@ class TestShardedTraining(ShardedTensorTestBase):
 
         named = dict(named_params_with_sharded_tensor(model))
         self.assertEqual(sorted(named), ["emb.weight", "fc.bias", "fc.weight"])
-        sharded_optim = ShardedOptimizer(named, optim.SGD, lr=LR)
-        dense_optim = optim.SGD(dense.parameters(), lr=LR)
+        optimizer_kwargs = optimizer_kwargs or {"lr": LR}
+        sharded_optim = ShardedOptimizer(named, optimizer_class, **optimizer_kwargs)
+        dense_optim = optimizer_class(dense.parameters(), **optimizer_kwargs)
 
         for step in range(STEPS):
             # Distributed: this rank's batch only.
@@ -134,7 +135,7 @@ class TestShardedTraining(ShardedTensorTestBase):
                 dense_losses.append(F.mse_loss(dense(ids_r, offsets_r), target_r))
             torch.stack(dense_losses).sum().backward()
 
-            msg = f"spec {spec}, step {step}"
+            msg = f"spec {spec}, {optimizer_class.__name__}, step {step}"
             self.assertEqual(loss.detach(), dense_losses[self.rank].detach(), msg)
             shard = model.emb.weight.local_shards()[0].tensor
             self.assertIsNotNone(shard.grad, msg)
@@ -160,11 +161,14 @@ class TestShardedTraining(ShardedTensorTestBase):
     def test_sharded_embedding_bag_training_rowwise(self):
         for spec in generate_chunk_sharding_specs_for_test(0):
             self._train_and_compare(spec)
+        # Adam keeps per-element state; on each local shard it must match dense Adam on the slice.
+        self._train_and_compare(generate_chunk_sharding_specs_for_test(0)[1], optim.Adam, lr=0.05)
 
     @with_comms(init_rpc=False)
     def test_sharded_embedding_bag_training_colwise(self):
         for spec in generate_chunk_sharding_specs_for_test(1):
             self._train_and_compare(spec)
+        self._train_and_compare(generate_chunk_sharding_specs_for_test(1)[2], optim.Adam, lr=0.05)
 
 
 if __name__ == "__main__":
