@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 
 import torch
 import torch.distributed as dist
@@ -27,6 +25,7 @@ import torch.distributed._shard.sharding_spec as up_spec
 
 import torch_shard.api as ts_api
 import torch_shard.sharding_spec as ts_spec
+from _timing import timed
 
 
 def _fixed_mmap_threshold() -> None:
@@ -57,19 +56,6 @@ def _reset_peak_rss() -> bool:
     except OSError:
         return False
 
-
-def timed(fn, repeats: int) -> float:
-    """Median over iterations of the slowest rank's time."""
-    fn()  # warm-up
-    samples = []
-    for _ in range(repeats):
-        dist.barrier()
-        start = time.perf_counter()
-        fn()
-        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        samples.append(elapsed.item())
-    return statistics.median(samples)
 
 
 def peak_gather_memory(st, size, rank: int) -> float:

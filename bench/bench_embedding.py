@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 
 import torch
 import torch.distributed as dist
@@ -22,19 +20,8 @@ import torch.nn.functional as F
 
 import torch_shard.sharded_tensor as ts_st
 import torch_shard.sharding_spec as ts_spec
+from _timing import timed
 
-
-def timed(fn, repeats: int) -> float:
-    fn()
-    samples = []
-    for _ in range(repeats):
-        dist.barrier()
-        start = time.perf_counter()
-        fn()
-        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        samples.append(elapsed.item())
-    return statistics.median(samples)
 
 
 def main() -> None:

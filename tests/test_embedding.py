@@ -4,8 +4,8 @@ Same class and method names, every case and every upstream assertion; imports ch
 ``torch.distributed._shard.X`` to ``torch_shard.X`` and the torch-internal harness is replaced by
 ``torch_shard.testing``. ``.to(self.rank)`` / "rank:N/cuda:N" become ``.to(rank_device(rank))`` /
 ``placement(N)``, so the bodies run with NCCL on 4 GPUs and with gloo on CPU; the GPU-count and
-backend decorators are gone. torch_shard ships no copy of upstream's ``_test_ops_common`` helpers,
-so the three used here are defined below.
+backend decorators are gone. upstream's ``_test_ops_common`` helpers come from
+``torch_shard.testing._test_ops_common``.
 
 As upstream: every rank looks up its own input (seeded by rank, same shape on every rank); with
 ``max_norm`` the local reference is first renormalised with the union of all ranks' inputs, because
@@ -15,10 +15,7 @@ the sharded op renormalises (in place, by the full row norm) every row any rank 
 import torch
 import torch.distributed as dist
 from torch_shard import shard_parameter
-from torch_shard.sharding_spec import ChunkShardingSpec
-from torch_shard.sharding_spec._internals import get_chunked_dim_size, get_split_size
 from torch_shard.testing import (
-    placement,
     rank_device,
     run_tests,
     ShardedTensorTestBase,
@@ -26,44 +23,15 @@ from torch_shard.testing import (
     with_comms,
 )
 
+from torch_shard.testing._test_ops_common import (
+    clone_module_parameter,
+    generate_chunk_sharding_specs_for_test,
+    generate_local_weight_sharding_params_for_test,
+)
+
 TEST_GPU_NUM = TEST_WORLD_SIZE
 
 
-# ---- upstream's torch/testing/_internal/distributed/_shard/sharded_tensor/_test_ops_common.py ----
-
-
-def generate_chunk_sharding_specs_for_test(sharding_dim):
-    return [
-        ChunkShardingSpec(dim=sharding_dim, placements=[placement(r) for r in (0, 1, 2, 3)]),
-        # Test different ordering. (Case 1)
-        ChunkShardingSpec(dim=sharding_dim, placements=[placement(r) for r in (2, 3, 0, 1)]),
-        # Test different ordering. (Case 2)
-        ChunkShardingSpec(dim=sharding_dim, placements=[placement(r) for r in (3, 0, 1, 2)]),
-    ]
-
-
-def generate_local_weight_sharding_params_for_test(local_weight, sharded_dim, gpu_num, spec, rank):
-    """(start position, chunk size) of ``rank``'s chunk of ``local_weight`` under ``spec``."""
-    sharding_dim_size = local_weight.size(sharded_dim)
-    split_size = get_split_size(sharding_dim_size, gpu_num)
-    current_offsets = 0
-    start_pos = current_offsets
-    for idx, placement_ in enumerate(spec.placements):
-        chunk_size = get_chunked_dim_size(sharding_dim_size, split_size, idx)
-        if rank == placement_.rank():
-            start_pos = current_offsets
-            break
-        current_offsets += chunk_size
-    return start_pos, chunk_size
-
-
-def clone_module_parameter(module, param_name):
-    """A clone of ``module.<param_name>`` as a new ``torch.nn.Parameter``."""
-    tensor = getattr(module, param_name)
-    return torch.nn.Parameter(tensor.detach().clone())
-
-
-# ------------------------------------------------------------------------------------------------
 
 
 class TestShardedEmbedding(ShardedTensorTestBase):

@@ -35,16 +35,15 @@ import torch.optim as optim
 from torch_shard import shard_parameter
 from torch_shard.sharded_optim import named_params_with_sharded_tensor, ShardedOptimizer
 from torch_shard.sharded_tensor import ShardedTensor
-from torch_shard.sharding_spec import ChunkShardingSpec
 from torch_shard.sharding_spec._internals import get_chunked_dim_size, get_split_size
 from torch_shard.testing import (
-    placement,
     rank_device,
     run_tests,
     ShardedTensorTestBase,
     TEST_WORLD_SIZE,
     with_comms,
 )
+from torch_shard.testing._test_ops_common import generate_chunk_sharding_specs_for_test
 
 NUM_EMBEDDINGS = 40
 EMBEDDING_DIM = 8
@@ -53,13 +52,6 @@ NUM_BAGS = 4
 STEPS = 5
 LR = 0.1
 
-
-def generate_chunk_sharding_specs_for_test(sharding_dim):
-    # As upstream's _test_ops_common helper: placement orders [0,1,2,3], [2,3,0,1], [3,0,1,2].
-    return [
-        ChunkShardingSpec(dim=sharding_dim, placements=[placement(r) for r in order])
-        for order in ((0, 1, 2, 3), (2, 3, 0, 1), (3, 0, 1, 2))
-    ]
 
 
 def local_chunk(spec, dim_size, rank):

@@ -3,9 +3,9 @@
 Same class and method names and every upstream assertion; imports change from
 ``torch.distributed._shard.X`` to ``torch_shard.X`` and the torch-internal harness is replaced by
 ``torch_shard.testing``. "rank:N/cuda:N" placements and ``.cuda(rank)`` become ``placement(N)`` and
-``.to(rank_device(rank))``; the GPU-count/NCCL decorators are gone. torch_shard ships no copy of
-upstream's test helpers, so ``generate_chunk_sharding_specs_for_test`` (from ``_test_ops_common``) and
-``SimpleMegatronLM`` (from ``_shard/test_common``) are defined here. Assertions added beyond
+``.to(rank_device(rank))``; the GPU-count/NCCL decorators are gone. ``generate_chunk_sharding_specs_for_test``
+comes from ``torch_shard.testing._test_ops_common``; ``SimpleMegatronLM`` (from upstream's
+``_shard/test_common``) is defined here. Assertions added beyond
 upstream's are marked "Added".
 """
 
@@ -25,18 +25,10 @@ from torch_shard.testing import (
     with_comms,
 )
 
+from torch_shard.testing._test_ops_common import generate_chunk_sharding_specs_for_test
+
 TEST_GPU_NUM = TEST_WORLD_SIZE
 
-
-# Upstream's _test_ops_common.generate_chunk_sharding_specs_for_test, with placement().
-def generate_chunk_sharding_specs_for_test(sharding_dim):
-    return [
-        ChunkShardingSpec(dim=sharding_dim, placements=[placement(r) for r in (0, 1, 2, 3)]),
-        # Test different ordering. (Case 1)
-        ChunkShardingSpec(dim=sharding_dim, placements=[placement(r) for r in (2, 3, 0, 1)]),
-        # Test different ordering. (Case 2)
-        ChunkShardingSpec(dim=sharding_dim, placements=[placement(r) for r in (3, 0, 1, 2)]),
-    ]
 
 
 # Upstream's _shard/test_common.SimpleMegatronLM; ``rank`` moves the layers to rank_device(rank).
