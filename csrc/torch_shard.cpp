@@ -58,6 +58,18 @@ TORCH_LIBRARY(torch_shard, m) {
   m.def("_all_to_all(Tensor input, int[] send_counts, int[] recv_counts, str group_name) -> Tensor");
   // Every rank's `input` (any length along dim 0, same trailing dims and dtype), in rank order.
   m.def("_all_gather_varlen(Tensor input, str group_name) -> Tensor[]");
+  // Row-wise sharded embedding_bag (csrc/ops/embedding_ops.cpp): pool, per bag, the rows of `weight`
+  // (global rows row_start..) that a requester's bags use; mode "sum" or "max". Returns the pooled
+  // [num_bags, dim] (0 / -inf where the shard holds none of a bag's ids) and, for max, the winning
+  // local row per element (-1 for none). padding_idx -1 means none. fused=False takes the ATen
+  // composition other devices use, also on CPU (for tests).
+  m.def(
+      "_embedding_bag_partial(Tensor weight, Tensor ids, Tensor offsets, Tensor? per_sample_weights, "
+      "int row_start, str mode, int padding_idx, bool fused=True) -> (Tensor, Tensor)");
+  m.def(
+      "_embedding_bag_partial_backward(Tensor grad, Tensor ids, Tensor offsets, "
+      "Tensor? per_sample_weights, Tensor argmax, int row_start, int rows, str mode, "
+      "int padding_idx) -> Tensor");
   // [bytes sent to other ranks, bytes received from other ranks, collectives] since the last reset.
   m.def("_comm_stats(bool reset=False) -> int[]");
 }

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 import torch.nn.functional as F
 
@@ -11,6 +9,29 @@ from ..api import custom_sharding_spec_op
 from ..chunk_sharding_spec import ChunkShardingSpec
 from ._common import Bags, column_order, exchange_chunks, local_weight, renorm_rows_, share_bags, validate_common
 from .embedding import _width_of
+
+
+class _PartialPool(torch.autograd.Function):
+    """What a row shard contributes to one requester's bags (C++: torch_shard._embedding_bag_partial),
+    with the matching backward into the shard."""
+
+    @staticmethod
+    def forward(ctx, weight, ids, offsets, per_sample_weights, row_start, mode, padding_idx):
+        pooled, argmax = torch.ops.torch_shard._embedding_bag_partial(
+            weight, ids, offsets, per_sample_weights, row_start, mode, padding_idx
+        )
+        ctx.save_for_backward(ids, offsets, per_sample_weights, argmax)
+        ctx.args = (row_start, weight.size(0), mode, padding_idx)
+        return pooled
+
+    @staticmethod
+    def backward(ctx, grad):
+        ids, offsets, per_sample_weights, argmax = ctx.saved_tensors
+        row_start, rows, mode, padding_idx = ctx.args
+        grad_weight = torch.ops.torch_shard._embedding_bag_partial_backward(
+            grad.contiguous(), ids, offsets, per_sample_weights, argmax, row_start, rows, mode, padding_idx
+        )
+        return grad_weight, None, None, None, None, None, None
 
 
 def _as_bags(input, offsets, per_sample_weights, include_last_offset) -> Bags:
@@ -106,25 +127,11 @@ def sharded_embedding_bag(types, args, kwargs, pg):
         all_ids = torch.cat([b.ids for b in everyone])
         owned = all_ids[(all_ids >= start) & (all_ids < end)]
         renorm_rows_(local, owned - start, max_norm, norm_type, weight, dim)
-    send = []
-    for bags in everyone:
-        keep = (bags.ids >= start) & (bags.ids < end)
-        if padding_idx is not None:
-            keep &= bags.ids != padding_idx
-        rows = local.index_select(0, bags.ids[keep] - start)
-        if bags.per_sample_weights is not None:
-            rows = rows * bags.per_sample_weights[keep].unsqueeze(1).to(rows.dtype)
-        which = bags.bag_of_id()[keep]
-        if mode == "max":
-            base = torch.full((bags.num_bags, embedding_dim), float("-inf"), dtype=local.dtype, device=local.device)
-            with warnings.catch_warnings():
-                # index_reduce is marked beta; its amax reduction and gradient are what we need.
-                warnings.simplefilter("ignore", UserWarning)
-                partial = base.index_reduce(0, which, rows, "amax", include_self=True)
-        else:
-            partial = torch.zeros(bags.num_bags, embedding_dim, dtype=local.dtype, device=local.device)
-            partial = partial.index_add(0, which, rows)
-        send.append(partial)
+    pad = -1 if padding_idx is None else padding_idx
+    send = [
+        _PartialPool.apply(local, bags.ids, bags.offsets, bags.per_sample_weights, start, "max" if mode == "max" else "sum", pad)
+        for bags in everyone
+    ]
     shapes = [(mine.num_bags, embedding_dim)] * len(everyone)
     received = exchange_chunks(send, shapes, group)
     stacked = torch.stack(received)
