@@ -106,17 +106,25 @@ def sharded_embedding_bag(types, args, kwargs, pg):
     if dim == 1:
         if max_norm is not None:
             renorm_rows_(local, torch.cat([b.ids for b in everyone]), max_norm, norm_type, weight, dim)
-        send = [
-            F.embedding_bag(
-                bags.ids,
-                local,
-                bags.offsets,
-                mode=mode,
-                per_sample_weights=bags.per_sample_weights,
-                padding_idx=padding_idx,
-            )
-            for bags in everyone
-        ]
+        # One lookup over every requester's bags (offsets shifted), then split per requester.
+        shift = 0
+        all_offsets = []
+        for bags in everyone:
+            all_offsets.append(bags.offsets + shift)
+            shift += bags.ids.numel()
+        pooled = F.embedding_bag(
+            torch.cat([bags.ids for bags in everyone]),
+            local,
+            torch.cat(all_offsets),
+            mode=mode,
+            per_sample_weights=(
+                torch.cat([bags.per_sample_weights for bags in everyone])
+                if everyone[0].per_sample_weights is not None
+                else None
+            ),
+            padding_idx=padding_idx,
+        )
+        send = list(pooled.split([bags.num_bags for bags in everyone]))
         order = column_order(weight)
         shapes = [(mine.num_bags, _width_of(order, rank)) for rank in range(len(everyone))]
         received = exchange_chunks(send, shapes, group)
