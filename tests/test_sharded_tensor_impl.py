@@ -118,6 +118,20 @@ class TestShardedTensorImpl(ShardedTensorTestBase):
             st.requires_grad = True
 
     @with_comms(init_rpc=False)
+    def test_torch_compile_falls_back_to_eager(self):
+        # torch.compile cannot trace a ShardedTensor (its impl cannot be fakeified): dynamo breaks the
+        # graph and runs the code eagerly, so results stay right; fullgraph=True refuses outright.
+        st = sharded_tensor.ones(_row_spec(), 8, 4)
+
+        def numel_plus_one(t):
+            return t.numel() + 1
+
+        self.assertEqual(torch.compile(numel_plus_one, backend="eager")(st), 33)
+        torch._dynamo.reset()
+        with self.assertRaises(Exception):
+            torch.compile(numel_plus_one, backend="eager", fullgraph=True)(st)
+
+    @with_comms(init_rpc=False)
     def test_storage_access_is_a_clear_error(self):
         st = sharded_tensor.ones(_row_spec(), 8, 4)
         with torch._C.DisableTorchFunctionSubclass():

@@ -336,6 +336,9 @@ class ShardedTensorBase(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if torch.compiler.is_compiling():
+            # A C++ impl holding per-rank shards cannot be fakeified or traced (TENSORIMPL_NOTES B.7).
+            raise RuntimeError("ShardedTensor is not supported under torch.compile / export")
         kwargs = kwargs or {}
         if _is_own_op(func):
             with torch._C.DisableTorchFunctionSubclass():
