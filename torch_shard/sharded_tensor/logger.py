@@ -1,4 +1,8 @@
-"""The ShardedTensor logger (named ``sharding-spec-<HandlerClass>``, as upstream)."""
+"""The ShardedTensor logger: ``torch_shard.sharding-spec-<HandlerClass>``.
+
+Upstream names its logger ``sharding-spec-<HandlerClass>``; ours lives under ``torch_shard.`` so the
+two never share handlers when both libraries are imported in one process.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ def _get_logging_handler(destination: str = "default") -> tuple[logging.Handler,
 def _get_or_create_logger() -> logging.Logger:
     """The logger, configured once: DEBUG level, not propagated, one handler."""
     handler, handler_name = _get_logging_handler()
-    logger = logging.getLogger(f"sharding-spec-{handler_name}")
+    logger = logging.getLogger(f"torch_shard.sharding-spec-{handler_name}")
     logger.setLevel(logging.DEBUG)
     logger.propagate = False
     if handler not in logger.handlers:
