@@ -5,11 +5,10 @@ from __future__ import annotations
 import collections.abc
 import copy
 import threading
+import warnings
 import weakref
 from dataclasses import dataclass
 from typing import Callable
-
-import warnings
 
 import torch
 import torch.distributed as dist
@@ -25,9 +24,9 @@ from ..sharding_spec.api import (
     _has_custom_op,
     _infer_sharding_spec_from_shards_metadata,
 )
+from . import _from_local, _movement, _packing
 from .metadata import ShardedTensorMetadata, TensorProperties
 from .shard import Shard
-from . import _from_local, _movement, _packing
 from .utils import _PlacementResolver
 
 __all__ = ["ShardedTensor", "ShardedTensorBase"]
@@ -728,7 +727,7 @@ class ShardedTensor(ShardedTensorBase):
                     'Only device without device id (e.g. "cpu" or "cuda") is expected for ShardedTensor!'
                 )
         current = torch.device("cuda", torch.cuda.current_device())
-        return self._moved(current, self.dtype, process_group, non_blocking=non_blocking, force_new=True)
+        return self._moved(current, self.dtype, process_group, non_blocking=non_blocking)
 
     def to(self, *args, **kwargs) -> ShardedTensor:  # type: ignore[override]
         """Convert dtype and/or device, as ``Tensor.to``: ``to(dtype)``, ``to(device)``,
@@ -773,9 +772,9 @@ class ShardedTensor(ShardedTensorBase):
         process_group = kwargs.get("process_group")
         if not copy_tensor and dtype_to == current_dtype and device_to == current_device:
             return self
-        return self._moved(device_to, dtype_to, process_group, non_blocking=non_blocking, force_new=True)
+        return self._moved(device_to, dtype_to, process_group, non_blocking=non_blocking)
 
-    def _moved(self, device, dtype, process_group, non_blocking: bool, force_new: bool = True) -> ShardedTensor:
+    def _moved(self, device, dtype, process_group, non_blocking: bool) -> ShardedTensor:
         """A new ShardedTensor with local shards converted to ``device``/``dtype`` and every placement
         in the metadata rewritten to ``device``'s type (ranks kept)."""
         local_shards = []
