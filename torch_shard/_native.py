@@ -50,15 +50,6 @@ def shard_box_tensors(shards: Sequence[ShardMetadata]) -> tuple[torch.Tensor, to
     return _as_box_tensor(array("q", offsets_bytes), n, ndim), _as_box_tensor(array("q", sizes_bytes), n, ndim)
 
 
-def check_consistent_ranks(shards: Sequence[ShardMetadata]) -> None:
-    """ValueError when shards disagree on their number of dims (checked before flattening)."""
-    if not shards:
-        return
-    ndim = len(shards[0].shard_sizes)
-    for shard in shards[1:]:
-        if len(shard.shard_sizes) != ndim:
-            raise ValueError(f"Found inconsistent ranks for shards: {shards[0]} and {shard}")
-
 
 def validate_shards(shards: Sequence[ShardMetadata], global_size: Sequence[int] | None = None) -> None:
     """Raise ValueError unless ``shards`` are disjoint (and, given ``global_size``, tile the tensor).

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch.distributed import distributed_c10d, rpc
 from torch.distributed.remote_device import _remote_device
 
@@ -64,7 +63,3 @@ def _parse_and_validate_remote_device(pg, remote_device) -> tuple[int, torch.dev
     for existence ("rank:1/cuda:1" validates on a machine without GPUs).
     """
     return _PlacementResolver(pg)(remote_device)
-
-
-def _current_rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
