@@ -29,21 +29,13 @@ if TYPE_CHECKING:
 _ops = torch.ops.torch_shard
 
 
-def _group_rank_map(process_group) -> dict[int, int]:
-    """Global rank -> rank in ``process_group`` (empty for a rank outside the group)."""
-    if process_group is None or distributed_c10d._rank_not_in_group(process_group):
-        return {}
-    return {g: i for i, g in enumerate(distributed_c10d.get_process_group_ranks(process_group))}
-
-
 def resolve_owners(shards: list[ShardMetadata], process_group) -> tuple[list[int], list[torch.device]]:
     """(group rank of each shard's owner, device of each shard), validating every placement."""
     resolve = _PlacementResolver(process_group)
-    to_group = _group_rank_map(process_group)
     owners, devices = [], []
     for shard in shards:
         rank, device = resolve(shard.placement)
-        owners.append(to_group.get(rank, -1))
+        owners.append(resolve.group_rank(rank))
         devices.append(device)
     return owners, devices
 
@@ -75,6 +67,17 @@ def comm_device(process_group, *candidates: torch.Tensor | None) -> torch.device
         if tensor is not None:
             return tensor.device
     return torch.device("cpu")
+
+
+def _allocate_local_shards(shards_md, owners, devices, me: int, dtype) -> tuple[list[Shard], list[int]]:
+    """Uninitialised tensors for the shards of a layout that group rank ``me`` owns, and their
+    indices in the layout: the targets a data op fills."""
+    local_shards, local_indices = [], []
+    for idx, (shard_md, owner, device) in enumerate(zip(shards_md, owners, devices)):
+        if owner == me:
+            local_shards.append(Shard(torch.empty(shard_md.shard_sizes, dtype=dtype, device=device), shard_md))
+            local_indices.append(idx)
+    return local_shards, local_indices
 
 
 def sync_local_shards(st) -> None:
@@ -144,13 +147,8 @@ def scatter(tensor: torch.Tensor, spec: ShardingSpec, src_rank: int, process_gro
             f"a tensor of the same size and dtype and the same spec"
         )
 
-    local_shards, local_indices, out = [], [], []
-    for idx, (shard_md, owner, dev) in enumerate(zip(metadata.shards_metadata, owners, devices)):
-        if owner == me:
-            buffer = torch.empty(shard_md.shard_sizes, dtype=tensor.dtype, device=dev)
-            out.append(buffer)
-            local_indices.append(idx)
-            local_shards.append(Shard(buffer, shard_md))
+    local_shards, local_indices = _allocate_local_shards(metadata.shards_metadata, owners, devices, me, tensor.dtype)
+    out = [shard.tensor for shard in local_shards]
     offsets, sizes = _native.shard_box_tensors(metadata.shards_metadata)
     with torch.no_grad():
         _ops.shard(
@@ -234,13 +232,8 @@ def reshard(st: ShardedTensor, spec: ShardingSpec) -> ShardedTensor:
         (m.shard_offsets, m.shard_sizes, str(m.placement)) for m in shards_md
     ]
     if not same:
-        local_indices, out, local_shards = [], [], []
-        for idx, (shard_md, owner, dev) in enumerate(zip(shards_md, owners, devices)):
-            if owner == me:
-                buffer = torch.empty(shard_md.shard_sizes, dtype=st.dtype, device=dev)
-                out.append(buffer)
-                local_indices.append(idx)
-                local_shards.append(Shard(buffer, shard_md))
+        local_shards, local_indices = _allocate_local_shards(shards_md, owners, devices, me, st.dtype)
+        out = [shard.tensor for shard in local_shards]
         offsets, sizes = _native.shard_box_tensors(shards_md)
         with torch.no_grad():
             _ops.reshard(st, out, local_indices, offsets, sizes, owners, pg.group_name)

@@ -131,28 +131,17 @@ def _preferred_device(process_group) -> torch.device:
     return torch.device("cpu")
 
 
-def _group_ranks(process_group) -> dict[int, int] | None:
-    """Global rank -> group rank, or None without a process group (global ranks are used as is)."""
-    if process_group is None:
-        return None
-    if distributed_c10d._rank_not_in_group(process_group):
-        return {}
-    return {g: i for i, g in enumerate(distributed_c10d.get_process_group_ranks(process_group))}
-
-
 def _owner_ranks(shards_md: list[ShardMetadata], process_group) -> list[int]:
     """Owner of each shard as a rank of ``process_group`` (-1 for no placement rank or outside the
     group); global ranks as they are when there is no group."""
-    to_group = _group_ranks(process_group)
+    resolver = _PlacementResolver(process_group) if process_group is not None else None
     owners = []
     for md in shards_md:
         rank = md.placement.rank() if md.placement is not None else None
         if rank is None:
             owners.append(-1)
-        elif to_group is None:
-            owners.append(rank)
         else:
-            owners.append(to_group.get(rank, -1))
+            owners.append(resolver.group_rank(rank) if resolver is not None else rank)
     return owners
 
 
@@ -454,14 +443,13 @@ class ShardedTensor(ShardedTensorBase):
 
         process_group = process_group if process_group is not None else distributed_c10d._get_default_group()
         resolve = _PlacementResolver(process_group)
-        to_group = _group_ranks(process_group)
         my_rank = dist.get_rank()
         local_shards: list[Shard] = []
         local_indices: list[int] = []
         shard_ranks: list[int] = []
         for idx, shard_md in enumerate(metadata.shards_metadata):
             rank, device = resolve(shard_md.placement)
-            shard_ranks.append(to_group.get(rank, -1))
+            shard_ranks.append(resolve.group_rank(rank))
             if rank == my_rank:
                 tensor = _create_tensor_from_params(
                     *shard_md.shard_sizes, local_device=device, tensor_properties=properties

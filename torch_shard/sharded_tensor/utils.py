@@ -16,17 +16,22 @@ class _PlacementResolver:
 
     def __init__(self, pg):
         self._pg = pg
-        self._pg_ranks: frozenset[int] | None = None
-        self._pg_ranks_list: list[int] | None = None
+        self._to_group: dict[int, int] | None = None  # global rank -> group rank, read once
         self._workers: dict[str, int] | None = None
 
-    def _group_ranks(self) -> tuple[frozenset[int], list[int]] | None:
+    def _group_ranks(self) -> dict[int, int] | None:
+        """Global rank -> group rank for the group's members; None when this process is not one."""
         if self._pg is None or distributed_c10d._rank_not_in_group(self._pg):
             return None
-        if self._pg_ranks is None:
-            self._pg_ranks_list = distributed_c10d.get_process_group_ranks(self._pg)
-            self._pg_ranks = frozenset(self._pg_ranks_list)
-        return self._pg_ranks, self._pg_ranks_list
+        if self._to_group is None:
+            ranks = distributed_c10d.get_process_group_ranks(self._pg)
+            self._to_group = {g: i for i, g in enumerate(ranks)}
+        return self._to_group
+
+    def group_rank(self, global_rank: int) -> int:
+        """``global_rank``'s rank in the group; -1 outside it or when this process is not a member."""
+        to_group = self._group_ranks()
+        return -1 if to_group is None else to_group.get(global_rank, -1)
 
     def __call__(self, remote_device: _remote_device | None) -> tuple[int, torch.device]:
         if remote_device is None:
@@ -35,10 +40,10 @@ class _PlacementResolver:
         rank = remote_device.rank()
         device = remote_device.device()
         if rank is not None:
-            ranks = self._group_ranks()
-            if ranks is not None and rank not in ranks[0]:
+            to_group = self._group_ranks()
+            if to_group is not None and rank not in to_group:
                 raise ValueError(
-                    f"Global rank {rank} does not exist in input process group: {ranks[1]}"
+                    f"Global rank {rank} does not exist in input process group: {list(to_group)}"
                 )
             return rank, device
         if worker_name is not None:
