@@ -25,6 +25,7 @@ from ..sharding_spec.api import (
     _infer_sharding_spec_from_shards_metadata,
 )
 from . import _from_local, _movement, _packing
+from ._checkpoint import _DCPCheckpointable
 from .metadata import ShardedTensorMetadata, TensorProperties
 from .shard import Shard
 from .utils import _PlacementResolver
@@ -159,12 +160,6 @@ def _incompatible(expected, actual, prop_name: str, rank: int, is_property: bool
         f"Local shards' tensor {prop_name} property is incompatible with {against} on rank {rank}: "
         f"{against} {prop_name}={expected}, local shard tensor {prop_name}={actual}."
     )
-
-
-def _dcp_chunk(md: ShardMetadata):
-    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
-
-    return ChunkStorageMetadata(offsets=torch.Size(md.shard_offsets), sizes=torch.Size(md.shard_sizes))
 
 
 def _create_tensor_from_params(*size, local_device, tensor_properties: TensorProperties):
@@ -387,7 +382,7 @@ def _first_sharded_tensor(args, kwargs):
     return None
 
 
-class ShardedTensor(ShardedTensorBase):
+class ShardedTensor(ShardedTensorBase, _DCPCheckpointable):
     """A tensor sharded across the ranks of a process group (``torch.distributed._shard``'s API).
 
     Usually built through :mod:`torch_shard.sharded_tensor` constructors (``empty``, ``ones``,
@@ -783,55 +778,6 @@ class ShardedTensor(ShardedTensorBase):
             local_shards, metadata, process_group=pg, init_rrefs=self._init_rrefs
         )
         return st
-
-    # --- torch.distributed.checkpoint (DCP) protocol: one chunk per local shard ---------------------
-    # DCP asks any object with these methods for its write items, its chunks and its data, so a
-    # torch_shard ShardedTensor saves and loads through dcp.save / dcp.load like upstream's, and
-    # reloads into any other layout (DCP reads the overlap of each local chunk with the saved ones).
-
-    def __create_write_items__(self, fqn: str, object) -> list:
-        from torch.distributed.checkpoint.metadata import MetadataIndex
-        from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
-
-        properties = self._dcp_properties()
-        return [
-            WriteItem(
-                index=MetadataIndex(fqn, torch.Size(shard.metadata.shard_offsets)),
-                type=WriteItemType.SHARD,
-                tensor_data=TensorWriteData(
-                    chunk=_dcp_chunk(shard.metadata), properties=properties, size=self.size()
-                ),
-            )
-            for shard in self._local_shards
-        ]
-
-    def __create_chunk_list__(self) -> list:
-        return [_dcp_chunk(shard.metadata) for shard in self._local_shards]
-
-    def __get_tensor_shard__(self, index) -> torch.Tensor:
-        offsets = list(index.offset) if index.offset is not None else None
-        if offsets is None:
-            raise ValueError(f"Cannot lookup {index.fqn} since its a ShardedTensor and no offset was provided")
-        if index.index is not None and index.index < len(self._local_shards):
-            hinted = self._local_shards[index.index]
-            if list(hinted.metadata.shard_offsets) == offsets:
-                return hinted.tensor
-        for shard in self._local_shards:
-            if list(shard.metadata.shard_offsets) == offsets:
-                return shard.tensor
-        raise ValueError(f"Could not find shard at '{index.offset}' for FQN: '{index.fqn}'")
-
-    def _dcp_properties(self):
-        from torch.distributed.checkpoint.metadata import TensorProperties as DCPTensorProperties
-
-        props = self._metadata.tensor_properties
-        return DCPTensorProperties(
-            dtype=props.dtype,
-            layout=props.layout,
-            requires_grad=props.requires_grad,
-            memory_format=props.memory_format,
-            pin_memory=props.pin_memory,
-        )
 
     def __deepcopy__(self, memo):
         # Tensor.__deepcopy__ would read storage; deep-copy shards and metadata, share the group.
