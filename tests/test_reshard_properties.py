@@ -281,7 +281,7 @@ class TestReshardProperties(ShardedTensorTestBase):
 
             comm_stats(True)
             st.reshard(b.spec)
-            sent, received, collectives = comm_stats(False)
+            sent, received, collectives = comm_stats(False)[:3]
 
             after = self._boxes(st)
             self.assertEqual([(o, s, r) for o, s, r in b.rank_sorted()], after, msg)
@@ -312,13 +312,13 @@ class TestReshardProperties(ShardedTensorTestBase):
         st = _shard_tensor(full, source)
         comm_stats(True)
         st.reshard(target)
-        sent, received, _ = comm_stats(False)
+        sent, received = comm_stats(False)[:2]
         self.assertEqual(10 * 8, sent)
         self.assertEqual(10 * 8, received)
         # Resharding to the layout it already has moves nothing.
         comm_stats(True)
         st.reshard(target)
-        sent, received, _ = comm_stats(False)
+        sent, received = comm_stats(False)[:2]
         self.assertEqual((0, 0), (sent, received))
         dist.barrier()
 
