@@ -11,6 +11,10 @@ then checks every loaded shard's values and dtype exactly:
   several on one rank, tensors with no elements at all; saved metadata stays in bounds;
 * the checkpointable API: a user tensor subclass wrapping a ShardedTensor that implements
   ``__create_write_items__`` / ``__create_chunk_list__`` / ``__get_tensor_shard__`` by delegation.
+
+TestCrossLibraryCheckpoints: checkpoints written by DTensor and by upstream's
+``torch.distributed._shard`` load into torch_shard, and torch_shard's load into both, as plain tensors
+and as module state_dicts with sharded parameters.
 """
 
 import itertools
@@ -22,9 +26,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed._shard import shard_parameter as up_shard_parameter, sharded_tensor as up_sharded_tensor
+from torch.distributed._shard.sharding_spec import (
+    ChunkShardingSpec as UpChunkShardingSpec,
+    EnumerableShardingSpec as UpEnumerableShardingSpec,
+    ShardMetadata as UpShardMetadata,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, Shard as DShard, distribute_tensor, zeros as dtensor_zeros
 from torch.testing._internal.distributed.checkpoint_utils import Rot13Example, get_test_extension_registry
 
-from torch_shard import sharded_tensor
+from torch_shard import shard_parameter, sharded_tensor
 from torch_shard.sharding_spec import ChunkShardingSpec, EnumerableShardingSpec, ShardMetadata
 from torch_shard.testing import ShardedTensorTestBase, placement, run_tests, with_comms
 
@@ -304,6 +317,148 @@ class TestCheckpointScenarios(ShardedTensorTestBase):
         target = sharded_tensor.zeros(nested, 16, 1)
         dcp.load({"t": CheckpointableShardedTensor(target)}, checkpoint_id=path)
         self._assert_holds(target, full, "ShardedTensor -> wrapper with empty shards")
+
+
+def _linear(seed: int) -> nn.Linear:
+    torch.manual_seed(seed)
+    return nn.Linear(12, 10)
+
+
+def _upstream_grid(rows: int, cols: int):
+    spec = _grid(rows, cols)
+    return UpEnumerableShardingSpec([UpShardMetadata(m.shard_offsets, m.shard_sizes, str(m.placement)) for m in spec.shards])
+
+
+class TestCrossLibraryCheckpoints(ShardedTensorTestBase):
+    _tmp_dir = TestCheckpointScenarios._tmp_dir
+    _assert_holds = TestCheckpointScenarios._assert_holds
+
+    def _assert_upstream_holds(self, st, full, msg):
+        for shard in st.local_shards():
+            self.assertEqual(shard.tensor.dtype, full.dtype, msg)
+            self.assertTrue(torch.equal(shard.tensor, _box_slice(full, shard.metadata)), msg)
+
+    @with_comms(init_rpc=False)
+    def test_dtensor_and_torch_shard(self):
+        full = torch.arange(7 * 5, dtype=torch.float64).view(7, 5) / 3
+        mesh1 = init_device_mesh(self.device_type, (4,))
+        mesh2 = init_device_mesh(self.device_type, (2, 2))
+        dtensor_layouts = [
+            (mesh1, [DShard(0)]),
+            (mesh1, [DShard(1)]),  # 2 + 2 + 1 + 0 columns: DTensor saves an empty chunk
+            (mesh1, [Replicate()]),
+            (mesh2, [DShard(0), DShard(1)]),
+            (mesh2, [Replicate(), DShard(0)]),
+            (mesh2, [DShard(1), DShard(1)]),
+        ]
+        ours = {
+            "rows_permuted": _chunks(0, (2, 0, 3, 1)),
+            "cols": _chunks(1, range(4)),  # trailing empty chunk past the end
+            "grid": _grid(7, 5),
+        }
+        for mesh, placements in dtensor_layouts:
+            # DTensor saves, torch_shard loads.
+            path = self._tmp_dir()
+            dcp.save({"w": distribute_tensor(full, mesh, placements)}, checkpoint_id=path)
+            for name, spec in ours.items():
+                msg = f"DTensor {placements} -> torch_shard {name}"
+                target = sharded_tensor.zeros(spec, 7, 5, dtype=torch.float64)
+                dcp.load({"w": target}, checkpoint_id=path)
+                self._assert_holds(target, full, msg)
+            # torch_shard saves, DTensor loads.
+            for name, spec in ours.items():
+                msg = f"torch_shard {name} -> DTensor {placements}"
+                path = self._tmp_dir()
+                dcp.save({"w": _make(full, spec)}, checkpoint_id=path)
+                target = dtensor_zeros([7, 5], dtype=torch.float64, device_mesh=mesh, placements=placements)
+                dcp.load({"w": target}, checkpoint_id=path)
+                self.assertTrue(torch.equal(target.full_tensor(), full), msg)
+                self.assertEqual(target.dtype, torch.float64, msg)
+
+    @with_comms(init_rpc=False)
+    def test_upstream_and_torch_shard(self):
+        full = torch.arange(7 * 5, dtype=torch.int64).view(7, 5) + 2**40
+        theirs = {
+            "rows_permuted": UpChunkShardingSpec(dim=0, placements=[placement(r) for r in (3, 1, 0, 2)]),
+            "grid": _upstream_grid(7, 5),
+        }
+        ours = {
+            "rows": _chunks(0, range(4)),
+            "cols": _chunks(1, (1, 0, 3, 2)),  # trailing empty chunk past the end
+            "grid_transposed": _grid(7, 5, order=(0, 2, 1, 3)),
+        }
+        for up_name, up_spec in theirs.items():
+            # Upstream saves, torch_shard loads.
+            path = self._tmp_dir()
+            saved = up_sharded_tensor.empty(up_spec, 7, 5, dtype=torch.int64)
+            for shard in saved.local_shards():
+                shard.tensor.copy_(_box_slice(full, shard.metadata))
+            dcp.save({"w": saved}, checkpoint_id=path)
+            for name, spec in ours.items():
+                target = sharded_tensor.zeros(spec, 7, 5, dtype=torch.int64)
+                dcp.load({"w": target}, checkpoint_id=path)
+                self._assert_holds(target, full, f"upstream {up_name} -> torch_shard {name}")
+            # torch_shard saves, upstream loads.
+            for name, spec in ours.items():
+                path = self._tmp_dir()
+                dcp.save({"w": _make(full, spec)}, checkpoint_id=path)
+                target = up_sharded_tensor.zeros(up_spec, 7, 5, dtype=torch.int64)
+                dcp.load({"w": target}, checkpoint_id=path)
+                self._assert_upstream_holds(target, full, f"torch_shard {name} -> upstream {up_name}")
+
+    @with_comms(init_rpc=False)
+    def test_module_state_dicts(self):
+        """A model's state_dict with a sharded weight and a plain bias, saved by one library and loaded
+        by another into a differently initialised model."""
+        reference = _linear(1)
+        weight, bias = reference.weight.detach(), reference.bias.detach()
+        mesh = init_device_mesh(self.device_type, (4,))
+
+        def ours(seed, spec):
+            model = _linear(seed)
+            if isinstance(spec, ChunkShardingSpec):
+                shard_parameter(model, "weight", spec)
+            else:  # scatter by rows, then move to the enumerable layout
+                shard_parameter(model, "weight", _chunks(0, range(4)))
+                model.weight.reshard(spec)
+            return model
+
+        def upstream(seed, spec):
+            model = _linear(seed)
+            up_shard_parameter(model, "weight", spec)
+            return model
+
+        def dtensor(seed, placements):
+            model = _linear(seed)
+            model.weight = nn.Parameter(distribute_tensor(model.weight.detach(), mesh, placements))
+            model.bias = nn.Parameter(distribute_tensor(model.bias.detach(), mesh, [Replicate()]))
+            return model
+
+        def check(model, msg):
+            state = model.state_dict()
+            w = state["weight"]
+            if isinstance(w, DTensor):
+                self.assertTrue(torch.equal(w.full_tensor(), weight), msg)
+                self.assertTrue(torch.equal(state["bias"].full_tensor(), bias), msg)
+                return
+            for shard in w.local_shards():
+                self.assertTrue(torch.equal(shard.tensor, _box_slice(weight, shard.metadata)), msg)
+            self.assertTrue(torch.equal(state["bias"], bias), msg)
+
+        up_rows = UpChunkShardingSpec(dim=0, placements=[placement(r) for r in range(4)])
+        pairs = [
+            ("torch_shard -> DTensor", ours(1, _chunks(0, (3, 2, 1, 0))), dtensor(2, [DShard(1)])),
+            ("DTensor -> torch_shard", dtensor(1, [DShard(0)]), ours(2, _grid(10, 12))),
+            ("torch_shard -> upstream", ours(1, _grid(10, 12)), upstream(2, up_rows)),
+            ("upstream -> torch_shard", upstream(1, up_rows), ours(2, _chunks(1, (1, 3, 0, 2)))),
+        ]
+        for msg, source, target in pairs:
+            check(source, f"{msg}: source")
+            path = self._tmp_dir()
+            dcp.save(source.state_dict(), checkpoint_id=path)
+            state = target.state_dict()
+            dcp.load(state, checkpoint_id=path)
+            check(target, msg)
 
 
 if __name__ == "__main__":
