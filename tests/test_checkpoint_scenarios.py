@@ -15,6 +15,9 @@ then checks every loaded shard's values and dtype exactly:
 TestCrossLibraryCheckpoints: checkpoints written by DTensor and by upstream's
 ``torch.distributed._shard`` load into torch_shard, and torch_shard's load into both, as plain tensors
 and as module state_dicts with sharded parameters.
+
+Both classes run again with every load through torch_shard.checkpoint.ByteRangeFileSystemReader;
+TestByteRangeReader checks that it reads only the bytes a rank needs.
 """
 
 import itertools
@@ -38,6 +41,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard as DShard, distri
 from torch.testing._internal.distributed.checkpoint_utils import Rot13Example, get_test_extension_registry
 
 from torch_shard import shard_parameter, sharded_tensor
+from torch_shard.checkpoint import ByteRangeFileSystemReader
 from torch_shard.sharding_spec import ChunkShardingSpec, EnumerableShardingSpec, ShardMetadata
 from torch_shard.testing import ShardedTensorTestBase, placement, run_tests, with_comms
 
@@ -113,6 +117,13 @@ class CheckpointableShardedTensor(torch.Tensor):
 
 
 class TestCheckpointScenarios(ShardedTensorTestBase):
+    # Every load goes through this StorageReader class (DCP's own; a subclass below runs the same
+    # scenarios through torch_shard's ByteRangeFileSystemReader).
+    reader_cls = dcp.FileSystemReader
+
+    def _load(self, state_dict, path, process_group=None, **reader_kwargs) -> None:
+        dcp.load(state_dict, storage_reader=self.reader_cls(path, **reader_kwargs), process_group=process_group)
+
     def _tmp_dir(self) -> str:
         holder = [tempfile.mkdtemp(prefix="torch_shard_dcp_") if self.rank == 0 else None]
         dist.broadcast_object_list(holder, src=0)
@@ -142,7 +153,7 @@ class TestCheckpointScenarios(ShardedTensorTestBase):
             volume += math.prod(chunk.sizes)
         self.assertEqual(volume, math.prod(size))
 
-    def _save_load(self, full, save_spec, load_spec, msg="", save_pg=None, load_pg=None, **load_kwargs):
+    def _save_load(self, full, save_spec, load_spec, msg="", save_pg=None, load_pg=None):
         """Save ``full`` in ``save_spec`` (by the ranks of ``save_pg``), load it into ``load_spec`` (by the
         ranks of ``load_pg``) and check the loaded shards. Returns the loaded tensor (or None on a rank
         outside ``load_pg``)."""
@@ -153,7 +164,7 @@ class TestCheckpointScenarios(ShardedTensorTestBase):
         if load_pg is not None and self.rank not in dist.get_process_group_ranks(load_pg):
             return None
         target = sharded_tensor.full(load_spec, full.shape, -7, dtype=full.dtype, process_group=load_pg)
-        dcp.load({"w": target}, checkpoint_id=path, process_group=load_pg, **load_kwargs)
+        self._load({"w": target}, path, process_group=load_pg)
         self._assert_holds(target, full, msg)
         return target
 
@@ -181,7 +192,7 @@ class TestCheckpointScenarios(ShardedTensorTestBase):
                     continue
                 msg = f"{vname}: saved as {sname}, loaded as {lname}"
                 target = sharded_tensor.zeros(load_spec, *full.shape, dtype=full.dtype)
-                dcp.load({"w": target}, storage_reader=dcp.FileSystemReader(path, _extension_registry=registry))
+                self._load({"w": target}, path, _extension_registry=registry)
                 self._assert_holds(target, full, msg)
                 # Back to the saved layout: the same local shards as the tensor that was saved.
                 target.reshard(save_spec)
@@ -230,7 +241,7 @@ class TestCheckpointScenarios(ShardedTensorTestBase):
         path = self._tmp_dir()
         dcp.save({"uneven": _make(full, _chunks(0, range(4)))}, checkpoint_id=path)
         plain = {"uneven": torch.rand(14, 1)}
-        dcp.load(plain, checkpoint_id=path)
+        self._load(plain, path)
         self.assertTrue(torch.equal(plain["uneven"], full))
 
     @with_comms(init_rpc=False)
@@ -250,7 +261,7 @@ class TestCheckpointScenarios(ShardedTensorTestBase):
         dcp.save({"w": _make(full, _chunks(1, range(4)))}, checkpoint_id=path)
         self._assert_metadata_in_bounds(path, "w", [7, 5])
         target = sharded_tensor.zeros(_grid(7, 5), 7, 5, dtype=torch.int64)
-        dcp.load({"w": target}, checkpoint_id=path)
+        self._load({"w": target}, path)
         self._assert_holds(target, full, "trailing empty chunk")
         # ... and loaded into a layout with trailing empty chunks (3 rows over 4 ranks, 6 over 4).
         self._save_load(full, _grid(7, 5), _chunks(1, (3, 2, 1, 0)), "load into empty chunks")
@@ -274,7 +285,7 @@ class TestCheckpointScenarios(ShardedTensorTestBase):
         self._assert_metadata_in_bounds(path, "w", [7, 5])
         for load_spec in (_chunks(0, range(4)), anywhere):
             target = sharded_tensor.zeros(load_spec, 7, 5, dtype=torch.int64)
-            dcp.load({"w": target}, checkpoint_id=path)
+            self._load({"w": target}, path)
             self._assert_holds(target, full, "empty shards anywhere")
 
         # No elements at all: one chunk records the tensor; loads into sharded and plain tensors.
@@ -284,10 +295,10 @@ class TestCheckpointScenarios(ShardedTensorTestBase):
             dcp.save({"e": _make(empty, _chunks(dim, range(4)))}, checkpoint_id=path)
             self._assert_metadata_in_bounds(path, "e", list(size))
             target = sharded_tensor.zeros(_chunks(1 - dim, (2, 3)), *size, dtype=torch.bfloat16)
-            dcp.load({"e": target}, checkpoint_id=path)
+            self._load({"e": target}, path)
             self._assert_holds(target, empty, f"{size}")
             plain = {"e": torch.ones(size, dtype=torch.bfloat16)}
-            dcp.load(plain, checkpoint_id=path)
+            self._load(plain, path)
             self.assertEqual(plain["e"].shape, torch.Size(size))
 
     @with_comms(init_rpc=False)
@@ -299,23 +310,23 @@ class TestCheckpointScenarios(ShardedTensorTestBase):
         path = self._tmp_dir()
         dcp.save({"checkpointable_tensor": CheckpointableShardedTensor(_make(full, saving))}, checkpoint_id=path)
         target = sharded_tensor.full(loading, (16, 1), -1.0)
-        dcp.load({"checkpointable_tensor": CheckpointableShardedTensor(target)}, checkpoint_id=path)
+        self._load({"checkpointable_tensor": CheckpointableShardedTensor(target)}, path)
         self._assert_holds(target, full, "wrapper -> wrapper")
         # The wrapper's checkpoint loads into a bare ShardedTensor, and a bare one's into a wrapper.
         bare = sharded_tensor.zeros(_chunks(1, (0,)), 16, 1)
-        dcp.load({"checkpointable_tensor": bare}, checkpoint_id=path)
+        self._load({"checkpointable_tensor": bare}, path)
         self._assert_holds(bare, full, "wrapper -> ShardedTensor")
         path = self._tmp_dir()
         dcp.save({"t": _make(full, _chunks(0, (3, 1, 2, 0)))}, checkpoint_id=path)
         target = sharded_tensor.zeros(loading, 16, 1)
-        dcp.load({"t": CheckpointableShardedTensor(target)}, checkpoint_id=path)
+        self._load({"t": CheckpointableShardedTensor(target)}, path)
         self._assert_holds(target, full, "ShardedTensor -> wrapper")
         # Empty shards behave the same through the wrapper.
         nested = EnumerableShardingSpec(
             [ShardMetadata([0, 0], [16, 1], placement(2))] + [ShardMetadata([16, 0], [0, 1], placement(r)) for r in (0, 1, 3)]
         )
         target = sharded_tensor.zeros(nested, 16, 1)
-        dcp.load({"t": CheckpointableShardedTensor(target)}, checkpoint_id=path)
+        self._load({"t": CheckpointableShardedTensor(target)}, path)
         self._assert_holds(target, full, "ShardedTensor -> wrapper with empty shards")
 
 
@@ -330,6 +341,8 @@ def _upstream_grid(rows: int, cols: int):
 
 
 class TestCrossLibraryCheckpoints(ShardedTensorTestBase):
+    reader_cls = dcp.FileSystemReader
+    _load = TestCheckpointScenarios._load
     _tmp_dir = TestCheckpointScenarios._tmp_dir
     _assert_holds = TestCheckpointScenarios._assert_holds
 
@@ -363,7 +376,7 @@ class TestCrossLibraryCheckpoints(ShardedTensorTestBase):
             for name, spec in ours.items():
                 msg = f"DTensor {placements} -> torch_shard {name}"
                 target = sharded_tensor.zeros(spec, 7, 5, dtype=torch.float64)
-                dcp.load({"w": target}, checkpoint_id=path)
+                self._load({"w": target}, path)
                 self._assert_holds(target, full, msg)
             # torch_shard saves, DTensor loads.
             for name, spec in ours.items():
@@ -371,7 +384,7 @@ class TestCrossLibraryCheckpoints(ShardedTensorTestBase):
                 path = self._tmp_dir()
                 dcp.save({"w": _make(full, spec)}, checkpoint_id=path)
                 target = dtensor_zeros([7, 5], dtype=torch.float64, device_mesh=mesh, placements=placements)
-                dcp.load({"w": target}, checkpoint_id=path)
+                self._load({"w": target}, path)
                 self.assertTrue(torch.equal(target.full_tensor(), full), msg)
                 self.assertEqual(target.dtype, torch.float64, msg)
 
@@ -396,14 +409,14 @@ class TestCrossLibraryCheckpoints(ShardedTensorTestBase):
             dcp.save({"w": saved}, checkpoint_id=path)
             for name, spec in ours.items():
                 target = sharded_tensor.zeros(spec, 7, 5, dtype=torch.int64)
-                dcp.load({"w": target}, checkpoint_id=path)
+                self._load({"w": target}, path)
                 self._assert_holds(target, full, f"upstream {up_name} -> torch_shard {name}")
             # torch_shard saves, upstream loads.
             for name, spec in ours.items():
                 path = self._tmp_dir()
                 dcp.save({"w": _make(full, spec)}, checkpoint_id=path)
                 target = up_sharded_tensor.zeros(up_spec, 7, 5, dtype=torch.int64)
-                dcp.load({"w": target}, checkpoint_id=path)
+                self._load({"w": target}, path)
                 self._assert_upstream_holds(target, full, f"torch_shard {name} -> upstream {up_name}")
 
     @with_comms(init_rpc=False)
@@ -457,9 +470,85 @@ class TestCrossLibraryCheckpoints(ShardedTensorTestBase):
             path = self._tmp_dir()
             dcp.save(source.state_dict(), checkpoint_id=path)
             state = target.state_dict()
-            dcp.load(state, checkpoint_id=path)
+            self._load(state, path)
             check(target, msg)
 
+
+class TestCheckpointScenariosByteRange(TestCheckpointScenarios):
+    reader_cls = ByteRangeFileSystemReader
+
+
+class TestCrossLibraryCheckpointsByteRange(TestCrossLibraryCheckpoints):
+    reader_cls = ByteRangeFileSystemReader
+
+
+def _bytes_read_by_this_process() -> int:
+    """Bytes this process has read through read()-family system calls (``rchar``)."""
+    with open("/proc/self/io") as f:
+        for line in f:
+            if line.startswith("rchar:"):
+                return int(line.split()[1])
+    raise RuntimeError("no rchar in /proc/self/io")
+
+
+class TestByteRangeReader(ShardedTensorTestBase):
+    _tmp_dir = TestCheckpointScenarios._tmp_dir
+
+    def _load_counting(self, reader_cls, path, spec, full):
+        target = sharded_tensor.zeros(spec, *full.shape, dtype=full.dtype)
+        dist.barrier()
+        before = _bytes_read_by_this_process()
+        dcp.load({"w": target, "step": 0}, storage_reader=reader_cls(path))
+        read = _bytes_read_by_this_process() - before
+        for shard in target.local_shards():
+            self.assertTrue(torch.equal(shard.tensor, _box_slice(full, shard.metadata)))
+        return read
+
+    @with_comms(init_rpc=False)
+    def test_reads_only_the_needed_bytes(self):
+        torch.manual_seed(0)
+        full = torch.rand(512, 512)
+        nbytes = full.numel() * full.element_size()
+        path = self._tmp_dir()
+        dcp.save({"w": _make(full, _chunks(0, range(4))), "step": 3}, checkpoint_id=path)
+        cols = _chunks(1, range(4))
+        for reader_cls in (dcp.FileSystemReader, ByteRangeFileSystemReader):  # warm-up: lazy imports
+            self._load_counting(reader_cls, path, cols, full)
+        # Rows saved, columns loaded: DCP's reader reads all four saved chunks whole, the byte-range
+        # reader one quarter of each (plus each archive's header and the metadata exchange).
+        whole = self._load_counting(dcp.FileSystemReader, path, cols, full)
+        ranged = self._load_counting(ByteRangeFileSystemReader, path, cols, full)
+        self.assertGreaterEqual(whole, nbytes)
+        self.assertGreaterEqual(ranged, nbytes // 4)
+        self.assertLess(ranged, nbytes // 4 + 64 * 1024)
+        # Rows into the same rows: both read one chunk.
+        rows = _chunks(0, range(4))
+        self.assertLess(self._load_counting(ByteRangeFileSystemReader, path, rows, full), nbytes // 4 + 64 * 1024)
+
+    @with_comms(init_rpc=False)
+    def test_falls_back_for_transformed_and_byte_items(self):
+        full = torch.arange(64 * 8, dtype=torch.int64).view(64, 8)
+        path = self._tmp_dir()
+        writer = dcp.FileSystemWriter(path, _extensions=[Rot13Example()])
+        dcp.save({"w": _make(full, _chunks(0, range(4))), "note": {"epoch": 5}}, storage_writer=writer)
+        target = sharded_tensor.zeros(_chunks(1, (3, 2, 1, 0)), 64, 8, dtype=torch.int64)
+        state = {"w": target, "note": {"epoch": 0}}
+        dcp.load(state, storage_reader=ByteRangeFileSystemReader(path, _extension_registry=get_test_extension_registry()))
+        for shard in target.local_shards():
+            self.assertTrue(torch.equal(shard.tensor, _box_slice(full, shard.metadata)))
+        self.assertEqual(state["note"], {"epoch": 5})
+
+    @with_comms(init_rpc=False)
+    def test_converts_dtypes_like_dcp(self):
+        # DCP's reader copies saved values into the loading tensor's dtype; so does this one.
+        full = torch.arange(16.0).view(4, 4) / 3
+        path = self._tmp_dir()
+        dcp.save({"w": _make(full, _chunks(0, range(4)))}, checkpoint_id=path)
+        for reader_cls in (dcp.FileSystemReader, ByteRangeFileSystemReader):
+            target = sharded_tensor.zeros(_chunks(1, range(4)), 4, 4, dtype=torch.float64)
+            dcp.load({"w": target}, storage_reader=reader_cls(path))
+            for shard in target.local_shards():
+                self.assertTrue(torch.equal(shard.tensor, _box_slice(full, shard.metadata).double()), reader_cls)
 
 if __name__ == "__main__":
     run_tests()
