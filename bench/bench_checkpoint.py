@@ -108,7 +108,10 @@ def main() -> None:
             lambda: up_sharded_tensor.zeros(up_cols, n, n),
         ),
     }
-    readers = [("FileSystemReader", dcp.FileSystemReader), ("ByteRangeFileSystemReader", ByteRangeFileSystemReader)]
+    readers = [
+        ("FileSystemReader", dcp.FileSystemReader),
+        ("ByteRangeFileSystemReader", ByteRangeFileSystemReader),
+    ]
 
     root = [tempfile.mkdtemp(prefix="torch_shard_bench_dcp_") if rank == 0 else None]
     dist.broadcast_object_list(root, src=0)
@@ -132,11 +135,13 @@ def main() -> None:
                     if isinstance(target, DTensor):
                         ok = _holds(target.to_local(), full, _dtensor_offsets(target, rank, world, n))
                     else:
-                        ok = all(_holds(s.tensor, full, s.metadata.shard_offsets) for s in target.local_shards())
+                        shards = target.local_shards()
+                        ok = all(_holds(s.tensor, full, s.metadata.shard_offsets) for s in shards)
                     if not ok:
-                        raise RuntimeError(f"{name} / {reader_name}: loaded values differ from the saved tensor")
+                        raise RuntimeError(f"{name} / {reader_name}: loaded values differ from the saved")
                     cells.append((ms, read / 2**20))
-                rows_out.append((name, reader_name, save_ms if reader_cls is dcp.FileSystemReader else None, cells))
+                first = reader_cls is dcp.FileSystemReader
+                rows_out.append((name, reader_name, save_ms if first else None, cells))
     finally:
         dist.barrier()
         if rank == 0:
@@ -144,12 +149,13 @@ def main() -> None:
 
     if rank == 0:
         mb = n * n * 4 / 2**20
-        print(f"\ndcp.save / dcp.load of {n} x {n} float32 ({mb:.0f} MB) saved in row chunks, {world} ranks (gloo)")
-        print("| library | reader | save ms | load rows->rows ms | MB read/rank | load rows->cols ms | MB read/rank |")
+        print(f"\ndcp.save / dcp.load of {n} x {n} float32 ({mb:.0f} MB) in row chunks, {world} ranks (gloo)")
+        print("| library | reader | save ms | rows->rows ms | MB read/rank | rows->cols ms | MB read/rank |")
         print("|---|---|---|---|---|---|---|")
         for name, reader_name, save_ms, ((rr_ms, rr_mb), (rc_ms, rc_mb)) in rows_out:
             save = f"{save_ms:.1f}" if save_ms is not None else "-"
-            print(f"| {name} | {reader_name} | {save} | {rr_ms:.1f} | {rr_mb:.1f} | {rc_ms:.1f} | {rc_mb:.1f} |")
+            cells = f"{rr_ms:.1f} | {rr_mb:.1f} | {rc_ms:.1f} | {rc_mb:.1f}"
+            print(f"| {name} | {reader_name} | {save} | {cells} |")
     dist.destroy_process_group()
 
 

@@ -30,14 +30,16 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed._shard import shard_parameter as up_shard_parameter, sharded_tensor as up_sharded_tensor
+from torch.distributed._shard import shard_parameter as up_shard_parameter
+from torch.distributed._shard import sharded_tensor as up_sharded_tensor
 from torch.distributed._shard.sharding_spec import (
     ChunkShardingSpec as UpChunkShardingSpec,
     EnumerableShardingSpec as UpEnumerableShardingSpec,
     ShardMetadata as UpShardMetadata,
 )
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor, Replicate, Shard as DShard, distribute_tensor, zeros as dtensor_zeros
+from torch.distributed.tensor import DTensor, Replicate, Shard as DShard, distribute_tensor
+from torch.distributed.tensor import zeros as dtensor_zeros
 from torch.testing._internal.distributed.checkpoint_utils import Rot13Example, get_test_extension_registry
 
 from torch_shard import shard_parameter, sharded_tensor
@@ -70,15 +72,22 @@ def _chunks(dim: int, ranks):
 def _rows_plan(plan, ncols: int = 1):
     """EnumerableShardingSpec of (offset, length) row blocks, block i on rank i (upstream's plans)."""
     return EnumerableShardingSpec(
-        [ShardMetadata([offset, 0], [length, ncols], placement(rank)) for rank, (offset, length) in enumerate(plan)]
+        [ShardMetadata([o, 0], [n, ncols], placement(rank)) for rank, (o, n) in enumerate(plan)]
     )
 
 
 def _grid(rows: int, cols: int, order=(0, 1, 2, 3)):
     """A 2 x 2 grid of blocks (torch.chunk split of each dim), block (i, j) on rank order[2 * i + j]."""
     r0, c0 = -(-rows // 2), -(-cols // 2)
-    boxes = [([0, 0], [r0, c0]), ([0, c0], [r0, cols - c0]), ([r0, 0], [rows - r0, c0]), ([r0, c0], [rows - r0, cols - c0])]
-    return EnumerableShardingSpec([ShardMetadata(o, s, placement(rank)) for (o, s), rank in zip(boxes, order)])
+    boxes = [
+        ([0, 0], [r0, c0]),
+        ([0, c0], [r0, cols - c0]),
+        ([r0, 0], [rows - r0, c0]),
+        ([r0, c0], [rows - r0, cols - c0]),
+    ]
+    return EnumerableShardingSpec(
+        [ShardMetadata(o, s, placement(rank)) for (o, s), rank in zip(boxes, order)]
+    )
 
 
 class CheckpointableShardedTensor(torch.Tensor):
@@ -122,7 +131,8 @@ class TestCheckpointScenarios(ShardedTensorTestBase):
     reader_cls = dcp.FileSystemReader
 
     def _load(self, state_dict, path, process_group=None, **reader_kwargs) -> None:
-        dcp.load(state_dict, storage_reader=self.reader_cls(path, **reader_kwargs), process_group=process_group)
+        reader = self.reader_cls(path, **reader_kwargs)
+        dcp.load(state_dict, storage_reader=reader, process_group=process_group)
 
     def _tmp_dir(self) -> str:
         holder = [tempfile.mkdtemp(prefix="torch_shard_dcp_") if self.rank == 0 else None]
@@ -215,7 +225,7 @@ class TestCheckpointScenarios(ShardedTensorTestBase):
         self._save_load(full, _chunks(1, range(4)), subset, "4 ranks -> ranks {0, 2}")
         self._save_load(full, subset, _chunks(1, (3, 2, 1, 0)), "ranks {0, 2} -> 4 ranks")
         # Round trip through the sub-group: save there, load there.
-        self._save_load(full, _chunks(0, (1, 3)), _chunks(1, (3, 1)), "group {1, 3}", save_pg=sub, load_pg=sub)
+        self._save_load(full, _chunks(0, (1, 3)), _chunks(1, (3, 1)), "{1, 3}", save_pg=sub, load_pg=sub)
 
     @with_comms(init_rpc=False)
     def test_2d_grid_to_rows_and_cols(self):
@@ -250,7 +260,8 @@ class TestCheckpointScenarios(ShardedTensorTestBase):
         # gives [Shard(0), Shard(0)] on a 2 x 2 mesh (one element on rank 0, empty elsewhere).
         one = torch.rand(1, dtype=torch.float64)
         nested = EnumerableShardingSpec(
-            [ShardMetadata([0], [1], placement(0))] + [ShardMetadata([1], [0], placement(r)) for r in (1, 2, 3)]
+            [ShardMetadata([0], [1], placement(0))]
+            + [ShardMetadata([1], [0], placement(r)) for r in (1, 2, 3)]
         )
         self._save_load(one, _chunks(0, range(4)), nested, "1 element")
         self._save_load(one, nested, _chunks(0, (3, 2, 1, 0)), "1 element, back")
@@ -308,7 +319,8 @@ class TestCheckpointScenarios(ShardedTensorTestBase):
         saving = _rows_plan([(0, 4), (4, 3), (7, 4), (11, 5)])
         loading = _rows_plan([(0, 2), (2, 4), (6, 6), (12, 4)])
         path = self._tmp_dir()
-        dcp.save({"checkpointable_tensor": CheckpointableShardedTensor(_make(full, saving))}, checkpoint_id=path)
+        saved = CheckpointableShardedTensor(_make(full, saving))
+        dcp.save({"checkpointable_tensor": saved}, checkpoint_id=path)
         target = sharded_tensor.full(loading, (16, 1), -1.0)
         self._load({"checkpointable_tensor": CheckpointableShardedTensor(target)}, path)
         self._assert_holds(target, full, "wrapper -> wrapper")
@@ -323,7 +335,8 @@ class TestCheckpointScenarios(ShardedTensorTestBase):
         self._assert_holds(target, full, "ShardedTensor -> wrapper")
         # Empty shards behave the same through the wrapper.
         nested = EnumerableShardingSpec(
-            [ShardMetadata([0, 0], [16, 1], placement(2))] + [ShardMetadata([16, 0], [0, 1], placement(r)) for r in (0, 1, 3)]
+            [ShardMetadata([0, 0], [16, 1], placement(2))]
+            + [ShardMetadata([16, 0], [0, 1], placement(r)) for r in (0, 1, 3)]
         )
         target = sharded_tensor.zeros(nested, 16, 1)
         self._load({"t": CheckpointableShardedTensor(target)}, path)
@@ -337,7 +350,9 @@ def _linear(seed: int) -> nn.Linear:
 
 def _upstream_grid(rows: int, cols: int):
     spec = _grid(rows, cols)
-    return UpEnumerableShardingSpec([UpShardMetadata(m.shard_offsets, m.shard_sizes, str(m.placement)) for m in spec.shards])
+    return UpEnumerableShardingSpec(
+        [UpShardMetadata(m.shard_offsets, m.shard_sizes, str(m.placement)) for m in spec.shards]
+    )
 
 
 class TestCrossLibraryCheckpoints(ShardedTensorTestBase):
@@ -523,7 +538,8 @@ class TestByteRangeReader(ShardedTensorTestBase):
         self.assertLess(ranged, nbytes // 4 + 64 * 1024)
         # Rows into the same rows: both read one chunk.
         rows = _chunks(0, range(4))
-        self.assertLess(self._load_counting(ByteRangeFileSystemReader, path, rows, full), nbytes // 4 + 64 * 1024)
+        same_layout = self._load_counting(ByteRangeFileSystemReader, path, rows, full)
+        self.assertLess(same_layout, nbytes // 4 + 64 * 1024)
 
     @with_comms(init_rpc=False)
     def test_falls_back_for_transformed_and_byte_items(self):
@@ -533,7 +549,8 @@ class TestByteRangeReader(ShardedTensorTestBase):
         dcp.save({"w": _make(full, _chunks(0, range(4))), "note": {"epoch": 5}}, storage_writer=writer)
         target = sharded_tensor.zeros(_chunks(1, (3, 2, 1, 0)), 64, 8, dtype=torch.int64)
         state = {"w": target, "note": {"epoch": 0}}
-        dcp.load(state, storage_reader=ByteRangeFileSystemReader(path, _extension_registry=get_test_extension_registry()))
+        reader = ByteRangeFileSystemReader(path, _extension_registry=get_test_extension_registry())
+        dcp.load(state, storage_reader=reader)
         for shard in target.local_shards():
             self.assertTrue(torch.equal(shard.tensor, _box_slice(full, shard.metadata)))
         self.assertEqual(state["note"], {"epoch": 5})
@@ -548,7 +565,8 @@ class TestByteRangeReader(ShardedTensorTestBase):
             target = sharded_tensor.zeros(_chunks(1, range(4)), 4, 4, dtype=torch.float64)
             dcp.load({"w": target}, storage_reader=reader_cls(path))
             for shard in target.local_shards():
-                self.assertTrue(torch.equal(shard.tensor, _box_slice(full, shard.metadata).double()), reader_cls)
+                expected = _box_slice(full, shard.metadata).double()
+                self.assertTrue(torch.equal(shard.tensor, expected), reader_cls)
 
 if __name__ == "__main__":
     run_tests()

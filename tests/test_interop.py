@@ -34,8 +34,15 @@ def _chunks(dim, ranks):
 def _grid(rows, cols, order=(0, 1, 2, 3)):
     """2 x 2 blocks split like torch.chunk; block (i, j) on rank order[2 * i + j]."""
     r0, c0 = -(-rows // 2), -(-cols // 2)
-    boxes = [([0, 0], [r0, c0]), ([0, c0], [r0, cols - c0]), ([r0, 0], [rows - r0, c0]), ([r0, c0], [rows - r0, cols - c0])]
-    return EnumerableShardingSpec([ShardMetadata(o, s, placement(rank)) for (o, s), rank in zip(boxes, order)])
+    boxes = [
+        ([0, 0], [r0, c0]),
+        ([0, c0], [r0, cols - c0]),
+        ([r0, 0], [rows - r0, c0]),
+        ([r0, c0], [rows - r0, cols - c0]),
+    ]
+    return EnumerableShardingSpec(
+        [ShardMetadata(o, s, placement(rank)) for (o, s), rank in zip(boxes, order)]
+    )
 
 
 def _box(full, md):
@@ -54,7 +61,9 @@ def _make(full, spec, process_group=None):
 
 
 def _layout(st):
-    return [(list(m.shard_offsets), list(m.shard_sizes), str(m.placement)) for m in st.metadata().shards_metadata]
+    return [
+        (list(m.shard_offsets), list(m.shard_sizes), str(m.placement)) for m in st.metadata().shards_metadata
+    ]
 
 
 def _nonempty(st):
@@ -110,7 +119,8 @@ class TestToDTensor(ShardedTensorTestBase):
         ]
         # ... with an empty trailing chunk: 3 columns -> 2 + 1 -> 1 + 1 + 1 + 0.
         narrow = full[:, :3].contiguous()
-        for spec, placements, values in [(*c, full) for c in cases] + [(_chunks(1, range(4)), [DShard(1), DShard(1)], narrow)]:
+        cases = [(*case, full) for case in cases] + [(_chunks(1, range(4)), [DShard(1), DShard(1)], narrow)]
+        for spec, placements, values in cases:
             msg = f"{spec} as {placements}"
             full = values
             st = _make(full, spec)
@@ -169,7 +179,7 @@ class TestToDTensor(ShardedTensorTestBase):
             to_dtensor(torch.ones(4, 2), mesh, [DShard(0)])
         with self.assertRaisesRegex(ValueError, r"one placement per mesh dim \(1\), but got 2"):
             to_dtensor(st, mesh, [DShard(0), DShard(1)])
-        with self.assertRaisesRegex(IndexError, r"Shard\(dim=2\) on mesh dim 0 is out of range for a 2-D tensor"):
+        with self.assertRaisesRegex(IndexError, r"Shard\(dim=2\) on mesh dim 0 is out of range for a 2-D"):
             to_dtensor(st, mesh, [DShard(2)])
         with self.assertRaisesRegex(ValueError, "Partial DTensor holds unreduced values"):
             to_dtensor(st, mesh, [Partial()])
@@ -314,12 +324,14 @@ class TestFromDTensor(ShardedTensorTestBase):
         partial = DTensor.from_local(torch.ones(2, 2), mesh, [Partial()])
         with self.assertRaisesRegex(ValueError, r"expected Shard or Replicate placements, but got P\(sum\)"):
             from_dtensor(partial)
-        strided = DTensor.from_local(torch.ones(2, 2), mesh, [_StridedShard(0, split_factor=2)], shape=(8, 2), stride=(2, 1))
+        strided = DTensor.from_local(
+            torch.ones(2, 2), mesh, [_StridedShard(0, split_factor=2)], shape=(8, 2), stride=(2, 1)
+        )
         with self.assertRaisesRegex(NotImplementedError, "strided shards"):
             from_dtensor(strided)
         # Rank 2's local tensor does not match its box: with run_check every rank raises.
         rows = 3 if self.rank == 2 else 2
-        bad = DTensor.from_local(torch.ones(rows, 2), mesh, [DShard(0)], shape=torch.Size([8, 2]), stride=(2, 1))
+        bad = DTensor.from_local(torch.ones(rows, 2), mesh, [DShard(0)], shape=(8, 2), stride=(2, 1))
         if self.rank == 2:
             with self.assertRaisesRegex(ValueError, r"expected a local tensor of size \[2, 2\] on rank 2"):
                 from_dtensor(bad, run_check=True)
@@ -358,7 +370,9 @@ class TestUpstream(ShardedTensorTestBase):
             self.assertIs(a.tensor, b.tensor, msg)
             self.assertEqual(list(a.metadata.shard_sizes), list(b.metadata.shard_sizes), msg)
         self.assertEqual(ours.size(), theirs.size(), msg)
-        self.assertEqual(ours.metadata().tensor_properties.dtype, theirs.metadata().tensor_properties.dtype, msg)
+        ours_props, theirs_props = ours.metadata().tensor_properties, theirs.metadata().tensor_properties
+        for field in ("dtype", "layout", "requires_grad", "memory_format", "pin_memory"):
+            self.assertEqual(getattr(ours_props, field), getattr(theirs_props, field), msg)
         self.assertIs(ours._process_group, theirs._process_group, msg)
 
     def _gathered(self, st, full):
@@ -386,11 +400,7 @@ class TestUpstream(ShardedTensorTestBase):
             ours = from_upstream(theirs)
             self.assertIsInstance(ours, torch_shard.sharded_tensor.ShardedTensor)
             self._assert_same(ours, theirs, msg)
-            self.assertEqual(
-                _layout(ours),
-                [(list(m.shard_offsets), list(m.shard_sizes), str(m.placement)) for m in theirs.metadata().shards_metadata],
-                msg,
-            )
+            self.assertEqual(_layout(ours), _layout(theirs), msg)
             self.assertEqual(type(ours.sharding_spec()).__name__, msg)
             out = self._gathered(ours, full)
             if self.rank == 0:
@@ -423,10 +433,7 @@ class TestUpstream(ShardedTensorTestBase):
             theirs = to_upstream(ours)
             self.assertIsInstance(theirs, up_sharded_tensor.ShardedTensor, name)
             self._assert_same(ours, theirs, name)
-            theirs_layout = [
-                (list(m.shard_offsets), list(m.shard_sizes), str(m.placement)) for m in theirs.metadata().shards_metadata
-            ]
-            for (o1, s1, p1), (o2, s2, p2) in zip(_layout(ours), theirs_layout):
+            for (o1, s1, p1), (o2, s2, p2) in zip(_layout(ours), _layout(theirs)):
                 self.assertEqual((s1, p1), (s2, p2), name)
                 if all(s > 0 for s in s1):
                     self.assertEqual(o1, o2, name)

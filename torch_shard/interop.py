@@ -26,7 +26,6 @@ are compared on their non-empty boxes.
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Sequence
 
 import torch
@@ -95,7 +94,9 @@ def _normalize_placements(placements, mesh, ndim: int, op: str) -> list:
                 f"Call .redistribute(mesh, [...Replicate() or Shard(d)...]) first"
             )
         else:
-            raise TypeError(f"torch_shard.interop.{op}: unknown placement {placement!r} on mesh dim {mesh_dim}")
+            raise TypeError(
+                f"torch_shard.interop.{op}: unknown placement {placement!r} on mesh dim {mesh_dim}"
+            )
     return out
 
 
@@ -228,7 +229,9 @@ def to_dtensor(st: ShardedTensor, device_mesh, placements: Sequence):
     me = dist.get_rank()
     source = st
     if not matches:
-        placement = {rank: f"rank:{rank}/{_rank_device(rank, device_mesh.device_type, devices)}" for rank, _ in layout}
+        placement = {
+            rank: f"rank:{rank}/{_rank_device(rank, device_mesh.device_type, devices)}" for rank, _ in layout
+        }
         if device_mesh.ndim == 1:
             spec = ChunkShardingSpec(dim=sharded[0].dim, placements=[placement[rank] for rank, _ in layout])
         else:

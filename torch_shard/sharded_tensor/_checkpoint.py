@@ -69,26 +69,30 @@ class _DCPCheckpointable:
         if self._dcp_writes_whole_empty_tensor():
             boxes = [([0] * len(size), list(size))]
         else:
-            boxes = [(shard.metadata.shard_offsets, shard.metadata.shard_sizes) for shard in self._dcp_shards()]
+            boxes = [(s.metadata.shard_offsets, s.metadata.shard_sizes) for s in self._dcp_shards()]
         return [
             WriteItem(
                 index=MetadataIndex(fqn, torch.Size(offsets)),
                 type=WriteItemType.SHARD,
-                tensor_data=TensorWriteData(chunk=_dcp_chunk(offsets, sizes), properties=properties, size=size),
+                tensor_data=TensorWriteData(
+                    chunk=_dcp_chunk(offsets, sizes), properties=properties, size=size
+                ),
             )
             for offsets, sizes in boxes
         ]
 
     def __create_chunk_list__(self) -> list:
         """The chunks a load fills: one per non-empty local shard, in local order."""
-        return [_dcp_chunk(shard.metadata.shard_offsets, shard.metadata.shard_sizes) for shard in self._dcp_shards()]
+        return [_dcp_chunk(s.metadata.shard_offsets, s.metadata.shard_sizes) for s in self._dcp_shards()]
 
     def __get_tensor_shard__(self, index) -> torch.Tensor:
         """The local tensor DCP writes from or reads into, found by the chunk's offsets (``index.index``
         is only a hint: DCP sets it to a position in this rank's chunk list on load and in the global
         chunk list on save)."""
         if index.offset is None:
-            raise ValueError(f"Cannot lookup {index.fqn} since its a ShardedTensor and no offset was provided")
+            raise ValueError(
+                f"Cannot lookup {index.fqn} since its a ShardedTensor and no offset was provided"
+            )
         offsets = list(index.offset)
         shards = self._dcp_shards()
         if index.index is not None and 0 <= index.index < len(shards):
