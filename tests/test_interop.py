@@ -358,6 +358,9 @@ class TestFromDTensor(ShardedTensorTestBase):
         st2 = from_dtensor(back)
         self.assertEqual(_layout(st2), _layout(st))
         self.assertEqual(st2.local_shards()[0].tensor.data_ptr(), st.local_shards()[0].tensor.data_ptr())
+        # The C++ impl holds the same memory as the Python view of the shards.
+        (impl_shard,) = torch.ops.torch_shard._local_shards(st2)
+        self.assertEqual(impl_shard.data_ptr(), dt.to_local().data_ptr())
         # One storage under all four objects.
         st2.local_shards()[0].tensor.add_(1)
         self.assertTrue(torch.equal(dt.full_tensor(), full + 1))

@@ -52,11 +52,13 @@ class _DCPCheckpointable:
         """Whether this rank records a tensor with no elements (it holds the layout's first shard)."""
         if math.prod(self.size()) != 0:
             return False
-        first = self.metadata().shards_metadata[0]
-        placement = first.placement
-        if placement is None or placement.rank() is None:
+        from .utils import _PlacementResolver
+
+        placement = self.metadata().shards_metadata[0].placement
+        if placement is None or not dist.is_initialized():
             return False
-        return dist.is_initialized() and placement.rank() == dist.get_rank()
+        owner, _ = _PlacementResolver(self._process_group)(placement)  # worker names too
+        return owner == dist.get_rank()
 
     def __create_write_items__(self, fqn: str, object) -> list:
         """One ``WriteItem`` per non-empty local shard (one for the whole tensor if it has no elements
