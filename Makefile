@@ -50,6 +50,7 @@ bench: build
 	$(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_data_paths.py --memory
 	$(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_metadata.py
 	$(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_embedding.py
+	$(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_checkpoint.py
 
 clean:
 	rm -rf build *.egg-info torch_shard/_C*.so $(STAMP_BUILD)

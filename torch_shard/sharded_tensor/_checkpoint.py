@@ -2,58 +2,113 @@
 
 DCP asks any object that has ``__create_write_items__``, ``__create_chunk_list__`` and
 ``__get_tensor_shard__`` for its write items, its chunks and its data. ShardedTensor answers with
-one chunk per local shard, so ``dcp.save`` / ``dcp.load`` store a torch_shard tensor like upstream's
-and reload it into any other layout: DCP reads, for every chunk of the loading tensor, the overlap
-with each saved chunk.
+one chunk per non-empty local shard, so ``dcp.save`` / ``dcp.load`` store a torch_shard tensor like
+upstream's and reload it into any other layout: DCP reads, for every chunk of the loading tensor, the
+overlap with each saved chunk.
+
+NOTE [ Empty shards in DCP ]
+A layout may hold empty shards anywhere: ChunkShardingSpec gives the trailing chunks of a short dim
+size 0 at offset ``split * i``, which can lie past the end of the dim, and EnumerableShardingSpec
+accepts empty shards at any offset. DCP's save planner rejects a chunk that ends past the tensor
+("out of bounds chunk") and its overlap test reports an empty chunk that sits inside another chunk's
+range as overlapping. An empty shard holds no data, so it is left out of the write items and of the
+chunk list: a save writes only the non-empty shards, and a load asks only for them. The one
+exception is a tensor with no elements at all: DCP needs one chunk to record the tensor (its size and
+properties) in the checkpoint's metadata, so the rank holding the first shard of the layout writes a
+single chunk covering the whole (empty) tensor at offset 0. Checkpoints written by others may carry
+empty chunks (DTensor places them at the end of the dim); they never overlap a non-empty chunk, so a
+load never reads from them.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.distributed as dist
 
 from ..metadata import ShardMetadata
 
 
-def _dcp_chunk(md: ShardMetadata):
+def _dcp_chunk(offsets, sizes):
     from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
 
-    return ChunkStorageMetadata(offsets=torch.Size(md.shard_offsets), sizes=torch.Size(md.shard_sizes))
+    return ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes))
+
+
+def _is_empty(md: ShardMetadata) -> bool:
+    return any(size == 0 for size in md.shard_sizes)
 
 
 class _DCPCheckpointable:
     """Mixin of :class:`ShardedTensor` implementing DCP's checkpointable protocol."""
 
+    def _dcp_shards(self) -> list:
+        """The local shards DCP sees: the non-empty ones, in local order (see NOTE [ Empty shards in
+        DCP ])."""
+        return [shard for shard in self.local_shards() if not _is_empty(shard.metadata)]
+
+    def _dcp_writes_whole_empty_tensor(self) -> bool:
+        """Whether this rank records a tensor with no elements (it holds the layout's first shard)."""
+        if math.prod(self.size()) != 0:
+            return False
+        from .utils import _PlacementResolver
+
+        placement = self.metadata().shards_metadata[0].placement
+        if placement is None or not dist.is_initialized():
+            return False
+        owner, _ = _PlacementResolver(self._process_group)(placement)  # worker names too
+        return owner == dist.get_rank()
+
     def __create_write_items__(self, fqn: str, object) -> list:
+        """One ``WriteItem`` per non-empty local shard (one for the whole tensor if it has no elements
+        and this rank holds its first shard)."""
         from torch.distributed.checkpoint.metadata import MetadataIndex
         from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
 
         properties = self._dcp_properties()
+        size = self.size()
+        if self._dcp_writes_whole_empty_tensor():
+            boxes = [([0] * len(size), list(size))]
+        else:
+            boxes = [(s.metadata.shard_offsets, s.metadata.shard_sizes) for s in self._dcp_shards()]
         return [
             WriteItem(
-                index=MetadataIndex(fqn, torch.Size(shard.metadata.shard_offsets)),
+                index=MetadataIndex(fqn, torch.Size(offsets)),
                 type=WriteItemType.SHARD,
                 tensor_data=TensorWriteData(
-                    chunk=_dcp_chunk(shard.metadata), properties=properties, size=self.size()
+                    chunk=_dcp_chunk(offsets, sizes), properties=properties, size=size
                 ),
             )
-            for shard in self.local_shards()
+            for offsets, sizes in boxes
         ]
 
     def __create_chunk_list__(self) -> list:
-        return [_dcp_chunk(shard.metadata) for shard in self.local_shards()]
+        """The chunks a load fills: one per non-empty local shard, in local order."""
+        return [_dcp_chunk(s.metadata.shard_offsets, s.metadata.shard_sizes) for s in self._dcp_shards()]
 
     def __get_tensor_shard__(self, index) -> torch.Tensor:
-        offsets = list(index.offset) if index.offset is not None else None
-        if offsets is None:
-            raise ValueError(f"Cannot lookup {index.fqn} since its a ShardedTensor and no offset was provided")
-        local_shards = self.local_shards()
-        if index.index is not None and index.index < len(local_shards):
-            hinted = local_shards[index.index]
+        """The local tensor DCP writes from or reads into, found by the chunk's offsets (``index.index``
+        is only a hint: DCP sets it to a position in this rank's chunk list on load and in the global
+        chunk list on save)."""
+        if index.offset is None:
+            raise ValueError(
+                f"Cannot lookup {index.fqn} since its a ShardedTensor and no offset was provided"
+            )
+        offsets = list(index.offset)
+        shards = self._dcp_shards()
+        if index.index is not None and 0 <= index.index < len(shards):
+            hinted = shards[index.index]
             if list(hinted.metadata.shard_offsets) == offsets:
                 return hinted.tensor
-        for shard in local_shards:
+        for shard in shards:
             if list(shard.metadata.shard_offsets) == offsets:
                 return shard.tensor
+        if math.prod(self.size()) == 0 and offsets == [0] * len(self.size()):
+            props = self.metadata().tensor_properties
+            local = self.local_shards()
+            device = local[0].tensor.device if local else torch.device("cpu")
+            return torch.empty(self.size(), dtype=props.dtype, device=device)
         raise ValueError(f"Could not find shard at '{index.offset}' for FQN: '{index.fqn}'")
 
     def _dcp_properties(self):

@@ -1,0 +1,171 @@
+"""Checkpoints through torch.distributed.checkpoint: torch_shard vs DTensor vs torch.distributed._shard.
+
+Run with 4 ranks: ``torchrun --standalone --nproc-per-node=4 bench/bench_checkpoint.py`` (or
+``make bench``). Gloo on CPU. One 4096 x 4096 float32 tensor (``--size``), saved in row chunks with
+``dcp.save`` (FileSystemWriter into a temporary directory), then loaded with ``dcp.load`` into row
+chunks (the same layout) and into column chunks:
+
+* torch_shard: ``ShardedTensor`` with ``ChunkShardingSpec(dim=0 / 1)``;
+* DTensor: ``[Shard(0)]`` / ``[Shard(1)]`` on a 1-D mesh;
+* upstream: ``torch.distributed._shard`` ``ShardedTensor`` with its ``ChunkShardingSpec``;
+* the same loads through ``torch_shard.checkpoint.ByteRangeFileSystemReader`` (any library's
+  checkpoint; shown for torch_shard and DTensor).
+
+Times are the max over ranks per iteration, median over --repeats iterations after one warm-up. Bytes
+read are the largest per-rank growth of ``rchar`` in /proc/self/io over one load: what the process
+read through read()-family system calls (checkpoint data, archive headers, the metadata file on the
+coordinator). The files sit in the page cache after the save, so the times are of reading memory and
+deserialising, not of a disk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import warnings
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed._shard import sharded_tensor as up_sharded_tensor
+from torch.distributed._shard.sharding_spec import ChunkShardingSpec as UpChunkShardingSpec
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Shard, zeros as dtensor_zeros
+
+from _timing import timed
+from torch_shard import sharded_tensor
+from torch_shard.checkpoint import ByteRangeFileSystemReader
+from torch_shard.sharding_spec import ChunkShardingSpec
+
+
+def _rchar() -> int:
+    with open("/proc/self/io") as f:
+        for line in f:
+            if line.startswith("rchar:"):
+                return int(line.split()[1])
+    raise RuntimeError("no rchar in /proc/self/io")
+
+
+def _max_over_ranks(value: float) -> float:
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def _bytes_read(fn) -> float:
+    dist.barrier()
+    before = _rchar()
+    fn()
+    return _max_over_ranks(_rchar() - before)
+
+
+def _fill(st, full):
+    for shard in st.local_shards():
+        md = shard.metadata
+        shard.tensor.copy_(full[tuple(slice(o, o + s) for o, s in zip(md.shard_offsets, md.shard_sizes))])
+    return st
+
+
+def _holds(local: torch.Tensor, full: torch.Tensor, offsets) -> bool:
+    return torch.equal(local, full[tuple(slice(o, o + s) for o, s in zip(offsets, local.shape))])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=int, default=4096)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")  # upstream's deprecation notices, one per call
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    n = args.size
+    torch.manual_seed(0)
+    full = torch.rand(n, n)
+    split = -(-n // world)
+
+    placements = [f"rank:{r}/cpu" for r in range(world)]
+    mesh = init_device_mesh("cpu", (world,))
+    ours_rows, ours_cols = ChunkShardingSpec(0, placements), ChunkShardingSpec(1, placements)
+    up_rows, up_cols = UpChunkShardingSpec(0, placements), UpChunkShardingSpec(1, placements)
+    local_rows = full[rank * split : (rank + 1) * split].clone()
+
+    libraries = {
+        "torch_shard": (
+            _fill(sharded_tensor.empty(ours_rows, n, n), full),
+            lambda: sharded_tensor.zeros(ours_rows, n, n),
+            lambda: sharded_tensor.zeros(ours_cols, n, n),
+        ),
+        "DTensor": (
+            DTensor.from_local(local_rows, mesh, [Shard(0)], shape=full.shape, stride=full.stride()),
+            lambda: dtensor_zeros([n, n], device_mesh=mesh, placements=[Shard(0)]),
+            lambda: dtensor_zeros([n, n], device_mesh=mesh, placements=[Shard(1)]),
+        ),
+        "upstream": (
+            _fill(up_sharded_tensor.empty(up_rows, n, n), full),
+            lambda: up_sharded_tensor.zeros(up_rows, n, n),
+            lambda: up_sharded_tensor.zeros(up_cols, n, n),
+        ),
+    }
+    readers = [
+        ("FileSystemReader", dcp.FileSystemReader),
+        ("ByteRangeFileSystemReader", ByteRangeFileSystemReader),
+    ]
+
+    root = [tempfile.mkdtemp(prefix="torch_shard_bench_dcp_") if rank == 0 else None]
+    dist.broadcast_object_list(root, src=0)
+    rows_out = []
+    try:
+        for name, (saved, make_rows, make_cols) in libraries.items():
+            path = f"{root[0]}/{name}"
+            save_ms = 1e3 * timed(lambda: dcp.save({"w": saved}, checkpoint_id=path), args.repeats)
+            for reader_name, reader_cls in readers:
+                if name == "upstream" and reader_cls is not dcp.FileSystemReader:
+                    continue
+                cells = []
+                for make in (make_rows, make_cols):
+                    target = make()
+
+                    def load(target=target):
+                        dcp.load({"w": target}, storage_reader=reader_cls(path))
+
+                    ms = 1e3 * timed(load, args.repeats)
+                    read = _bytes_read(load)
+                    if isinstance(target, DTensor):
+                        ok = _holds(target.to_local(), full, _dtensor_offsets(target, rank, world, n))
+                    else:
+                        shards = target.local_shards()
+                        ok = all(_holds(s.tensor, full, s.metadata.shard_offsets) for s in shards)
+                    if not ok:
+                        raise RuntimeError(f"{name} / {reader_name}: loaded values differ from the saved")
+                    cells.append((ms, read / 2**20))
+                first = reader_cls is dcp.FileSystemReader
+                rows_out.append((name, reader_name, save_ms if first else None, cells))
+    finally:
+        dist.barrier()
+        if rank == 0:
+            shutil.rmtree(root[0], ignore_errors=True)
+
+    if rank == 0:
+        mb = n * n * 4 / 2**20
+        print(f"\ndcp.save / dcp.load of {n} x {n} float32 ({mb:.0f} MB) in row chunks, {world} ranks (gloo)")
+        print("| library | reader | save ms | rows->rows ms | MB read/rank | rows->cols ms | MB read/rank |")
+        print("|---|---|---|---|---|---|---|")
+        for name, reader_name, save_ms, ((rr_ms, rr_mb), (rc_ms, rc_mb)) in rows_out:
+            save = f"{save_ms:.1f}" if save_ms is not None else "-"
+            cells = f"{rr_ms:.1f} | {rr_mb:.1f} | {rc_ms:.1f} | {rc_mb:.1f}"
+            print(f"| {name} | {reader_name} | {save} | {cells} |")
+    dist.destroy_process_group()
+
+
+def _dtensor_offsets(dt, rank: int, world: int, n: int) -> list[int]:
+    split = -(-n // world)
+    dim = dt.placements[0].dim
+    offsets = [0, 0]
+    offsets[dim] = min(rank * split, n)
+    return offsets
+
+
+if __name__ == "__main__":
+    main()

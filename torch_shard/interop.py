@@ -1,0 +1,564 @@
+"""Conversions between torch_shard's ShardedTensor, DTensor and upstream's ShardedTensor.
+
+Each conversion hands the same local tensors to the other library whenever the layouts allow it, so
+nothing is copied and in-place updates through one object are seen through the other:
+
+* :func:`to_dtensor` wraps a ShardedTensor as a ``DTensor`` on a device mesh. When the tensor already
+  has the layout the DTensor placements describe (``Shard(d)`` on a 1-D mesh in rank order is
+  ``ChunkShardingSpec(dim=d)`` over the mesh's ranks in mesh order; on an n-D mesh the matching grid of
+  boxes), each rank's shard becomes the DTensor's local tensor. Otherwise the data is resharded once
+  into that layout first (the argument is left untouched).
+* :func:`from_dtensor` wraps a ``DTensor``'s local tensor as the local shard of a ShardedTensor.
+* :func:`from_upstream` / :func:`to_upstream` rebuild a ``torch.distributed._shard`` ShardedTensor as a
+  torch_shard one and back, over the same local tensors and the same metadata.
+
+NOTE [ DTensor layouts as shard boxes ]
+DTensor splits a dim like ``torch.chunk``: ``ceil(n / k)`` elements per chunk, the trailing chunks
+shorter or empty. Placements apply in mesh-dim order, so ``[Shard(0), Shard(0)]`` on a 2 x 2 mesh
+splits dim 0 in two along mesh dim 0 and each half in two again along mesh dim 1. The box of the rank
+at mesh coordinate ``c`` is therefore a pure function of the global size, the mesh shape and the
+placements, which every rank computes for every coordinate without communicating. ChunkShardingSpec
+uses the same split, so the non-empty boxes agree; empty boxes differ only in where they sit (DTensor
+puts them at the end of the dim, ChunkShardingSpec at ``split * i``), which carries no data, so layouts
+are compared on their non-empty boxes.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d
+
+from .metadata import ShardMetadata
+from .sharded_tensor import Shard, ShardedTensor, init_from_local_shards
+from .sharded_tensor.metadata import ShardedTensorMetadata, TensorProperties
+from .sharded_tensor.utils import _PlacementResolver
+from .sharding_spec import ChunkShardingSpec, EnumerableShardingSpec
+
+__all__ = ["from_dtensor", "from_upstream", "to_dtensor", "to_upstream"]
+
+Box = tuple[list[int], list[int]]  # (offsets, sizes)
+
+
+# ----------------------------------------------------------------------------------------------------
+# DTensor layouts
+
+
+def _chunk(length: int, chunks: int, index: int) -> tuple[int, int]:
+    """(start, size) of chunk ``index`` of ``length`` elements split like ``torch.chunk``."""
+    full = -(-length // chunks)
+    start = full * index
+    size = max(0, min(length, start + full) - start)
+    return min(start, length), size
+
+
+def _is_empty(sizes: Sequence[int]) -> bool:
+    return any(s == 0 for s in sizes)
+
+
+def _normalize_placements(placements, mesh, ndim: int, op: str) -> list:
+    """Placements with non-negative Shard dims; the errors a caller can act on for anything else."""
+    from torch.distributed.tensor import Partial, Replicate, Shard as DShard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    placements = list(placements)
+    if len(placements) != mesh.ndim:
+        raise ValueError(
+            f"torch_shard.interop.{op}: expected one placement per mesh dim ({mesh.ndim}), but got "
+            f"{len(placements)}: {placements}"
+        )
+    out = []
+    for mesh_dim, placement in enumerate(placements):
+        if isinstance(placement, _StridedShard):
+            raise NotImplementedError(
+                f"torch_shard.interop.{op}: {placement} on mesh dim {mesh_dim} is not a box of the "
+                f"tensor (strided shards interleave); redistribute to Shard or Replicate first"
+            )
+        if isinstance(placement, DShard):
+            dim = placement.dim
+            if not -ndim <= dim < ndim:
+                raise IndexError(
+                    f"torch_shard.interop.{op}: Shard(dim={dim}) on mesh dim {mesh_dim} is out of range "
+                    f"for a {ndim}-D tensor"
+                )
+            out.append(DShard(dim % ndim))
+        elif isinstance(placement, Replicate):
+            out.append(placement)
+        elif isinstance(placement, Partial):
+            raise ValueError(
+                f"torch_shard.interop.{op}: expected Shard or Replicate placements, but got {placement} "
+                f"on mesh dim {mesh_dim}: a Partial DTensor holds unreduced values, not the tensor. "
+                f"Call .redistribute(mesh, [...Replicate() or Shard(d)...]) first"
+            )
+        else:
+            raise TypeError(
+                f"torch_shard.interop.{op}: unknown placement {placement!r} on mesh dim {mesh_dim}"
+            )
+    return out
+
+
+def _mesh_layout(size: Sequence[int], mesh, placements) -> list[tuple[int, Box | None]]:
+    """(global rank, box) for every mesh coordinate in row-major order; see NOTE [ DTensor layouts as
+    shard boxes ]. Along a Replicate mesh dim only coordinate 0 owns its box (the others get None)."""
+    from torch.distributed.tensor import Shard as DShard
+
+    mesh_shape = tuple(mesh.mesh.shape)
+    ranks = mesh.mesh.flatten().tolist()
+    layout = []
+    for pos, coord in enumerate(itertools.product(*(range(n) for n in mesh_shape))):
+        offsets, sizes = [0] * len(size), list(size)
+        owner = True
+        for mesh_dim, placement in enumerate(placements):
+            if isinstance(placement, DShard):
+                start, length = _chunk(sizes[placement.dim], mesh_shape[mesh_dim], coord[mesh_dim])
+                offsets[placement.dim] += start
+                sizes[placement.dim] = length
+            elif coord[mesh_dim] != 0:
+                owner = False
+        for d, length in enumerate(sizes):
+            if length == 0:
+                offsets[d] = size[d]
+        layout.append((ranks[pos], (offsets, sizes) if owner else None))
+    return layout
+
+
+def _rank_device(rank: int, device_type: str, known: dict[int, torch.device]) -> str:
+    """The device of ``rank`` for a placement string: one it already uses, else the mesh's convention
+    (``cpu``, or accelerator ``rank % device_count``)."""
+    if rank in known:
+        return str(known[rank])
+    if device_type == "cpu":
+        return "cpu"
+    return f"{device_type}:{rank % torch.get_device_module(device_type).device_count()}"
+
+
+def _mesh_device(mesh) -> torch.device:
+    if mesh.device_type == "cpu":
+        return torch.device("cpu")
+    return torch.device(mesh.device_type, torch.get_device_module(mesh.device_type).current_device())
+
+
+def _contiguous_strides(size: Sequence[int]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for length in reversed(list(size)):
+        strides.append(acc)
+        acc *= max(length, 1)
+    return tuple(reversed(strides))
+
+
+def _require_sharded_tensor(st, op: str) -> None:
+    if not isinstance(st, ShardedTensor):
+        raise TypeError(
+            f"torch_shard.interop.{op}: expected a torch_shard ShardedTensor, but got {type(st).__module__}."
+            f"{type(st).__qualname__}"
+        )
+
+
+def _layout_by_rank(st: ShardedTensor) -> tuple[dict[int, list[Box]], dict[int, torch.device]]:
+    """Non-empty boxes of ``st`` per global rank, and the device each rank's shards are on."""
+    resolve = _PlacementResolver(st._process_group)
+    boxes: dict[int, list[Box]] = {}
+    devices: dict[int, torch.device] = {}
+    for md in st.metadata().shards_metadata:
+        rank, device = resolve(md.placement)
+        devices.setdefault(rank, device)
+        if not _is_empty(md.shard_sizes):
+            boxes.setdefault(rank, []).append((list(md.shard_offsets), list(md.shard_sizes)))
+    return boxes, devices
+
+
+def to_dtensor(st: ShardedTensor, device_mesh, placements: Sequence):
+    """A ``DTensor`` on ``device_mesh`` with ``placements`` holding the values of ``st``.
+
+    Zero-copy when ``st`` already has the layout the placements describe: ``Shard(d)`` on a 1-D mesh is
+    ``ChunkShardingSpec(dim=d)`` placed on the mesh's ranks in mesh order, and on an n-D mesh each rank
+    holds the box its mesh coordinate gets (for example ``[Shard(0), Shard(1)]`` on a 2 x 2 mesh is a
+    2 x 2 grid of blocks). Then each rank's non-empty shard is the DTensor's local tensor (through
+    ``DTensor.from_local``, so the DTensor's ``to_local()`` shares its memory and autograd connects
+    the two); empty shards may sit anywhere. Otherwise a NEW ShardedTensor over the same local shards
+    is resharded into that layout first (one all-to-all over ``st``'s process group; ``st`` itself is
+    not modified), and its shards become the local tensors.
+
+    ``Replicate()`` placements are reached from the sharded layout in which the replicated mesh dims
+    split the tensor's largest dim not already split, followed by ``DTensor.redistribute`` (an
+    all-gather); the result does not share memory with ``st``.
+
+    Args:
+        st (ShardedTensor): the tensor to convert; its devices must be of the mesh's device type.
+        device_mesh (DeviceMesh): the mesh of the result. Its ranks (global ranks) must belong to
+            ``st``'s process group.
+        placements (Sequence[Placement]): one ``Shard(d)`` or ``Replicate()`` per mesh dim.
+
+    Returns:
+        DTensor: with ``st``'s global size and dtype.
+
+    Collective over ``st``'s process group when a reshard or a redistribute is needed (every rank of
+    the group must call it then); decided from the global metadata, identically on every rank. Ranks
+    outside the mesh get a DTensor with an empty local tensor, as ``distribute_tensor`` gives them.
+    """
+    from torch.distributed.tensor import DTensor, Shard as DShard
+
+    _require_sharded_tensor(st, "to_dtensor")
+    size = list(st.size())
+    ndim = len(size)
+    placements = _normalize_placements(placements, device_mesh, ndim, "to_dtensor")
+    current, devices = _layout_by_rank(st)
+    device_types = {device.type for device in devices.values()}
+    if device_types and device_types != {device_mesh.device_type}:
+        raise ValueError(
+            f"torch_shard.interop.to_dtensor: expected shards on '{device_mesh.device_type}' devices (the "
+            f"mesh's device type), but got shards on {sorted(device_types)}"
+        )
+
+    sharded = list(placements)
+    if any(not isinstance(p, DShard) for p in placements):
+        split = {p.dim for p in placements if isinstance(p, DShard)}
+        free = [d for d in range(ndim) if d not in split] or list(range(ndim))
+        fill = max(free, key=lambda d: size[d])
+        sharded = [p if isinstance(p, DShard) else DShard(fill) for p in placements]
+
+    layout = _mesh_layout(size, device_mesh, sharded)
+    target = {rank: box for rank, box in layout}
+    matches = all(
+        current.get(rank, []) == ([box] if not _is_empty(box[1]) else []) for rank, box in layout
+    ) and all(rank in target for rank in current)
+
+    me = dist.get_rank()
+    source = st
+    if not matches:
+        placement = {
+            rank: f"rank:{rank}/{_rank_device(rank, device_mesh.device_type, devices)}" for rank, _ in layout
+        }
+        if device_mesh.ndim == 1:
+            spec = ChunkShardingSpec(dim=sharded[0].dim, placements=[placement[rank] for rank, _ in layout])
+        else:
+            spec = EnumerableShardingSpec(
+                [ShardMetadata(list(box[0]), list(box[1]), placement[rank]) for rank, box in layout]
+            )
+        md = st.metadata()
+        source = ShardedTensor._init_from_local_shards_and_global_metadata(
+            list(st.local_shards()),
+            ShardedTensorMetadata(list(md.shards_metadata), md.size, md.tensor_properties),
+            process_group=st._process_group,
+            sharding_spec=st.sharding_spec(),
+        )
+        source.reshard(spec)
+
+    props = st.metadata().tensor_properties
+    local_shards = [s for s in source.local_shards() if not _is_empty(s.metadata.shard_sizes)]
+    device = local_shards[0].tensor.device if local_shards else _mesh_device(device_mesh)
+    if me in target:
+        box = target[me]
+        if _is_empty(box[1]):
+            local = torch.empty(box[1], dtype=props.dtype, device=device, requires_grad=props.requires_grad)
+        else:
+            (shard,) = local_shards
+            local = shard.tensor
+    else:
+        local = torch.empty(0, dtype=props.dtype, device=device, requires_grad=props.requires_grad)
+    dt = DTensor.from_local(
+        local, device_mesh, sharded, run_check=False, shape=torch.Size(size), stride=_contiguous_strides(size)
+    )
+    if sharded != placements:
+        dt = dt.redistribute(device_mesh, placements)
+    return dt
+
+
+def _default_group_for_mesh(mesh):
+    if mesh.ndim == 1:
+        return mesh.get_group(0)
+    ranks = sorted(mesh.mesh.flatten().tolist())
+    if dist.is_initialized() and ranks == list(range(dist.get_world_size())):
+        return distributed_c10d._get_default_group()
+    raise ValueError(
+        f"torch_shard.interop.from_dtensor: a DTensor on a {mesh.ndim}-D mesh over ranks {ranks} needs "
+        f"process_group=: a process group containing those ranks (the mesh has no single group)"
+    )
+
+
+def from_dtensor(dt, *, process_group=None, run_check: bool = False) -> ShardedTensor:
+    """A ShardedTensor whose local shard is ``dt``'s local tensor (zero-copy).
+
+    ``Shard(d)`` placements on any mesh dim of a 1-D or n-D mesh, uneven sizes included: the rank at
+    mesh coordinate ``c`` holds the box DTensor gives ``c`` (see NOTE [ DTensor layouts as shard
+    boxes ]). On a 1-D mesh with ``Shard(d)`` the result is sharded by
+    ``ChunkShardingSpec(dim=d, placements=<the mesh's ranks in mesh order>)``; otherwise by an
+    ``EnumerableShardingSpec`` of those boxes.
+
+    ``Replicate()`` on a mesh dim: every element is owned exactly once, by the ranks whose coordinate
+    along that mesh dim is 0; the other ranks of the mesh hold no shard of it (their copies are not
+    referenced). ``Partial`` placements raise ValueError (the local tensors are unreduced partial
+    values); ``_StridedShard`` raises NotImplementedError.
+
+    A DTensor whose local tensor is a ``LocalShardsWrapper`` (several shards per rank at arbitrary
+    offsets, as TorchRec builds) converts too: its shards are the local shards, placed by one metadata
+    exchange over the process group (then the call is collective).
+
+    The local shard is the DTensor's own local tensor object (not the view ``to_local()`` returns), so
+    in-place updates through either object are seen by the other; a non-contiguous local tensor is
+    copied (ShardedTensor shards are contiguous). Autograd does not connect the two objects; the shard
+    keeps the local tensor's ``requires_grad``.
+
+    Args:
+        dt (DTensor): the tensor to convert.
+
+    Keyword args:
+        process_group (ProcessGroup, optional): the group of the result. Defaults to the mesh's group
+            for a 1-D mesh, and to the default group for an n-D mesh covering every rank; an n-D mesh
+            over a subset of the ranks needs it. Placements name global ranks, which must belong to it.
+        run_check (bool): exchange a fingerprint of the layout and every rank's verdict over the group
+            (one small all-gather), so a rank whose local tensor does not match its box makes every
+            rank raise. Without it (the default, as ``DTensor.from_local``) nothing is communicated and
+            only the offending rank raises.
+
+    Returns:
+        ShardedTensor: same global size and dtype.
+    """
+    from torch.distributed.tensor import DTensor, Shard as DShard
+    from torch.distributed.tensor._shards_wrapper import LocalShardsWrapper
+
+    if not isinstance(dt, DTensor):
+        raise TypeError(
+            f"torch_shard.interop.from_dtensor: expected a DTensor, but got {type(dt).__module__}."
+            f"{type(dt).__qualname__}"
+        )
+    mesh = dt.device_mesh
+    size = list(dt.shape)
+    placements = _normalize_placements(dt.placements, mesh, len(size), "from_dtensor")
+    pg = process_group if process_group is not None else _default_group_for_mesh(mesh)
+    local = dt._local_tensor
+    me = dist.get_rank()
+
+    if isinstance(local, LocalShardsWrapper):
+        return _from_local_shards_wrapper(local, size, mesh, pg)
+
+    device = local.device
+    known = {me: device}
+    layout = _mesh_layout(size, mesh, placements)
+    properties = TensorProperties(
+        dtype=dt.dtype,
+        layout=torch.strided,
+        requires_grad=local.requires_grad,
+        memory_format=torch.contiguous_format,
+        pin_memory=local.is_pinned(),
+    )
+    spec = None
+    if mesh.ndim == 1 and isinstance(placements[0], DShard):
+        spec = ChunkShardingSpec(
+            dim=placements[0].dim,
+            placements=[f"rank:{rank}/{_rank_device(rank, mesh.device_type, known)}" for rank, _ in layout],
+        )
+        shards_md = spec.build_metadata(torch.Size(size), properties).shards_metadata
+        mine = [md for (rank, _), md in zip(layout, shards_md) if rank == me]
+    else:
+        shards_md, mine = [], []
+        for rank, box in layout:
+            if box is None:
+                continue
+            md = ShardMetadata(box[0], box[1], f"rank:{rank}/{_rank_device(rank, mesh.device_type, known)}")
+            shards_md.append(md)
+            if rank == me:
+                mine.append(md)
+
+    error: BaseException | None = None
+    local_shards = []
+    try:
+        for md in mine:
+            if list(local.shape) != list(md.shard_sizes):
+                raise ValueError(
+                    f"torch_shard.interop.from_dtensor: expected a local tensor of size {md.shard_sizes} "
+                    f"on rank {me} (mesh coordinate {mesh.get_coordinate()}, placements {placements}, "
+                    f"global size {size}), but got {list(local.shape)}"
+                )
+            tensor = local if local.is_contiguous() else local.contiguous()
+            local_shards.append(Shard(tensor, md))
+    except ValueError as exc:
+        error = exc
+    if run_check:
+        from ._agreement import agree, fingerprint
+
+        boxes = [v for md in shards_md for v in (*md.shard_offsets, *md.shard_sizes)]
+        fp = fingerprint(str(dt.dtype), size, boxes, [md.placement.rank() for md in shards_md])
+        rows = agree(pg, device, "torch_shard.interop.from_dtensor", error, [fp])
+        if any(row[0] != fp for row in rows):
+            raise ValueError(
+                "torch_shard.interop.from_dtensor: the ranks of the process group disagree on the "
+                "DTensor's global size, dtype, mesh or placements"
+            )
+    elif error is not None:
+        raise error
+    metadata = ShardedTensorMetadata(shards_md, torch.Size(size), properties)
+    return ShardedTensor._init_from_local_shards_and_global_metadata(
+        local_shards, metadata, process_group=pg, sharding_spec=spec
+    )
+
+
+def _from_local_shards_wrapper(wrapper, size: list[int], mesh, pg) -> ShardedTensor:
+    """ShardedTensor over the shards of a ``LocalShardsWrapper`` (one metadata exchange)."""
+    me = dist.get_rank()
+    shards = []
+    for tensor, offsets in zip(wrapper.local_shards(), wrapper.local_offsets()):
+        tensor = tensor if tensor.is_contiguous() else tensor.contiguous()
+        shards.append(Shard.from_tensor_and_offsets(tensor, list(offsets), me))
+    return init_from_local_shards(shards, *size, process_group=pg)
+
+
+# ----------------------------------------------------------------------------------------------------
+# torch.distributed._shard
+
+
+def _upstream():
+    """Upstream's sharded_tensor, metadata and sharding_spec modules (torch_shard's own when
+    ``torch_shard.compat`` aliases them)."""
+    import importlib
+
+    return (
+        importlib.import_module("torch.distributed._shard.sharded_tensor"),
+        importlib.import_module("torch.distributed._shard.metadata"),
+        importlib.import_module("torch.distributed._shard.sharding_spec"),
+    )
+
+
+def _rebuild(st, target_cls, md_cls, meta_cls, props_cls, shard_cls, make_spec, box_of):
+    """``target_cls._init_from_local_shards_and_global_metadata`` over ``st``'s local tensors, with each
+    ShardMetadata rebuilt as ``md_cls`` (``box_of`` maps a shard's box) and the spec from
+    ``make_spec(converted metadata list, whether any box moved)``."""
+    converted: dict[int, object] = {}
+    moved = False
+
+    def convert(md):
+        nonlocal moved
+        out = converted.get(id(md))
+        if out is None:
+            offsets, sizes = box_of(md)
+            moved = moved or offsets != list(md.shard_offsets)
+            out = md_cls(offsets, sizes, md.placement)
+            converted[id(md)] = out
+        return out
+
+    source = st.metadata()
+    shards_md = [convert(md) for md in source.shards_metadata]
+    props = source.tensor_properties
+    metadata = meta_cls(
+        shards_md,
+        torch.Size(source.size),
+        props_cls(
+            dtype=props.dtype,
+            layout=props.layout,
+            requires_grad=props.requires_grad,
+            memory_format=props.memory_format,
+            pin_memory=props.pin_memory,
+        ),
+    )
+    local = [shard_cls(s.tensor, convert(s.metadata)) for s in st.local_shards()]
+    return target_cls._init_from_local_shards_and_global_metadata(
+        local, metadata, process_group=st._process_group, sharding_spec=make_spec(shards_md, moved)
+    )
+
+
+def _is_chunk_spec(spec) -> bool:
+    return type(spec).__name__ == "ChunkShardingSpec" and hasattr(spec, "dim")
+
+
+def from_upstream(st) -> ShardedTensor:
+    """torch_shard's ShardedTensor over the local tensors and metadata of upstream's
+    (``torch.distributed._shard.sharded_tensor.ShardedTensor``), zero-copy.
+
+    The local shards are the same tensor objects; offsets, sizes, placements, tensor properties, the
+    process group and the sharding spec (chunk or enumerable; otherwise inferred) carry over. No
+    communication.
+
+    A torch_shard ShardedTensor is returned as is. In particular, when ``torch_shard.compat`` has made
+    ``torch.distributed._shard`` an alias of torch_shard, "upstream" tensors are torch_shard's and this
+    is the identity.
+
+    Raises:
+        TypeError: ``st`` is neither.
+    """
+    if isinstance(st, ShardedTensor):
+        return st
+    up_st, _, _ = _upstream()
+    if not isinstance(st, up_st.ShardedTensor):
+        raise TypeError(
+            f"torch_shard.interop.from_upstream: expected a torch.distributed._shard ShardedTensor, but got "
+            f"{type(st).__module__}.{type(st).__qualname__}"
+        )
+    return _rebuild(
+        st,
+        ShardedTensor,
+        ShardMetadata,
+        ShardedTensorMetadata,
+        TensorProperties,
+        Shard,
+        lambda shards_md, moved: _from_upstream_spec(st.sharding_spec(), shards_md),
+        lambda md: (list(md.shard_offsets), list(md.shard_sizes)),
+    )
+
+
+def _from_upstream_spec(spec, shards_md):
+    """torch_shard's version of upstream's spec: chunk specs map to chunk specs; anything else
+    becomes the EnumerableShardingSpec of the layout (upstream keeps its metadata equal to its spec's
+    layout, so that is the same layout)."""
+    if _is_chunk_spec(spec):
+        return ChunkShardingSpec(dim=spec.dim, placements=list(spec.placements))
+    return EnumerableShardingSpec(list(shards_md))
+
+
+def _upstream_box(md, size: Sequence[int]) -> Box:
+    """``md``'s box as upstream's validation accepts it: an empty shard moves to the end of the dim it
+    is empty in (upstream rejects empty shards past the end and flags those inside another shard's
+    range as overlapping). Non-empty shards are unchanged."""
+    offsets, sizes = list(md.shard_offsets), list(md.shard_sizes)
+    if not _is_empty(sizes):
+        return offsets, sizes
+    for d, (length, extent) in enumerate(zip(sizes, size)):
+        if length > extent:
+            raise ValueError(
+                f"torch_shard.interop.to_upstream: the empty shard at offsets {offsets} with sizes {sizes} "
+                f"is larger than the tensor ({list(size)}) along dim {d}; upstream cannot represent it"
+            )
+        offsets[d] = extent if length == 0 else min(offsets[d], extent - length)
+    return offsets, sizes
+
+
+def to_upstream(st: ShardedTensor):
+    """Upstream's ShardedTensor (``torch.distributed._shard.sharded_tensor.ShardedTensor``) over the local
+    tensors and metadata of torch_shard's, zero-copy.
+
+    The local shards are the same tensor objects; sizes, placements, tensor properties, the process
+    group and the offsets of every non-empty shard carry over; a ChunkShardingSpec stays one, any other
+    spec becomes upstream's EnumerableShardingSpec of the layout (upstream builds its metadata from its
+    spec, so this keeps the shard order). Empty shards move to the end of the dim they are empty in,
+    because upstream rejects an empty shard that lies past the end of a dim (ChunkShardingSpec's
+    trailing chunks of a short dim) or inside another shard's range; when one moves, the spec is the
+    EnumerableShardingSpec of the moved layout. No communication.
+
+    When ``torch_shard.compat`` has made ``torch.distributed._shard`` an alias of torch_shard,
+    upstream's class IS torch_shard's and ``st`` is returned as is.
+
+    Raises:
+        TypeError: ``st`` is not a torch_shard ShardedTensor.
+    """
+    _require_sharded_tensor(st, "to_upstream")
+    up_st, up_md, up_spec = _upstream()
+    if up_st.ShardedTensor is ShardedTensor or issubclass(up_st.ShardedTensor, ShardedTensor):
+        return st
+    size = list(st.size())
+    spec = st.sharding_spec()
+    return _rebuild(
+        st,
+        up_st.ShardedTensor,
+        up_md.ShardMetadata,
+        up_st.ShardedTensorMetadata,
+        up_st.TensorProperties,
+        up_st.Shard,
+        lambda shards_md, moved: (
+            up_spec.ChunkShardingSpec(dim=spec.dim, placements=list(spec.placements))
+            if _is_chunk_spec(spec) and not moved
+            else up_spec.EnumerableShardingSpec(list(shards_md))
+        ),
+        lambda md: _upstream_box(md, size),
+    )
