@@ -79,6 +79,8 @@ TORCH_LIBRARY(torch_shard, m) {
   m.def("_share_inputs(Tensor[] parts, int fingerprint, int flags, str group_name) -> Tensor[]");
   // True on every rank iff `value` is true on every rank.
   m.def("_all_ranks_true(bool value, str group_name) -> bool");
+  // Every rank's `value`, in rank order (one agreement round; op kind "compare").
+  m.def("_gather_values(int value, str group_name) -> int[]");
   // Unchecked all-to-all of a flat tensor (counts in elements; rank r receives send_counts[r] from
   // this rank). Internal: counts must come from data every rank agreed on.
   m.def("_all_to_all(Tensor input, int[] send_counts, int[] recv_counts, str group_name) -> Tensor");

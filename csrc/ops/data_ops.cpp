@@ -432,6 +432,23 @@ std::vector<at::Tensor> share_inputs(at::TensorList parts, int64_t fingerprint, 
   return out;
 }
 
+// Every rank's `value`, in rank order (one agreement round, op kind "compare"; a rank that failed
+// locally takes part through _abort("compare", ...)).
+std::vector<int64_t> gather_values(int64_t value, c10::string_view group_name) {
+  auto pg = comm::resolve_group(std::string(group_name), "_gather_values");
+  comm::Moves moves;
+  moves.send.resize(pg->getSize());
+  moves.recv.resize(pg->getSize());
+  std::vector<int64_t> out;
+  comm::exchange(*pg, comm::OpKind::kCompare, Values{value, 0, 0, 0}, nullptr, comm::ErrorCode::kNone,
+                 &moves, [&out](const std::vector<Values>& values, int64_t) {
+                   for (const auto& v : values) {
+                     out.push_back(v[0]);
+                   }
+                 });
+  return out;
+}
+
 // True on every rank iff `value` is true on every rank (one agreement round).
 bool all_ranks_true(bool value, c10::string_view group_name) {
   auto pg = comm::resolve_group(std::string(group_name), "_all_ranks_true");
@@ -520,6 +537,7 @@ TORCH_LIBRARY_IMPL(torch_shard, CompositeImplicitAutograd, m) {
   m.impl("_all_to_all", TORCH_FN(all_to_all));
   m.impl("_share_inputs", TORCH_FN(share_inputs));
   m.impl("_all_ranks_true", TORCH_FN(all_ranks_true));
+  m.impl("_gather_values", TORCH_FN(gather_values));
 }
 
 }  // namespace torch_shard
