@@ -10,7 +10,7 @@ the matching slices of that tensor. A layout is either
   few EMPTY shards anywhere in the box, listed in random order, owned by random ranks (sometimes only
   a subset of the ranks).
 
-Expected layouts are computed here, independently of the library (chunk rule of SPEC §3.1: split =
+Expected layouts are computed here, independently of the library (upstream ChunkShardingSpec's rule: split =
 ceil(dim / n), chunk i at offset split*i with length clamp(dim - split*i, 0, split)); after a reshard
 the metadata must be the target's shards stably sorted by owner rank (upstream's order).
 

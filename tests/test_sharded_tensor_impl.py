@@ -1,7 +1,8 @@
 """The C++ ShardedTensorImpl behind ShardedTensor: type survival, global metadata, clean errors.
 
 These are the risky parts of building ShardedTensor as a storage-less c10::TensorImpl subclass
-(TENSORIMPL_NOTES.md B.7), checked on 4 ranks with real ShardedTensors.
+(detach and _make_subclass keeping the type, storage access, dispatch modes, deepcopy, the one
+setter of local shards), checked on 4 ranks with real ShardedTensors.
 """
 
 import copy
