@@ -31,22 +31,25 @@ namespace comm {
 //
 //   Round 2 (only if some rank's payload did not fit): the senders that did not fit send their
 //   messages with the sizes they declared in round 1; receivers size their buffers from those
-//   declarations, so the sizes on the wire always match. On the CPU (gloo) this is point-to-point,
-//   only between pairs that exchange data: a scatter is one-to-many and a gather many-to-one with no
-//   empty messages, and measured on 4 ranks this beat gloo's all-to-all, scatter and gather for both
-//   patterns. On CUDA (NCCL) it is one all-to-all.
+//   declarations, so the sizes on the wire always match. Each header also says to how many peers
+//   its sender will send in round 2, so every rank knows the total number of messages and picks the
+//   same collective: on the CPU (gloo), point-to-point between the pairs that exchange data when the
+//   pattern is sparse (a scatter is one-to-many, a gather many-to-one: measured on 4 ranks this beat
+//   gloo's all-to-all, scatter and gather), one all-to-all when it is dense (there gloo's all-to-all
+//   won at medium sizes). On CUDA (NCCL) it is always one all-to-all.
 //
 // Measured here (4 gloo ranks, 2 cores): an all-to-all costs the same up to ~16 KiB per peer, about
 // 3x less than an all-gather of the same header, so the slot makes small ops single-round for free.
-constexpr int64_t kHeaderWords = 8;
+constexpr int64_t kHeaderWords = 10;
 constexpr int64_t kHeaderBytes = kHeaderWords * static_cast<int64_t>(sizeof(int64_t));
 constexpr int64_t kSlotBytes = 16384;
 constexpr int64_t kBlockBytes = kHeaderBytes + kSlotBytes;
 
 namespace {
 
-enum HeaderField : int64_t { kOp = 0, kError = 1, kFits = 2, kBytes = 3, kValue0 = 4 };
+enum HeaderField : int64_t { kOp = 0, kError = 1, kFits = 2, kBytes = 3, kPeers = 4, kValue0 = 6 };
 static_assert(kValue0 + kAgreedValues == kHeaderWords, "header layout");
+static_assert(kHeaderBytes % 16 == 0, "slots must stay aligned for every dtype");
 
 const char* error_class_name(ErrorCode code) {
   switch (code) {
@@ -163,6 +166,12 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg,
       }
     }
   }
+  int64_t out_degree = 0;  // peers this rank messages in round 2
+  if (!error && !fits) {
+    for (int64_t p = 0; p < world; ++p) {
+      out_degree += (p != me && moves->send[p].bytes > 0) ? 1 : 0;
+    }
+  }
   at::Tensor send1 = workspace(world * kBlockBytes, device, 0);
   at::Tensor recv1 = workspace(world * kBlockBytes, device, 1);
   {
@@ -175,6 +184,8 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg,
       row[kError] = static_cast<int64_t>(error_code);
       row[kFits] = fits ? 1 : 0;
       row[kBytes] = (error || p == me) ? 0 : moves->send[p].bytes;
+      row[kPeers] = out_degree;
+      row[kPeers + 1] = 0;
       for (int k = 0; k < kAgreedValues; ++k) {
         row[kValue0 + k] = error ? 0 : mine[k];
       }
@@ -245,6 +256,11 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg,
     received += declared[p];
   }
   round2 = round2 || !fits;
+  int64_t messages = 0;  // round-2 messages in the whole group: the same number on every rank
+  for (int64_t r = 0; r < world; ++r) {
+    messages += field(r, kPeers);
+  }
+  const bool point_to_point = device.is_cpu() && messages <= 2 * (world - 1);
   stats.bytes_sent_to_peers += sent;
   stats.bytes_received_from_peers += received;
 
@@ -273,7 +289,7 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg,
         deliver(p, blocks.select(0, p).narrow(0, kHeaderBytes, declared[p]));
       }
     }
-  } else if (device.is_cpu()) {
+  } else if (point_to_point) {
     // Point-to-point between the pairs that still have data to move (senders that did not fit).
     int64_t pack_bytes = 0, stage_bytes = 0;
     for (int64_t p = 0; p < world; ++p) {
@@ -346,7 +362,7 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg,
       }
     }
   } else {
-    // One all-to-all of the messages that did not ride in round 1.
+    // One all-to-all of the messages that did not ride in round 1 (dense patterns, and CUDA).
     std::vector<int64_t> out_splits(world, 0), in_splits(world, 0);
     for (int64_t p = 0; p < world; ++p) {
       if (p == me) {
