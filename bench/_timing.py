@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -11,13 +12,25 @@ import torch.distributed as dist
 
 def timed(fn, repeats: int) -> float:
     """Median over ``repeats`` iterations (after one warm-up) of the slowest rank's time, in seconds."""
-    fn()
-    samples = []
-    for _ in range(repeats):
-        dist.barrier()
-        start = time.perf_counter()
-        fn()
-        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        samples.append(elapsed.item())
-    return statistics.median(samples)
+    return timed_cases({"case": (None, fn)}, repeats)["case"]
+
+
+def timed_cases(cases: dict[str, tuple[Callable | None, Callable]], repeats: int, warmup: int = 1) -> dict[str, float]:
+    """Several cases interleaved (A, B, C, A, B, C, ...), so machine noise hits them alike.
+
+    Each case is ``(setup, fn)``: ``setup`` (may be None) runs untimed before every ``fn``. Returns, per
+    case, the median over ``repeats`` of the slowest rank's time for ``fn``, in seconds.
+    """
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    for i in range(warmup + repeats):
+        for name, (setup, fn) in cases.items():
+            if setup is not None:
+                setup()
+            dist.barrier()
+            start = time.perf_counter()
+            fn()
+            elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+            if i >= warmup:
+                samples[name].append(elapsed.item())
+    return {name: statistics.median(values) for name, values in samples.items()}

@@ -1,16 +1,20 @@
-"""Data paths side by side: torch_shard vs torch.distributed._shard (same wheel) vs raw all-to-all.
+"""Data paths side by side: torch_shard vs torch.distributed._shard (same wheel) vs DTensor vs a raw
+all-to-all floor.
 
 Run with 4 ranks: ``torchrun --standalone --nproc-per-node=4 bench/bench_data_paths.py`` (or
-``make bench``). Gloo on CPU. Cases (4096 x 4096 float32 unless --size says otherwise):
+``make bench``). Gloo on CPU, float32 N x N for each N of --sizes (default 64 512 2048 4096):
 
-* shard: scatter the full tensor from rank 0 into row chunks (``_shard_tensor``).
-* reshard: row chunks -> column chunks (``ShardedTensor.reshard``).
-* floor: ``dist.all_to_all_single`` moving exactly the bytes a row->column reshard moves.
-* gather: row chunks -> the full tensor on rank 0 (``ShardedTensor.gather``).
-* ``--memory``: instead of times, rank 0's peak memory during gather above its starting RSS, as a
-  multiple of the output size (a separate run: it changes malloc settings).
+* scatter from rank 0 into row chunks: upstream ``_shard_tensor``, torch_shard ``_shard_tensor``,
+  DTensor ``distribute_tensor(src_data_rank=0)`` with ``[Shard(0)]``;
+* reshard row chunks -> column chunks: upstream / torch_shard ``reshard``, DTensor ``redistribute``
+  Shard(0) -> Shard(1); the floor is ``dist.all_to_all_single`` of exactly the bytes that move;
+* gather row chunks to rank 0: upstream / torch_shard ``gather``; DTensor has no gather-to-one, its
+  ``full_tensor()`` (every rank gets the tensor) is shown for reference.
 
-Times are the max over ranks per iteration, median over --repeats iterations after one warm-up.
+Variants run interleaved; times are the slowest rank's, median over --repeats after a warm-up. The
+64 x 64 case is also printed in microseconds (small-op latency: fixed per-op costs dominate).
+``--memory``: instead of times, rank 0's peak memory during gather above its starting RSS, as a
+multiple of the output size (a separate run: it changes malloc settings).
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ import torch.distributed._shard.sharding_spec as up_spec
 
 import torch_shard.api as ts_api
 import torch_shard.sharding_spec as ts_spec
-from _timing import timed
+from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+
+from _timing import timed_cases
 
 
 def _fixed_mmap_threshold() -> None:
@@ -91,10 +97,54 @@ def memory_main(n: int) -> None:
         print(f"  upstream {ratios['upstream']:.2f}x   torch_shard {ratios['torch_shard']:.2f}x")
 
 
+def time_size(n: int, repeats: int, mesh) -> dict[str, float]:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    placements = [f"rank:{r}/cpu" for r in range(world)]
+    torch.manual_seed(0)
+    full = torch.rand(n, n)
+    cases = {}
+    tensors = {}
+    for name, api, spec_mod in (("upstream", up_api, up_spec), ("torch_shard", ts_api, ts_spec)):
+        rows = spec_mod.ChunkShardingSpec(dim=0, placements=list(placements))
+        cols = spec_mod.ChunkShardingSpec(dim=1, placements=list(placements))
+        st = api._shard_tensor(full, rows)
+        moving = api._shard_tensor(full, rows)
+        tensors[name] = st
+        out = torch.empty(n, n) if rank == 0 else None
+        cases[f"{name} scatter"] = (None, lambda api=api, rows=rows: api._shard_tensor(full, rows))
+        # Reshard works in place: put the tensor back in rows (untimed), then time rows -> cols.
+        cases[f"{name} reshard"] = (
+            lambda moving=moving, rows=rows: moving.reshard(rows),
+            lambda moving=moving, cols=cols: moving.reshard(cols),
+        )
+        cases[f"{name} gather"] = (None, lambda st=st, out=out: st.gather(0, out))
+    dt_rows = distribute_tensor(full, mesh, [Shard(0)], src_data_rank=0)
+    cases["dtensor scatter"] = (None, lambda: distribute_tensor(full, mesh, [Shard(0)], src_data_rank=0))
+    cases["dtensor reshard"] = (None, lambda: dt_rows.redistribute(mesh, [Shard(1)]))
+    cases["dtensor full_tensor"] = (None, lambda: dt_rows.full_tensor())
+    # The floor: the bytes a row->column reshard moves, with one all_to_all_single into preallocated
+    # buffers (a rank's own block does not cross the wire).
+    chunk = n // world
+    splits = [chunk * chunk] * world
+    splits[rank] = 0
+    send = torch.rand(sum(splits))
+    recv = torch.empty(sum(splits))
+    cases["floor all_to_all"] = (None, lambda: dist.all_to_all_single(recv, send, splits, splits))
+    res = timed_cases(cases, repeats)
+    # Correctness gate: bit-exact gather for both libraries.
+    for name, st in tensors.items():
+        out = torch.empty(n, n) if rank == 0 else None
+        st.gather(0, out)
+        if rank == 0 and not torch.equal(out, full):
+            raise AssertionError(f"{name} gather of {n}x{n} is not bit-exact")
+    return res
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", type=int, default=4096)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[64, 512, 2048, 4096])
+    parser.add_argument("--repeats", type=int, default=0, help="0: 40 for N <= 512, else 7")
+    parser.add_argument("--size", type=int, default=4096, help="tensor size for --memory")
     parser.add_argument(
         "--memory", action="store_true", help="measure rank 0's peak memory during gather instead of time"
     )
@@ -103,60 +153,48 @@ def main() -> None:
         # Set before any large allocation, so every big buffer is its own mapping and freed memory
         # is returned: peak RSS then tracks live memory, with no reuse between the two libraries.
         _fixed_mmap_threshold()
+    torch.set_num_threads(1)
     dist.init_process_group("gloo")
     if args.memory:
         memory_main(args.size)
         dist.destroy_process_group()
         return
     rank, world = dist.get_rank(), dist.get_world_size()
-    n = args.size
-    placements = [f"rank:{r}/cpu" for r in range(world)]
-    torch.manual_seed(0)
-    full = torch.rand(n, n)
-
-    results: dict[str, dict[str, float]] = {}
-    for name, api, spec_mod in (("upstream", up_api, up_spec), ("torch_shard", ts_api, ts_spec)):
-        rows = spec_mod.ChunkShardingSpec(dim=0, placements=list(placements))
-        cols = spec_mod.ChunkShardingSpec(dim=1, placements=list(placements))
-        res = results.setdefault(name, {})
-        res["shard"] = timed(lambda: api._shard_tensor(full, rows), args.repeats)
-        st_rows = api._shard_tensor(full, rows)
-        # Reshard works in place: time it on fresh row-sharded copies made outside the timed region.
-        copies = iter([api._shard_tensor(full, rows) for _ in range(args.repeats + 1)])
-        res["reshard"] = timed(lambda: next(copies).reshard(cols), args.repeats)
-        out = torch.empty(n, n) if rank == 0 else None
-        res["gather"] = timed(lambda: st_rows.gather(0, out), args.repeats)
-        if rank == 0:
-            res["gather_exact"] = float(torch.equal(out, full))
-
-    # The floor: the bytes a row->column reshard moves, with one all_to_all_single.
-    chunk = n // world
-    send = torch.empty(world * chunk * chunk)
-    recv = torch.empty(world * chunk * chunk)
-    splits = [chunk * chunk] * world
-    splits[rank] = 0  # a rank's own block does not cross the wire
-    send_used = send[: sum(splits)]
-    recv_used = recv[: sum(splits)]
-    floor = timed(lambda: dist.all_to_all_single(recv_used, send_used, splits, splits), args.repeats)
-    # A reshard must land in new memory; the same all-to-all into a fresh output shows what first
-    # touching that memory costs on this machine.
-    floor_fresh = timed(
-        lambda: dist.all_to_all_single(torch.empty(sum(splits)), send_used, splits, splits), args.repeats
-    )
-
-    if rank == 0:
-        up, ts = results["upstream"], results["torch_shard"]
-        print(f"torch {torch.__version__}, {world} gloo ranks, {n}x{n} float32, median of {args.repeats}")
-        print(f"{'case':<22} {'upstream':>10} {'torch_shard':>12} {'ratio ts/up':>12}")
-        for case in ("shard", "reshard", "gather"):
-            print(f"{case + ' (ms)':<22} {up[case] * 1e3:>10.1f} {ts[case] * 1e3:>12.1f} {ts[case] / up[case]:>12.2f}")
-        print(f"{'gather exact':<22} {bool(up['gather_exact'])!s:>10} {bool(ts['gather_exact'])!s:>12}")
-        print(f"all_to_all_single of the reshard's bytes (floor): {floor * 1e3:.1f} ms preallocated, "
-              f"{floor_fresh * 1e3:.1f} ms into a fresh output; torch_shard reshard / floor = "
-              f"{ts['reshard'] / floor:.2f} ({ts['reshard'] / floor_fresh:.2f} vs fresh)")
+    mesh = init_device_mesh("cpu", (world,))
+    rows = []
+    for n in args.sizes:
+        repeats = args.repeats or (40 if n <= 512 else 7)
+        rows.append((n, time_size(n, repeats, mesh)))
+    if rank != 0:
+        dist.destroy_process_group()
+        return
+    print(f"torch {torch.__version__}, {world} gloo ranks, float32 N x N, slowest rank, median; ms")
+    header = (f"{'N':>5} | {'scatter up':>10} {'ts':>7} {'dt':>7} {'ts/up':>6} {'ts/dt':>6} | "
+              f"{'reshard up':>10} {'ts':>7} {'dt':>7} {'floor':>7} {'ts/up':>6} {'ts/dt':>6} {'ts/fl':>6} | "
+              f"{'gather up':>9} {'ts':>7} {'ts/up':>6} {'dt full':>8}")
+    print(header)
+    for n, r in rows:
+        def ms(key):
+            return r[key] * 1e3
+        print(f"{n:>5} | {ms('upstream scatter'):>10.2f} {ms('torch_shard scatter'):>7.2f} {ms('dtensor scatter'):>7.2f} "
+              f"{r['torch_shard scatter'] / r['upstream scatter']:>6.2f} {r['torch_shard scatter'] / r['dtensor scatter']:>6.2f} | "
+              f"{ms('upstream reshard'):>10.2f} {ms('torch_shard reshard'):>7.2f} {ms('dtensor reshard'):>7.2f} "
+              f"{ms('floor all_to_all'):>7.2f} {r['torch_shard reshard'] / r['upstream reshard']:>6.2f} "
+              f"{r['torch_shard reshard'] / r['dtensor reshard']:>6.2f} {r['torch_shard reshard'] / r['floor all_to_all']:>6.2f} | "
+              f"{ms('upstream gather'):>9.2f} {ms('torch_shard gather'):>7.2f} "
+              f"{r['torch_shard gather'] / r['upstream gather']:>6.2f} {ms('dtensor full_tensor'):>8.2f}")
+    small = [r for n, r in rows if n == 64]
+    if small:
+        r = small[0]
+        print("\nsmall-op latency, 64 x 64 float32, microseconds per op")
+        print(f"{'op':<10} {'upstream':>10} {'torch_shard':>12} {'ratio':>7}")
+        for op in ("scatter", "reshard", "gather"):
+            up, ts = r[f"upstream {op}"] * 1e6, r[f"torch_shard {op}"] * 1e6
+            print(f"{op:<10} {up:>10.0f} {ts:>12.0f} {ts / up:>7.2f}")
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     main()

@@ -1,8 +1,9 @@
 // The few Python entry points of torch_shard._C (raw CPython API: no pybind11, no ATen).
 //
-// pack_boxes(shards) reads the shard_offsets and shard_sizes lists of N ShardMetadata objects into two
-// int64 buffers in one C pass. Doing this in Python costs about a microsecond per shard, more than
-// validating the layout in C++; see _native.shard_box_tensors.
+// pack_layout(shards) reads N ShardMetadata objects in one C pass: their shard_offsets and shard_sizes
+// into two int64 buffers, and their placements deduplicated (the distinct placement objects, and per
+// shard the index of its own). Doing this in Python costs about a microsecond per shard, more than
+// validating the layout in C++; see torch_shard/_native.py.
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -33,41 +34,95 @@ Py_ssize_t append_ints(PyObject* seq, std::string& out) {
   return n;
 }
 
-// pack_boxes(shards) -> (offsets: bytes, sizes: bytes, ndim: int, first_bad: int)
+// Owns the references taken while packing, so every exit path releases them.
+struct Refs {
+  PyObject* fast = nullptr;
+  PyObject* by_value = nullptr;  // placement -> index (uses the placement's own __eq__/__hash__)
+  PyObject* distinct = nullptr;  // list of distinct placements, in first-seen order
+  PyObject* offsets_name = nullptr;
+  PyObject* sizes_name = nullptr;
+  PyObject* placement_name = nullptr;
+  ~Refs() {
+    Py_XDECREF(fast);
+    Py_XDECREF(by_value);
+    Py_XDECREF(distinct);
+    Py_XDECREF(offsets_name);
+    Py_XDECREF(sizes_name);
+    Py_XDECREF(placement_name);
+  }
+};
+
+// Index of `placement` in refs.distinct (appending it if new); -1 on error.
+int64_t placement_index(Refs& refs, PyObject* placement, PyObject*& last, int64_t& last_index) {
+  if (placement == last) {
+    return last_index;  // consecutive shards usually share one placement object
+  }
+  PyObject* found = PyDict_GetItemWithError(refs.by_value, placement);
+  int64_t index;
+  if (found != nullptr) {
+    index = PyLong_AsLongLong(found);
+  } else if (PyErr_Occurred()) {
+    return -1;  // unhashable placement
+  } else {
+    index = PyList_GET_SIZE(refs.distinct);
+    PyObject* value = PyLong_FromLongLong(index);
+    if (value == nullptr || PyDict_SetItem(refs.by_value, placement, value) < 0 ||
+        PyList_Append(refs.distinct, placement) < 0) {
+      Py_XDECREF(value);
+      return -1;
+    }
+    Py_DECREF(value);
+  }
+  last = placement;
+  last_index = index;
+  return index;
+}
+
+// pack_layout(shards) -> (offsets: bytes, sizes: bytes, ndim: int, first_bad: int, index: bytes,
+//                         placements: list)
 // first_bad is the index of the first shard whose number of dims differs from shard 0's (or whose
-// offsets and sizes differ in length), -1 if none; the buffers are then incomplete.
-PyObject* pack_boxes(PyObject* /*self*/, PyObject* shards) {
-  PyObject* fast = PySequence_Fast(shards, "pack_boxes expects a sequence of ShardMetadata");
-  if (fast == nullptr) {
+// offsets and sizes differ in length), -1 if none; the buffers are then incomplete. index holds one
+// int64 per shard into `placements` (None counts as a placement).
+PyObject* pack_layout(PyObject* /*self*/, PyObject* shards) {
+  Refs refs;
+  refs.fast = PySequence_Fast(shards, "pack_layout expects a sequence of ShardMetadata");
+  if (refs.fast == nullptr) {
     return nullptr;
   }
-  const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
-  PyObject** items = PySequence_Fast_ITEMS(fast);
-  std::string offsets, sizes;
+  refs.by_value = PyDict_New();
+  refs.distinct = PyList_New(0);
+  refs.offsets_name = PyUnicode_InternFromString("shard_offsets");
+  refs.sizes_name = PyUnicode_InternFromString("shard_sizes");
+  refs.placement_name = PyUnicode_InternFromString("placement");
+  if (!refs.by_value || !refs.distinct || !refs.offsets_name || !refs.sizes_name || !refs.placement_name) {
+    return nullptr;
+  }
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(refs.fast);
+  PyObject** items = PySequence_Fast_ITEMS(refs.fast);
+  std::string offsets, sizes, index;
   Py_ssize_t ndim = -1;
   Py_ssize_t first_bad = -1;
-  PyObject* offsets_name = PyUnicode_InternFromString("shard_offsets");
-  PyObject* sizes_name = PyUnicode_InternFromString("shard_sizes");
+  PyObject* last = nullptr;  // borrowed; kept alive by the ShardMetadata that holds it
+  int64_t last_index = -1;
   for (Py_ssize_t i = 0; i < n && first_bad < 0; ++i) {
-    PyObject* off = PyObject_GetAttr(items[i], offsets_name);
-    PyObject* len = off ? PyObject_GetAttr(items[i], sizes_name) : nullptr;
-    if (off == nullptr || len == nullptr) {
+    PyObject* off = PyObject_GetAttr(items[i], refs.offsets_name);
+    PyObject* len = off ? PyObject_GetAttr(items[i], refs.sizes_name) : nullptr;
+    PyObject* where = len ? PyObject_GetAttr(items[i], refs.placement_name) : nullptr;
+    if (where == nullptr) {
       Py_XDECREF(off);
-      Py_DECREF(fast);
-      Py_DECREF(offsets_name);
-      Py_DECREF(sizes_name);
+      Py_XDECREF(len);
       return nullptr;
     }
     const Py_ssize_t a = append_ints(off, offsets);
     const Py_ssize_t b = a < 0 ? -1 : append_ints(len, sizes);
+    const int64_t p = b < 0 ? -1 : placement_index(refs, where, last, last_index);
     Py_DECREF(off);
     Py_DECREF(len);
-    if (a < 0 || b < 0) {
-      Py_DECREF(fast);
-      Py_DECREF(offsets_name);
-      Py_DECREF(sizes_name);
+    Py_DECREF(where);
+    if (a < 0 || b < 0 || p < 0) {
       return nullptr;
     }
+    index.append(reinterpret_cast<const char*>(&p), sizeof(p));
     if (ndim < 0) {
       ndim = b;
     }
@@ -75,17 +130,15 @@ PyObject* pack_boxes(PyObject* /*self*/, PyObject* shards) {
       first_bad = i;
     }
   }
-  Py_DECREF(fast);
-  Py_DECREF(offsets_name);
-  Py_DECREF(sizes_name);
-  return Py_BuildValue("(y#y#nn)", offsets.data(), static_cast<Py_ssize_t>(offsets.size()),
+  return Py_BuildValue("(y#y#nny#O)", offsets.data(), static_cast<Py_ssize_t>(offsets.size()),
                        sizes.data(), static_cast<Py_ssize_t>(sizes.size()), ndim < 0 ? 0 : ndim,
-                       first_bad);
+                       first_bad, index.data(), static_cast<Py_ssize_t>(index.size()), refs.distinct);
 }
 
 PyMethodDef methods[] = {
-    {"pack_boxes", pack_boxes, METH_O,
-     "pack_boxes(shards) -> (offsets bytes, sizes bytes, ndim, first_bad_index)"},
+    {"pack_layout", pack_layout, METH_O,
+     "pack_layout(shards) -> (offsets bytes, sizes bytes, ndim, first_bad_index, placement index "
+     "bytes, distinct placements)"},
     {nullptr, nullptr, 0, nullptr},
 };
 

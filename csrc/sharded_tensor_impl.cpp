@@ -1,12 +1,13 @@
 #include "sharded_tensor_impl.h"
 
+#include <atomic>
+#include <unordered_set>
+
 #include <ATen/core/Tensor.h>
 #include <c10/core/TensorOptions.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/version.h>
-
-#include "layout/box.h"
 
 // The impl overrides TensorImpl virtuals whose set and signatures move between releases; the range
 // below is the one this code is built and reviewed against.
@@ -24,54 +25,146 @@ constexpr const char* kNoStorageMessage =
 c10::DispatchKeySet keys_for(c10::ScalarType dtype, c10::Device device) {
   // Only the backend bit (CPU, CUDA, Meta, ...); the TensorImpl constructor adds the matching
   // Autograd and ADInplaceOrView keys. The Python key arrives when Python wraps the tensor with
-  // _make_subclass (TENSORIMPL_NOTES.md B.6): never set it from C++.
+  // _make_subclass (see NOTE [ ShardedTensorImpl detach ]): it is never set from C++, because the
+  // Python fallback needs a tensor bound to a Python object.
   return c10::DispatchKeySet(c10::computeDispatchKey(dtype, c10::kStrided, device));
+}
+
+int64_t next_version() {
+  static std::atomic<int64_t> counter{0};
+  return ++counter;
 }
 
 }  // namespace
 
+// NOTE [ ShardedTensor state ]
+// The impl is the single source of truth of a ShardedTensor: the layout (boxes, placements, owners)
+// and the local shards live here and nowhere else. Python's metadata() and local_shards() are built
+// from the impl and cached under version(), which changes on every write (reshard, set_local_shards),
+// so a cache can never show a stale state, whichever path (Python method or a direct
+// torch.ops.torch_shard call) wrote it. Python code that assigns `st.local_shards()[i].tensor` goes
+// through set_local_shards. Detached copies (detach(), nn.Parameter(st)) get their own impl sharing
+// the same shard tensors and layout; a later write to one does not change the other, as with
+// upstream's detach, which builds a new ShardedTensor over detached shards.
 ShardedTensorImpl::ShardedTensorImpl(caffe2::TypeMeta dtype,
                                      c10::Device device,
-                                     layout::Dims global_size,
-                                     std::vector<layout::Box> global_shards,
-                                     std::vector<int64_t> shard_ranks,
+                                     std::shared_ptr<const layout::Layout> layout,
                                      std::vector<at::Tensor> local_shards,
                                      std::vector<int64_t> local_shard_indices,
                                      std::string group_name,
+                                     int64_t rank,
                                      bool pin_memory)
     : c10::TensorImpl(keys_for(dtype.toScalarType(), device), dtype, device),
-      global_size_(std::move(global_size)),
-      global_shards_(std::move(global_shards)),
-      shard_ranks_(std::move(shard_ranks)),
+      layout_(std::move(layout)),
       local_shards_(std::move(local_shards)),
       local_shard_indices_(std::move(local_shard_indices)),
       group_name_(std::move(group_name)),
-      pin_memory_(pin_memory) {
+      rank_(rank),
+      pin_memory_(pin_memory),
+      version_(next_version()) {
   // Global sizes with contiguous strides, as DTensor reports; numel/is_contiguous follow from them.
-  c10::TensorImpl::set_sizes_contiguous(global_size_);
+  c10::TensorImpl::set_sizes_contiguous(layout_->global_size());
   release_storage_and_set_meta_custom_data_ptr_error_msg_(std::string(kNoStorageMessage));
 }
 
 void ShardedTensorImpl::copy_sharded_fields_from(const ShardedTensorImpl& src) {
-  global_size_ = src.global_size_;
-  global_shards_ = src.global_shards_;
-  shard_ranks_ = src.shard_ranks_;
+  layout_ = src.layout_;
   local_shards_ = src.local_shards_;
   local_shard_indices_ = src.local_shard_indices_;
   group_name_ = src.group_name_;
+  rank_ = src.rank_;
   pin_memory_ = src.pin_memory_;
+  version_ = next_version();
 }
 
-void ShardedTensorImpl::set_layout(std::vector<layout::Box> global_shards,
-                                   std::vector<int64_t> shard_ranks,
+void ShardedTensorImpl::check_shards_against(const layout::Layout& layout,
+                                             const std::vector<at::Tensor>& tensors,
+                                             const std::vector<int64_t>& indices,
+                                             const char* op) const {
+  TORCH_CHECK_VALUE(tensors.size() == indices.size(), "torch_shard.", op, ": ", tensors.size(),
+                    " local shards but ", indices.size(), " shard indices");
+  const auto dtype = this->dtype().toScalarType();
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    const at::Tensor& t = tensors[k];
+    const int64_t idx = indices[k];
+    TORCH_CHECK_INDEX(idx >= 0 && idx < static_cast<int64_t>(layout.num_shards()), "torch_shard.",
+                      op, ": local shard ", k, " claims shard ", idx, ", but the layout has ",
+                      layout.num_shards(), " shards");
+    TORCH_CHECK_VALUE(t.defined(), "torch_shard.", op, ": local shard ", k, " is undefined");
+    TORCH_CHECK_TYPE(!is_sharded_tensor(t), "torch_shard.", op, ": local shard ", k,
+                     " is itself a ShardedTensor");
+    TORCH_CHECK_TYPE(t.scalar_type() == dtype, "torch_shard.", op, ": local shard ", k,
+                     " has dtype ", t.scalar_type(), ", but the ShardedTensor has dtype ", dtype);
+    const layout::Box& box = layout.box(static_cast<size_t>(idx));
+    TORCH_CHECK_VALUE(t.sizes().vec() == box.sizes, "torch_shard.", op, ": local shard ", k,
+                      " has size ", t.sizes(), ", but shard ", layout::describe_box(box, idx),
+                      " has size ", layout::dims_str(box.sizes));
+    // A placement without a device index ("rank:0/cuda") accepts any device of its type. Tensors
+    // without a group (ShardedTensorBase, e.g. a checkpoint loaded to another device) are not checked.
+    const layout::Placement& placement = layout.placement(static_cast<size_t>(idx));
+    if (!placement.name.empty() && !group_name_.empty()) {
+      const c10::Device want = placement.device;
+      TORCH_CHECK_VALUE(t.device().type() == want.type() && (!want.has_index() || t.device() == want),
+                        "torch_shard.", op, ": local shard ", k, " is on ", t.device(),
+                        ", but its placement '", placement.name, "' puts it on ", want);
+    }
+  }
+}
+
+void ShardedTensorImpl::follow_shard_device() {
+  if (local_shards_.empty()) {
+    return;
+  }
+  const c10::Device device = local_shards_.front().device();
+  if (device_opt_.has_value() && *device_opt_ == device) {
+    return;
+  }
+  const auto old_backend = key_set_.highestBackendKey();
+  const auto new_backend =
+      c10::toBackendComponent(c10::computeDispatchKey(dtype().toScalarType(), c10::kStrided, device));
+  if (old_backend != new_backend) {
+    key_set_ = key_set_.remove_backend(old_backend) | c10::DispatchKeySet(new_backend);
+  }
+  device_opt_ = device;
+}
+
+void ShardedTensorImpl::set_layout(std::shared_ptr<const layout::Layout> layout,
                                    std::vector<at::Tensor> local_shards,
                                    std::vector<int64_t> local_shard_indices) {
-  TORCH_INTERNAL_ASSERT(global_shards.size() == shard_ranks.size());
-  TORCH_INTERNAL_ASSERT(local_shards.size() == local_shard_indices.size());
-  global_shards_ = std::move(global_shards);
-  shard_ranks_ = std::move(shard_ranks);
+  TORCH_INTERNAL_ASSERT(layout && layout->global_size() == layout_->global_size());
+  check_shards_against(*layout, local_shards, local_shard_indices, "reshard");
+  layout_ = std::move(layout);
   local_shards_ = std::move(local_shards);
   local_shard_indices_ = std::move(local_shard_indices);
+  version_ = next_version();
+  follow_shard_device();
+}
+
+void ShardedTensorImpl::set_local_shards(std::vector<at::Tensor> local_shards,
+                                         std::vector<int64_t> local_shard_indices) {
+  check_shards_against(*layout_, local_shards, local_shard_indices, "_set_local_shards");
+  local_shards_ = std::move(local_shards);
+  local_shard_indices_ = std::move(local_shard_indices);
+  version_ = next_version();
+  follow_shard_device();
+}
+
+void ShardedTensorImpl::check_local_shards(const char* op) const {
+  const auto mine = layout_->shards_of(rank_);
+  std::unordered_set<int64_t> expected(mine.begin(), mine.end());
+  std::unordered_set<int64_t> seen;
+  for (int64_t idx : local_shard_indices_) {
+    TORCH_CHECK_VALUE(seen.insert(idx).second, "torch_shard.", op, ": rank ", rank_,
+                      " holds shard ", layout::describe_box(layout_->box(idx), idx),
+                      " more than once among its local shards");
+    TORCH_CHECK_VALUE(expected.count(idx), "torch_shard.", op, ": rank ", rank_, " holds shard ",
+                      layout::describe_box(layout_->box(idx), idx), ", which the metadata places on "
+                      "group rank ", layout_->owner(idx));
+  }
+  for (int64_t idx : mine) {
+    TORCH_CHECK_VALUE(seen.count(idx), "torch_shard.", op, ": rank ", rank_, " has no local tensor for "
+                      "its shard ", layout::describe_box(layout_->box(idx), idx));
+  }
 }
 
 // NOTE [ ShardedTensorImpl detach ]
@@ -82,7 +175,7 @@ void ShardedTensorImpl::set_layout(std::vector<layout::Box> global_shards,
 // to run aten.detach through __torch_dispatch__, which answers with a ShardedTensor. That keeps the
 // Python object, its class and a dispatch mode's view of the call intact, and avoids touching the
 // PyInterpreter API, which changed in torch 2.9 (pytorch/pytorch#158427). Otherwise we build the copy
-// here: same shards (shared, not cloned), same metadata, no Python key (copy_tensor_metadata keeps the
+// here: same shards (shared, not cloned), same layout, no Python key (copy_tensor_metadata keeps the
 // destination's Python bits, and a fresh impl has none).
 template <typename VariableVersion>
 c10::intrusive_ptr<c10::TensorImpl> ShardedTensorImpl::shallow_copy_and_detach_core(
@@ -96,9 +189,9 @@ c10::intrusive_ptr<c10::TensorImpl> ShardedTensorImpl::shallow_copy_and_detach_c
     return c10::TensorImpl::shallow_copy_and_detach(
         std::forward<VariableVersion>(version_counter), allow_tensor_metadata_change);
   }
-  auto impl = c10::make_intrusive<ShardedTensorImpl>(
-      dtype(), device(), global_size_, global_shards_, shard_ranks_, local_shards_,
-      local_shard_indices_, group_name_, pin_memory_);
+  auto impl = c10::make_intrusive<ShardedTensorImpl>(dtype(), device(), layout_, local_shards_,
+                                                     local_shard_indices_, group_name_, rank_,
+                                                     pin_memory_);
   copy_tensor_metadata(
       /*src_impl=*/this,
       /*dest_impl=*/impl.get(),
@@ -159,47 +252,25 @@ ShardedTensorImpl* unsafe_get_sharded_impl(const at::Tensor& tensor, const char*
   return impl;
 }
 
-at::Tensor make_sharded_tensor(std::vector<at::Tensor> local_shards,
+at::Tensor make_sharded_tensor(std::shared_ptr<const layout::Layout> layout,
+                               std::vector<at::Tensor> local_shards,
                                std::vector<int64_t> local_shard_indices,
-                               layout::Dims global_size,
-                               std::vector<layout::Box> global_shards,
-                               std::vector<int64_t> shard_ranks,
                                c10::ScalarType dtype,
-                               c10::Device device,
+                               std::optional<c10::Device> device,
                                bool pin_memory,
-                               std::string group_name) {
-  TORCH_CHECK_VALUE(global_shards.size() == shard_ranks.size(),
-                    "torch_shard._make_sharded: expected one rank per shard, but got ",
-                    shard_ranks.size(), " ranks for ", global_shards.size(), " shards");
-  TORCH_CHECK_VALUE(local_shards.size() == local_shard_indices.size(),
-                    "torch_shard._make_sharded: expected one global shard index per local shard, "
-                    "but got ", local_shard_indices.size(), " indices for ", local_shards.size(),
-                    " local shards");
-  for (int64_t s : global_size) {
-    TORCH_CHECK_VALUE(s >= 0, "torch_shard._make_sharded: negative global size ",
-                      layout::dims_str(global_size));
-  }
-  for (size_t i = 0; i < local_shards.size(); ++i) {
-    const at::Tensor& t = local_shards[i];
-    const int64_t idx = local_shard_indices[i];
-    TORCH_CHECK_INDEX(idx >= 0 && idx < static_cast<int64_t>(global_shards.size()),
-                      "torch_shard._make_sharded: local shard ", i, " claims global shard ", idx,
-                      ", but there are ", global_shards.size(), " shards");
-    TORCH_CHECK_VALUE(t.defined(), "torch_shard._make_sharded: local shard ", i, " is undefined");
-    TORCH_CHECK_TYPE(t.scalar_type() == dtype, "torch_shard._make_sharded: local shard ", i,
-                     " has dtype ", t.scalar_type(), ", but the ShardedTensor has dtype ", dtype);
-    const auto& box = global_shards[idx];
-    TORCH_CHECK_VALUE(t.sizes().vec() == box.sizes, "torch_shard._make_sharded: local shard ", i,
-                      " has size ", t.sizes(), ", but its metadata says ",
-                      layout::dims_str(box.sizes));
-    TORCH_CHECK_VALUE(box.offsets.size() == global_size.size(),
-                      "torch_shard._make_sharded: shard ", idx, " has ", box.offsets.size(),
-                      " dims, but the tensor has ", global_size.size());
-  }
-  return at::detail::make_tensor<ShardedTensorImpl>(
-      caffe2::TypeMeta::fromScalarType(dtype), device, std::move(global_size),
-      std::move(global_shards), std::move(shard_ranks), std::move(local_shards),
-      std::move(local_shard_indices), std::move(group_name), pin_memory);
+                               std::string group_name,
+                               int64_t rank) {
+  TORCH_INTERNAL_ASSERT(layout);
+  const c10::Device where = !local_shards.empty() && local_shards.front().defined()
+                                ? local_shards.front().device()
+                                : device.value_or(c10::Device(c10::kCPU));
+  auto tensor = at::detail::make_tensor<ShardedTensorImpl>(
+      caffe2::TypeMeta::fromScalarType(dtype), where, std::move(layout), std::vector<at::Tensor>{},
+      std::vector<int64_t>{}, std::move(group_name), rank, pin_memory);
+  // Through the setter, so construction checks exactly what a later write would.
+  static_cast<ShardedTensorImpl*>(tensor.unsafeGetTensorImpl())
+      ->set_local_shards(std::move(local_shards), std::move(local_shard_indices));
+  return tensor;
 }
 
 }  // namespace torch_shard

@@ -1,19 +1,22 @@
 // ShardedTensorImpl: the storage-less c10::TensorImpl behind torch_shard.ShardedTensor.
 //
 // It reports the GLOBAL tensor (sizes, contiguous strides, dtype) to everything that reads TensorImpl
-// fields, owns no storage, and holds what C++ kernels need to work without Python: the global shard
-// boxes and their owners (as ranks in the tensor's process group; -1 for none), this rank's local
-// shard tensors (with the index of the global shard each one is), and the process group by name. Python objects (specs, ProcessGroup handles) are never
-// stored here; see TENSORIMPL_NOTES.md B.4 and B.6.
+// fields, owns no storage, and is the only store of what a ShardedTensor is: its layout (every
+// shard's box and placement, shared and immutable, see layout/layout.h), this rank's local shard
+// tensors with the index of the layout shard each one is, the process group by name and this rank's
+// rank in it. Python objects (specs, ProcessGroup handles) are never stored here: Python reads the
+// metadata and local shards it shows users from this impl, and writes local shards through one
+// setter (set_local_shards). See NOTE [ ShardedTensor state ] in sharded_tensor_impl.cpp.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <ATen/Tensor.h>
 #include <c10/core/TensorImpl.h>
 
-#include "layout/box.h"
+#include "layout/layout.h"
 
 namespace torch_shard {
 
@@ -21,28 +24,40 @@ class ShardedTensorImpl : public c10::TensorImpl {
  public:
   ShardedTensorImpl(caffe2::TypeMeta dtype,
                     c10::Device device,
-                    layout::Dims global_size,
-                    std::vector<layout::Box> global_shards,
-                    std::vector<int64_t> shard_ranks,
+                    std::shared_ptr<const layout::Layout> layout,
                     std::vector<at::Tensor> local_shards,
                     std::vector<int64_t> local_shard_indices,
                     std::string group_name,
+                    int64_t rank,
                     bool pin_memory);
 
-  const layout::Dims& global_size() const { return global_size_; }
-  const std::vector<layout::Box>& global_shards() const { return global_shards_; }
-  const std::vector<int64_t>& shard_ranks() const { return shard_ranks_; }
+  const std::shared_ptr<const layout::Layout>& layout() const { return layout_; }
+  const layout::Dims& global_size() const { return layout_->global_size(); }
   const std::vector<at::Tensor>& local_shards() const { return local_shards_; }
   const std::vector<int64_t>& local_shard_indices() const { return local_shard_indices_; }
   const std::string& group_name() const { return group_name_; }
+  // This process's rank in the group (-1 when the tensor has no group).
+  int64_t rank() const { return rank_; }
   bool pin_memory() const { return pin_memory_; }
+  // Changes whenever the layout or a local shard does; unique across impls, so Python can cache
+  // what it derives from the impl under this stamp.
+  int64_t version() const { return version_; }
 
-  // Replaces the shard layout and local shards (reshard works in place). The global size and dtype
-  // stay; the caller guarantees `local_shards` match `global_shards` at `local_shard_indices`.
-  void set_layout(std::vector<layout::Box> global_shards,
-                  std::vector<int64_t> shard_ranks,
+  // Replaces the layout and the local shards together (reshard). `local_shards` are checked against
+  // the layout; the global size and dtype never change.
+  void set_layout(std::shared_ptr<const layout::Layout> layout,
                   std::vector<at::Tensor> local_shards,
                   std::vector<int64_t> local_shard_indices);
+
+  // The one setter of local shards: replaces them under the current layout. Each tensor must have its
+  // shard's size, the tensor's dtype and its placement's device. The list may differ from the shards
+  // the layout assigns to this rank (Python code may hold any list); data ops check that before they
+  // move anything (check_local_shards).
+  void set_local_shards(std::vector<at::Tensor> local_shards, std::vector<int64_t> local_shard_indices);
+
+  // ValueError (naming `op`) unless the local shards are exactly this rank's shards of the layout,
+  // each once.
+  void check_local_shards(const char* op) const;
 
   // See NOTE [ ShardedTensorImpl detach ] in sharded_tensor_impl.cpp.
   c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
@@ -68,14 +83,20 @@ class ShardedTensorImpl : public c10::TensorImpl {
       bool allow_tensor_metadata_change) const;
 
   void copy_sharded_fields_from(const ShardedTensorImpl& src);
+  void check_shards_against(const layout::Layout& layout,
+                            const std::vector<at::Tensor>& tensors,
+                            const std::vector<int64_t>& indices,
+                            const char* op) const;
+  // Moves the impl's device (and its backend dispatch key) to where its local shards live.
+  void follow_shard_device();
 
-  layout::Dims global_size_;
-  std::vector<layout::Box> global_shards_;
-  std::vector<int64_t> shard_ranks_;
+  std::shared_ptr<const layout::Layout> layout_;
   std::vector<at::Tensor> local_shards_;
   std::vector<int64_t> local_shard_indices_;
   std::string group_name_;
+  int64_t rank_ = -1;
   bool pin_memory_ = false;
+  int64_t version_ = 0;
 };
 
 bool is_sharded_tensor(const at::Tensor& tensor);
@@ -83,16 +104,15 @@ bool is_sharded_tensor(const at::Tensor& tensor);
 // The impl of `tensor`; TypeError naming `op` when it is not a ShardedTensor.
 ShardedTensorImpl* unsafe_get_sharded_impl(const at::Tensor& tensor, const char* op);
 
-// Builds a ShardedTensor (as a plain at::Tensor whose impl is a ShardedTensorImpl) after checking that
-// the local shards agree with the global metadata. Python wraps the result with _make_subclass.
-at::Tensor make_sharded_tensor(std::vector<at::Tensor> local_shards,
+// Builds a ShardedTensor (a plain at::Tensor whose impl is a ShardedTensorImpl) after checking the
+// local shards against the layout. Python wraps the result with _make_subclass.
+at::Tensor make_sharded_tensor(std::shared_ptr<const layout::Layout> layout,
+                               std::vector<at::Tensor> local_shards,
                                std::vector<int64_t> local_shard_indices,
-                               layout::Dims global_size,
-                               std::vector<layout::Box> global_shards,
-                               std::vector<int64_t> shard_ranks,
                                c10::ScalarType dtype,
-                               c10::Device device,
+                               std::optional<c10::Device> device,
                                bool pin_memory,
-                               std::string group_name);
+                               std::string group_name,
+                               int64_t rank);
 
 }  // namespace torch_shard

@@ -9,55 +9,81 @@
 
 #include <torch/library.h>
 
+// A layout travels as one argument group, the same in every schema that takes one (see
+// csrc/ops/layout_args.h):
+//   int? chunk_dim, Tensor? shard_offsets, Tensor? shard_sizes, Tensor? placement_index,
+//   str[] placements, int[] placement_owners
+// chunk_dim: ChunkShardingSpec's split along that dim, chunk i on placements[i]; otherwise (N, ndim)
+// int64 offsets and sizes, and the placement of each shard. Owners are ranks of the op's group.
 TORCH_LIBRARY(torch_shard, m) {
   // --- layout math (pure; see csrc/layout/) ---
   // Offsets and lengths, along the sharded dim, of `num_chunks` torch.chunk-style chunks.
   m.def("chunk_layout(int dim_size, int num_chunks) -> (int[], int[])");
-  // Shards are given as two int64 CPU tensors of shape (N, ndim): offsets and sizes (see
-  // csrc/ops/box_args.h). Raises ValueError for overlap and, with global_size, for shards outside the
-  // tensor and uncovered elements.
+  // Length of chunk `index` when `dim_size` is cut into pieces of `split_size`.
+  m.def("chunked_dim_size(int dim_size, int split_size, int index) -> int");
+  // ChunkShardingSpec's N-D boxes: (N, ndim) offsets and sizes of `global_size` split along `dim`.
+  m.def("chunk_boxes(int[] global_size, int dim, int num_chunks) -> (Tensor, Tensor)");
+  // Shards are given as two int64 CPU tensors of shape (N, ndim): offsets and sizes. Raises ValueError
+  // for overlap, int64 overflow and, with global_size, for shards outside the tensor and gaps.
   m.def("validate_shards(Tensor shard_offsets, Tensor shard_sizes, int[]? global_size=None) -> ()");
   // [i, j] (i < j) for an overlapping pair of non-empty shards, or [] if none overlap.
   m.def("_find_overlap(Tensor shard_offsets, Tensor shard_sizes) -> int[]");
 
-  // --- ShardedTensorImpl construction and accessors (see csrc/sharded_tensor_impl.h) ---
+  // --- ShardedTensorImpl construction, accessors and the one setter (csrc/sharded_tensor_impl.h) ---
+  // `rank` and `world` are this process's rank in group `group_name` and its size ("" and -1/-1 for a
+  // tensor without a group, whose owners are then global ranks). `device`: where the impl says it
+  // lives when this rank holds no shard (None: the group's communication device).
   m.def(
-      "_make_sharded(Tensor[] local_shards, int[] local_shard_indices, int[] global_size, "
-      "Tensor shard_offsets, Tensor shard_sizes, int[] shard_ranks, ScalarType dtype, "
-      "Device device, bool pin_memory, str group_name) -> Tensor");
+      "_make_sharded(Tensor[] local_shards, int[] local_shard_indices, int[] global_size, int? chunk_dim, "
+      "Tensor? shard_offsets, Tensor? shard_sizes, Tensor? placement_index, str[] placements, "
+      "int[] placement_owners, ScalarType dtype, Device? device, bool pin_memory, str group_name, "
+      "int rank, int world, bool validate=True) -> Tensor");
   m.def("is_sharded(Tensor self) -> bool");
   m.def("_local_shards(Tensor self) -> Tensor[]");
   m.def("_local_shard_indices(Tensor self) -> int[]");
-  // (offsets, sizes, ranks) of every global shard; offsets and sizes as (N, ndim) int64 tensors.
-  m.def("_shard_layout(Tensor self) -> (Tensor, Tensor, int[])");
+  // A stamp that changes whenever the layout or a local shard does.
+  m.def("_version(Tensor self) -> int");
+  // (version, local shards, their indices in the layout, pin_memory, layout fingerprint): what Python
+  // caches, in one call.
+  m.def("_state(Tensor self) -> (int, Tensor[], int[], bool, int)");
+  // (offsets, sizes, placement_index, placements, placement_owners, chunk_dim) of the layout.
+  m.def("_layout(Tensor self) -> (Tensor, Tensor, Tensor, str[], int[], int?)");
   m.def("_group_name(Tensor self) -> str");
-  // Replace the local shards (same global layout): keeps the impl in step when Python code swaps
-  // the tensors of `local_shards()` in place.
+  // The one setter of local shards (same layout); checks each tensor against its shard.
   m.def("_set_local_shards(Tensor(a!) self, Tensor[] local_shards, int[] local_shard_indices) -> ()");
 
-  // --- data movement over the process group `group_name` (see csrc/comm/) ---
-  // Ranks are ranks of that group. Layouts are (N, ndim) offset/size tensors plus the owner of each
-  // shard; `out_shards` are this rank's preallocated target shards, `out_indices` their positions.
-  // Scatter `tensor` (read on rank `src` only) into the target layout.
+  // --- data movement over the tensor's process group (csrc/ops/data_ops.cpp) ---
+  // Every data op agrees first (one small all-to-all that also carries small payloads), so bad or
+  // mismatched arguments raise on every rank. Ranks are ranks of the group.
+  // Scatter `tensor` (read on rank `src` only) into the given layout; returns the new ShardedTensor.
   m.def(
-      "shard(Tensor? tensor, int src, int[] global_size, Tensor(a!)[] out_shards, int[] out_indices, "
-      "Tensor shard_offsets, Tensor shard_sizes, int[] shard_owners, ScalarType dtype, "
-      "Device device, str group_name) -> ()");
+      "shard(Tensor? tensor, int src, int[] global_size, ScalarType dtype, int? chunk_dim, "
+      "Tensor? shard_offsets, Tensor? shard_sizes, Tensor? placement_index, str[] placements, "
+      "int[] placement_owners, bool requires_grad, str group_name) -> Tensor");
   // Assemble the whole tensor into `out` on rank `dst` (None elsewhere); exact sizes on the wire.
-  m.def("gather(Tensor self, int dst, Tensor(a!)? out, str group_name) -> ()");
-  // Move `self` to a new layout in one all-to-all of the elements that change owner; `self` then
-  // holds `out_shards` under the new layout.
+  m.def("gather(Tensor self, int dst, Tensor(a!)? out) -> ()");
+  // Move `self` to the given layout, in place, moving only the elements that change owner.
   m.def(
-      "reshard(Tensor(a!) self, Tensor(b!)[] out_shards, int[] out_indices, Tensor shard_offsets, "
-      "Tensor shard_sizes, int[] shard_owners, str group_name) -> ()");
-  // All ranks' `values` (same length everywhere), rank-major: agreement checks before data moves.
-  m.def("_exchange_header(int[] values, str group_name, Device device) -> int[]");
-  // Generic exchanges for sharded compute (embedding ops). Flat 1-D tensors; counts in elements.
-  // Rank r receives send_counts[r] elements from this rank; recv_counts[p] must equal what rank p
-  // sends here (both sides compute them from shared metadata).
+      "reshard(Tensor(a!) self, int? chunk_dim, Tensor? shard_offsets, Tensor? shard_sizes, "
+      "Tensor? placement_index, str[] placements, int[] placement_owners) -> ()");
+  // For a rank whose Python-side preparation of data op `op` failed with an `error_class` exception:
+  // takes part in that op's agreement so every other rank raises too. Returns on this rank.
+  m.def("_abort(str op, str error_class, str group_name) -> ()");
+  // The agreement of `shard` alone (src rank, size, dtype, a fingerprint of the spec), for scatters by
+  // specs that shard themselves (their shard() runs after it).
+  m.def(
+      "_agree_shard(int src, int[] global_size, ScalarType dtype, int spec_fingerprint, "
+      "str group_name) -> ()");
+  // Every rank's `parts` (1-D tensors, same count and dtypes everywhere, any lengths) on every rank,
+  // rank-major, after agreeing on `fingerprint` and `flags`. See NOTE [ Shared inputs ].
+  m.def("_share_inputs(Tensor[] parts, int fingerprint, int flags, str group_name) -> Tensor[]");
+  // True on every rank iff `value` is true on every rank.
+  m.def("_all_ranks_true(bool value, str group_name) -> bool");
+  // Every rank's `value`, in rank order (one agreement round; op kind "compare").
+  m.def("_gather_values(int value, str group_name) -> int[]");
+  // Unchecked all-to-all of a flat tensor (counts in elements; rank r receives send_counts[r] from
+  // this rank). Internal: counts must come from data every rank agreed on.
   m.def("_all_to_all(Tensor input, int[] send_counts, int[] recv_counts, str group_name) -> Tensor");
-  // Every rank's `input` (any length along dim 0, same trailing dims and dtype), in rank order.
-  m.def("_all_gather_varlen(Tensor input, str group_name) -> Tensor[]");
   // Row-wise sharded embedding_bag (csrc/ops/embedding_ops.cpp): pool, per bag, the rows of `weight`
   // (global rows row_start..) that a requester's bags use; mode "sum" or "max". Returns the pooled
   // [num_bags, dim] (0 / -inf where the shard holds none of a bag's ids) and, for max, the winning
@@ -70,8 +96,10 @@ TORCH_LIBRARY(torch_shard, m) {
       "_embedding_bag_partial_backward(Tensor grad, Tensor ids, Tensor offsets, "
       "Tensor? per_sample_weights, Tensor argmax, int row_start, int rows, str mode, "
       "int padding_idx) -> Tensor");
-  // [bytes sent to other ranks, bytes received from other ranks, collectives] since the last reset.
+  // [bytes sent to other ranks, bytes received from other ranks, communication rounds, plan cache
+  // hits, plan cache misses, data ops done in a single round] since the last reset.
   m.def("_comm_stats(bool reset=False) -> int[]");
+  m.def("_clear_plan_cache() -> ()");
 }
 
 PyMethodDef* torch_shard_python_methods();  // csrc/bindings.cpp

@@ -1,7 +1,8 @@
 """The C++ ShardedTensorImpl behind ShardedTensor: type survival, global metadata, clean errors.
 
 These are the risky parts of building ShardedTensor as a storage-less c10::TensorImpl subclass
-(TENSORIMPL_NOTES.md B.7), checked on 4 ranks with real ShardedTensors.
+(detach and _make_subclass keeping the type, storage access, dispatch modes, deepcopy, the one
+setter of local shards), checked on 4 ranks with real ShardedTensors.
 """
 
 import copy
@@ -43,11 +44,13 @@ class TestShardedTensorImpl(ShardedTensorTestBase):
         st = sharded_tensor.rand(_row_spec(8), 16, 5)
         self.assertTrue(_ops.is_sharded(st))
         self.assertFalse(_ops.is_sharded(torch.zeros(2)))
-        offsets, sizes, ranks = _ops._shard_layout(st)
+        offsets, sizes, index, placements, owners, chunk_dim = _ops._layout(st)
         md = st.metadata().shards_metadata
         self.assertEqual(offsets.tolist(), [s.shard_offsets for s in md])
         self.assertEqual(sizes.tolist(), [s.shard_sizes for s in md])
-        self.assertEqual(ranks, [s.placement.rank() for s in md])
+        self.assertEqual([placements[i] for i in index.tolist()], [str(s.placement) for s in md])
+        self.assertEqual([owners[i] for i in index.tolist()], [s.placement.rank() for s in md])
+        self.assertEqual(chunk_dim, 0)
         # The C++ local shards are the very tensors the Python Shards hold.
         cpp_locals = _ops._local_shards(st)
         self.assertEqual(len(cpp_locals), 2)
@@ -195,39 +198,75 @@ class TestPythonEditsReachCpp(ShardedTensorTestBase):
         self.assertEqual(st.local_tensor(), torch.arange(1, 5).repeat_interleave(2).float().unsqueeze(1))
 
     @with_comms(init_rpc=False)
-    def test_swapped_shard_of_wrong_size_is_rejected_on_every_rank(self):
+    def test_swapped_shard_of_wrong_size_is_rejected_at_assignment(self):
+        # The one setter checks the new tensor against its shard: a ShardedTensor never holds a shard
+        # of the wrong size, dtype or device, so the rank that tried raises at once and its tensor is
+        # unchanged (gather still works on every rank).
         st = sharded_tensor.zeros(_row_spec(), 8, 4)
-        if self.rank == 2:
-            st.local_shards()[0].tensor = torch.zeros(3, 4)
-        out = torch.zeros(8, 4) if self.rank == 0 else None
-        with self.assertRaises(ValueError):
-            st.gather(0, out)
+        shard = st.local_shards()[0]
+        with self.assertRaisesRegex(ValueError, "Shard tensor size does not match"):
+            shard.tensor = torch.zeros(3, 4)
+        with self.assertRaisesRegex(TypeError, "dtype"):
+            shard.tensor = torch.zeros(2, 4, dtype=torch.int32)
+        with self.assertRaisesRegex(AttributeError, "read-only"):
+            shard.metadata = shard.metadata
+        self.assertEqual(st.local_tensor().shape, torch.Size([2, 4]))
+        out = torch.ones(8, 4) if self.rank == 0 else None
+        st.gather(0, out)
+        if self.rank == 0:
+            self.assertEqual(out, torch.zeros(8, 4))
+
+    @with_comms(init_rpc=False)
+    def test_stale_shard_cannot_write_after_reshard(self):
+        st = sharded_tensor.zeros(_row_spec(), 8, 4)
+        stale = st.local_shards()[0]
+        st.reshard(ChunkShardingSpec(dim=1, placements=[placement(r) for r in range(4)]))
+        with self.assertRaisesRegex(RuntimeError, "call local_shards\\(\\) again"):
+            stale.tensor = torch.ones(2, 4)
+        self.assertEqual(st.local_tensor(), torch.zeros(8, 1))
 
 
 class TestShardedTensorErrorsNoComms(TestCase):
     def test_make_sharded_checks_local_shards(self):
+        def make(tensors, indices, dtype=torch.float32):
+            # Two 2x2 row shards of a 4x2 tensor, no process group (owners are global ranks).
+            return _ops._make_sharded(
+                tensors, indices, [4, 2], None, *_boxes([[0, 0], [2, 0]], [[2, 2], [2, 2]]), None,
+                ["rank:0/cpu", "rank:1/cpu"], [0, 1], dtype, None, False, "", -1, -1,
+            )
+
         with self.assertRaisesRegex(ValueError, "has size"):
-            _ops._make_sharded(
-                [torch.zeros(3, 2)], [0], [4, 2], *_boxes([[0, 0], [2, 0]], [[2, 2], [2, 2]]), [0, 1],
-                torch.float32, torch.device("cpu"), False, "",
-            )
+            make([torch.zeros(3, 2)], [0])
         with self.assertRaisesRegex(TypeError, "dtype"):
-            _ops._make_sharded(
-                [torch.zeros(2, 2, dtype=torch.int32)], [0], [4, 2], *_boxes([[0, 0], [2, 0]], [[2, 2], [2, 2]]), [0, 1],
-                torch.float32, torch.device("cpu"), False, "",
+            make([torch.zeros(2, 2, dtype=torch.int32)], [0])
+        with self.assertRaisesRegex(IndexError, "claims shard 5"):
+            make([torch.zeros(2, 2)], [5])
+        self.assertTrue(_ops.is_sharded(make([torch.zeros(2, 2)], [0])))
+
+    def test_make_sharded_checks_the_layout(self):
+        # A layout that does not tile the tensor, overlaps, or overflows int64 is refused.
+        def make(offsets, sizes, global_size=(4, 2)):
+            return _ops._make_sharded(
+                [], [], list(global_size), None, *_boxes(offsets, sizes),
+                torch.zeros(len(offsets), dtype=torch.int64), ["rank:0/cpu"], [0],
+                torch.float32, None, False, "", -1, -1,
             )
-        with self.assertRaisesRegex(IndexError, "claims global shard 5"):
-            _ops._make_sharded(
-                [torch.zeros(2, 2)], [5], [4, 2], *_boxes([[0, 0], [2, 0]], [[2, 2], [2, 2]]), [0, 1],
-                torch.float32, torch.device("cpu"), False, "",
-            )
+
+        with self.assertRaisesRegex(ValueError, "does not match tensor volume"):
+            make([[0, 0]], [[2, 2]])
+        with self.assertRaisesRegex(ValueError, "overlap"):
+            make([[0, 0], [1, 0]], [[2, 2], [3, 2]])
+        with self.assertRaisesRegex(ValueError, "overflows int64"):
+            make([[2**63 - 1, 0]], [[2, 1]], (2**62, 1))
+        with self.assertRaisesRegex(ValueError, "more elements than int64"):
+            make([[0, 0]], [[2**62, 2]], (2**62, 2))
 
     def test_accessors_reject_dense_tensors(self):
         with self.assertRaisesRegex(TypeError, "expected a ShardedTensor"):
             _ops._local_shards(torch.zeros(3))
 
     def test_ops_are_registered_with_schemas(self):
-        for name in ("chunk_layout", "validate_shards", "_make_sharded", "_local_shards", "_shard_layout"):
+        for name in ("chunk_layout", "chunk_boxes", "validate_shards", "_make_sharded", "_local_shards", "_layout", "_state"):
             packet = getattr(torch.ops.torch_shard, name)
             self.assertTrue(str(packet.default._schema).startswith(f"torch_shard::{name}("))
         self.assertEqual(torch_shard.__version__, "0.1.0")

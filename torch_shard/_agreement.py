@@ -1,9 +1,7 @@
-"""Agree before moving data: one tiny all-gather tells every rank every other rank's verdict.
+"""Helpers for the Python-side agreements that remain: error codes for init_from_local_shards'
+metadata exchange and content fingerprints of specs that shard themselves.
 
-A data op that raises on one rank while the others enter a collective hangs the group. So each data
-op first exchanges a few int64s: whether this rank's arguments failed their local checks (and with
-which exception class), plus values every rank must agree on (src rank, layout fingerprints, ...).
-Then all ranks raise together, or all go ahead.
+The data ops agree in C++ (see NOTE [ Agreed exchange ] in csrc/comm/exchange.cpp).
 """
 
 from __future__ import annotations
@@ -11,9 +9,6 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
-import torch
-
-from . import _C  # noqa: F401
 
 _ERROR_CLASSES: list[type[BaseException]] = [
     ValueError,
@@ -53,31 +48,3 @@ def fingerprint(*parts: bytes | str | int | Sequence[int]) -> int:
             digest.update(b"[" + b",".join(str(int(v)).encode() for v in part) + b"]")
         digest.update(b"|")
     return int.from_bytes(digest.digest(), "little", signed=True)
-
-
-def agree(
-    process_group,
-    device: torch.device,
-    op: str,
-    error: BaseException | None,
-    values: Sequence[int] = (),
-) -> list[list[int]]:
-    """Exchange (error status, *values) with every rank of ``process_group``; raise on all ranks if
-    any rank reported an error. Returns every rank's ``values`` (rank-major) for the caller to compare.
-
-    The rank whose checks failed raises its own exception; the others raise the same exception class
-    naming that rank.
-    """
-    row = [_error_code(error), *[int(v) for v in values]]
-    flat = torch.ops.torch_shard._exchange_header(row, process_group.group_name, device)
-    width = len(row)
-    rows = [list(flat[r * width : (r + 1) * width]) for r in range(len(flat) // width)]
-    if error is not None:
-        raise error
-    for rank, other in enumerate(rows):
-        if other[0] != 0:
-            raise _error_class(other[0])(
-                f"{op}: rank {rank} of the process group rejected its arguments; every rank stops "
-                f"here instead of waiting for it (see the error raised on rank {rank})"
-            )
-    return [other[1:] for other in rows]

@@ -1,21 +1,27 @@
 """Typed wrappers over the C++ layout ops (``torch.ops.torch_shard.*``).
 
-The Python sharding classes hold data; the shape math they need runs in ``csrc/layout/`` through these
-wrappers, which only convert Python objects to the flat integer lists the op schemas take.
+All shape math runs in ``csrc/layout/``; this module only converts Python objects to the compact
+arguments the op schemas take. A layout crosses into C++ as one argument group (see
+``csrc/ops/layout_args.h``)::
+
+    chunk_dim, shard_offsets, shard_sizes, placement_index, placements, placement_owners
+
+built by :func:`layout_args_for_spec` or :func:`layout_args_for_shards`.
 """
 
 from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from . import _C  # noqa: F401  (registers the ops)
+from . import _C
 
 if TYPE_CHECKING:
     from .metadata import ShardMetadata
+    from .sharded_tensor.utils import _PlacementResolver
 
 _ops = torch.ops.torch_shard
 
@@ -30,6 +36,20 @@ def chunk_layout(dim_size: int, num_chunks: int) -> tuple[list[int], list[int]]:
     return list(offsets), list(lengths)
 
 
+def chunked_dim_size(dim_size: int, split_size: int, index: int) -> int:
+    """Length of chunk ``index`` when ``dim_size`` is cut into pieces of ``split_size``."""
+    return _ops.chunked_dim_size(int(dim_size), int(split_size), int(index))
+
+
+def chunk_boxes(global_size: Sequence[int], dim: int, num_chunks: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Offsets and sizes of ChunkShardingSpec's N-D boxes (``dim`` may be negative).
+
+    Raises ValueError "Invalid sharding dim: ..." for a dim outside ``[-ndim, ndim)``.
+    """
+    offsets, sizes = _ops.chunk_boxes([int(s) for s in global_size], int(dim), int(num_chunks))
+    return offsets.tolist(), sizes.tolist()
+
+
 def _as_box_tensor(values: array, n: int, ndim: int) -> torch.Tensor:
     if n * ndim == 0:
         return torch.empty((n, ndim), dtype=torch.int64)
@@ -37,25 +57,42 @@ def _as_box_tensor(values: array, n: int, ndim: int) -> torch.Tensor:
     return torch.frombuffer(values, dtype=torch.int64).view(n, ndim)
 
 
-def shard_box_tensors(shards: Sequence[ShardMetadata]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(offsets, sizes) of ``shards`` as the (N, ndim) int64 tensors the ops take.
+class PackedShards(NamedTuple):
+    """N shards as the ops take them: (N, ndim) int64 offsets and sizes, and their placements
+    deduplicated (``placements``, the distinct placement objects, and ``index``, one int64 per shard)."""
 
-    The ints are read in one C pass (``_C.pack_boxes``): converting N * ndim Python ints one by one
-    would cost more than the validation itself.
+    offsets: torch.Tensor
+    sizes: torch.Tensor
+    index: torch.Tensor
+    placements: list
+
+
+def pack_shards(shards: Sequence[ShardMetadata]) -> PackedShards:
+    """Read ``shards`` in one C pass (``_C.pack_layout``): converting N * ndim Python ints one by one
+    would cost more than validating the layout itself. Raises ValueError for shards of different ranks.
     """
-    offsets_bytes, sizes_bytes, ndim, first_bad = _C.pack_boxes(shards)
+    offsets, sizes, ndim, first_bad, index, placements = _C.pack_layout(shards)
     if first_bad >= 0:
         raise ValueError(f"Found inconsistent ranks for shards: {shards[0]} and {shards[first_bad]}")
     n = len(shards)
-    return _as_box_tensor(array("q", offsets_bytes), n, ndim), _as_box_tensor(array("q", sizes_bytes), n, ndim)
+    index_tensor = torch.frombuffer(array("q", index), dtype=torch.int64) if n else torch.empty(0, dtype=torch.int64)
+    return PackedShards(
+        _as_box_tensor(array("q", offsets), n, ndim), _as_box_tensor(array("q", sizes), n, ndim), index_tensor, placements
+    )
 
+
+def shard_box_tensors(shards: Sequence[ShardMetadata]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(offsets, sizes) of ``shards`` as (N, ndim) int64 tensors."""
+    packed = pack_shards(shards)
+    return packed.offsets, packed.sizes
 
 
 def validate_shards(shards: Sequence[ShardMetadata], global_size: Sequence[int] | None = None) -> None:
     """Raise ValueError unless ``shards`` are disjoint (and, given ``global_size``, tile the tensor).
 
-    Runs in C++: a tiling proof in O(N * 2^d) for valid layouts, and an O(N log N) sweep (for up to
-    2-D tensors) to name the offending pair otherwise. Empty shards never overlap anything.
+    Runs in C++: an interval pass for layouts that vary along one dim, a tiling proof in O(N * 2^d)
+    otherwise, and an O(N log N) sweep (for up to 2-D tensors) to name the offending pair. Empty shards
+    never overlap anything; offsets, sizes and volumes that overflow int64 are rejected.
     """
     offsets, sizes = shard_box_tensors(shards)  # also rejects shards of different ranks
     if global_size is not None:
@@ -76,3 +113,61 @@ def find_overlap(shards: Sequence[ShardMetadata]) -> tuple[int, int] | None:
     offsets, sizes = shard_box_tensors(shards)
     pair = _ops._find_overlap(offsets, sizes)
     return (pair[0], pair[1]) if pair else None
+
+
+class LayoutArgs(NamedTuple):
+    """The layout argument group of the op schemas."""
+
+    chunk_dim: int | None
+    shard_offsets: torch.Tensor | None
+    shard_sizes: torch.Tensor | None
+    placement_index: torch.Tensor | None
+    placements: list[str]
+    placement_owners: list[int]
+
+
+def _placement_args(placements: Sequence, resolve: _PlacementResolver | None) -> tuple[list[str], list[int]]:
+    """Names and owners (group ranks; global ranks without a group) of distinct placements."""
+    names, owners = [], []
+    for placement in placements:
+        if placement is None:
+            names.append("")
+            owners.append(-1)
+            continue
+        names.append(str(placement))
+        owners.append(resolve.owner(placement) if resolve is not None else _global_rank(placement))
+    return names, owners
+
+
+def _global_rank(placement) -> int:
+    rank = placement.rank()
+    return -1 if rank is None else rank
+
+
+def layout_args_for_shards(shards: Sequence[ShardMetadata], resolve: _PlacementResolver | None) -> LayoutArgs:
+    """The layout of an explicit shard list (EnumerableShardingSpec, ShardedTensorMetadata)."""
+    packed = pack_shards(shards)
+    names, owners = _placement_args(packed.placements, resolve)
+    return LayoutArgs(None, packed.offsets, packed.sizes, packed.index, names, owners)
+
+
+def is_chunk_spec(spec) -> bool:
+    """A ChunkShardingSpec whose layout is the standard chunk split (not overridden by a subclass)."""
+    from .sharding_spec.chunk_sharding_spec import ChunkShardingSpec
+
+    return isinstance(spec, ChunkShardingSpec) and type(spec).build_metadata is ChunkShardingSpec.build_metadata
+
+
+def layout_args_for_spec(spec, size: Sequence[int], properties, resolve: _PlacementResolver | None) -> LayoutArgs:
+    """The layout ``spec`` gives a tensor of ``size``. A ChunkShardingSpec travels as its dim and
+    placements (C++ computes and checks the boxes), an EnumerableShardingSpec as its shard list (C++
+    checks it tiles the tensor), any other spec through its ``build_metadata``."""
+    from .sharding_spec.api import EnumerableShardingSpec
+
+    if is_chunk_spec(spec):
+        spec._verify_dim(spec.dim)
+        names, owners = _placement_args(spec.placements, resolve)
+        return LayoutArgs(spec.dim, None, None, None, names, owners)
+    if isinstance(spec, EnumerableShardingSpec) and type(spec).build_metadata is EnumerableShardingSpec.build_metadata:
+        return layout_args_for_shards(spec.shards, resolve)
+    return layout_args_for_shards(spec.build_metadata(torch.Size(size), properties).shards_metadata, resolve)

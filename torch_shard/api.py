@@ -8,8 +8,10 @@ import torch
 import torch.nn as nn
 from torch.distributed import distributed_c10d
 
+from . import _native
+from ._agreement import fingerprint
 from .sharded_tensor import ShardedTensor
-from .sharded_tensor._movement import check_src_and_spec, comm_device
+from .sharded_tensor._movement import abort_and_raise, scatter
 from .sharding_spec import ChunkShardingSpec, ShardingSpec
 
 __all__ = ["_shard_tensor", "load_with_process_group", "shard_module", "shard_parameter"]
@@ -34,12 +36,34 @@ def _shard_tensor(
     return _shard_tensor_checked(tensor, sharding_spec, src_rank, process_group, None)
 
 
+def _spec_fingerprint(spec: ShardingSpec) -> int:
+    """Digest of a spec's content (pickled when possible, else its repr), for specs that shard
+    themselves; chunk specs are compared by the layout they give, in C++."""
+    import pickle
+
+    try:
+        data = pickle.dumps(spec, protocol=4)
+    except Exception:  # noqa: BLE001 - specs that do not pickle compare by repr
+        data = repr(spec).encode()
+    return fingerprint(type(spec).__qualname__, data)
+
+
 def _shard_tensor_checked(tensor, sharding_spec, src_rank, process_group, error):
     pg = process_group if process_group is not None else distributed_c10d._get_default_group()
     if error is None and isinstance(tensor, torch.Tensor) and not tensor.is_contiguous():
         error = ValueError("input tensor is not a contiguous Tensor")
-    device = comm_device(pg, tensor if isinstance(tensor, torch.Tensor) else None)
-    check_src_and_spec(pg, device, error, src_rank, sharding_spec)
+    if error is not None:
+        abort_and_raise("shard", error, pg)
+    if _native.is_chunk_spec(sharding_spec) and type(sharding_spec).shard is ChunkShardingSpec.shard:
+        # One C++ call: it agrees on src_rank, size, dtype and layout, then scatters.
+        return scatter(tensor, sharding_spec, src_rank, pg)
+    # Specs that shard themselves (EnumerableShardingSpec raises NotImplementedError, as upstream):
+    # agree on src_rank, size, dtype and spec first, as upstream does, then let the spec shard.
+    try:
+        spec_fp = _spec_fingerprint(sharding_spec)
+    except Exception as exc:  # noqa: BLE001 - every rank must hear about it
+        abort_and_raise("shard", exc, pg)
+    torch.ops.torch_shard._agree_shard(src_rank, list(tensor.size()), tensor.dtype, spec_fp, pg.group_name)
     return sharding_spec.shard(tensor, src_rank=src_rank, process_group=pg)
 
 

@@ -1,12 +1,20 @@
 #include "comm/process_group.h"
 
 #include <ATen/ops/empty.h>
-#include <ATen/ops/tensor.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 
 namespace torch_shard {
 namespace comm {
+
+namespace {
+
+// Tag of torch_shard's point-to-point messages, so they never match a user's own tagged send/recv on
+// the same group ("ts" in ASCII).
+constexpr int kTag = 0x7473;
+
+}  // namespace
 
 c10::intrusive_ptr<c10d::ProcessGroup> resolve_group(const std::string& group_name, const char* op) {
   TORCH_CHECK_VALUE(!group_name.empty(), "torch_shard.", op,
@@ -20,68 +28,83 @@ c10::intrusive_ptr<c10d::ProcessGroup> resolve_group(const std::string& group_na
   }
 }
 
-std::vector<int64_t> exchange_header(c10d::ProcessGroup& pg,
-                                     const std::vector<int64_t>& mine,
-                                     c10::Device device) {
-  const auto n = static_cast<int64_t>(mine.size());
-  const auto opts = at::TensorOptions().dtype(at::kLong);
-  at::Tensor input = at::tensor(mine, opts).to(device);
-  at::Tensor output = at::empty({n * pg.getSize()}, opts.device(device));
-  // _allgather_base exists in every supported torch (2.11-2.14); 2.13 deprecates it.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-  pg._allgather_base(output, input)->wait();
-#pragma GCC diagnostic pop
-  comm_stats().collectives += 1;
-  at::Tensor host = output.cpu();
-  const int64_t* data = host.const_data_ptr<int64_t>();
-  return std::vector<int64_t>(data, data + host.numel());
-}
-
-at::Tensor all_to_all_flat(c10d::ProcessGroup& pg,
-                           const at::Tensor& input,
-                           const std::vector<int64_t>& send_counts,
-                           const std::vector<int64_t>& recv_counts) {
-  const int64_t world = pg.getSize();
-  const int64_t me = pg.getRank();
-  TORCH_CHECK_VALUE(static_cast<int64_t>(send_counts.size()) == world &&
-                        static_cast<int64_t>(recv_counts.size()) == world,
-                    "torch_shard._all_to_all: expected ", world, " send and receive counts, got ",
-                    send_counts.size(), " and ", recv_counts.size());
-  int64_t send_total = 0, recv_total = 0;
-  for (int64_t p = 0; p < world; ++p) {
-    TORCH_CHECK_VALUE(send_counts[p] >= 0 && recv_counts[p] >= 0,
-                      "torch_shard._all_to_all: negative count");
-    send_total += send_counts[p];
-    recv_total += recv_counts[p];
+// NOTE [ Communication device ]
+// Every rank must put the buffers of one collective on the same KIND of device, or the group would
+// route the call to different backends on different ranks (a "cpu:gloo,cuda:nccl" group sends CPU
+// tensors to gloo and CUDA tensors to NCCL) and hang. So the device is a property of the GROUP, the
+// same on every rank, never of the shards (which may sit on different devices on different ranks):
+//   * the group has a CUDA backend other than gloo (NCCL, alone or beside gloo): this rank's current
+//     CUDA device.
+//     Shards that live elsewhere (CPU placements) are staged through it: packed into CUDA buffers on
+//     the way out, unpacked from them on the way in. NCCL moves only CUDA memory.
+//   * otherwise (gloo): the CPU. CUDA shards on a gloo group are staged through host memory, which is
+//     what gloo's own CUDA paths do; it also lets torch_shard use point-to-point messages, which gloo
+//     supports for CPU tensors only.
+// The choice is made here only; Python never picks a device for communication.
+c10::Device comm_device(c10d::ProcessGroup& pg) {
+  // A gloo group registers gloo for CUDA tensors too; only a CUDA backend of its own (NCCL) counts.
+  if (pg.hasBackendForDeviceType(c10::DeviceType::CUDA) &&
+      pg.getBackend(c10::DeviceType::CUDA)->getBackendName() != "gloo") {
+    c10::impl::VirtualGuardImpl cuda(c10::DeviceType::CUDA);
+    return cuda.getDevice();
   }
-  TORCH_CHECK_VALUE(input.dim() == 1 && input.numel() == send_total, "torch_shard._all_to_all: input has ",
-                    input.numel(), " elements in ", input.dim(), " dims; expected a 1-D tensor of ",
-                    send_total);
-  at::Tensor send = input.contiguous();
-  at::Tensor recv = at::empty({recv_total}, send.options());
-  const int64_t itemsize = static_cast<int64_t>(send.element_size());
-  std::vector<int64_t> send_bytes(world), recv_bytes(world);
-  for (int64_t p = 0; p < world; ++p) {
-    send_bytes[p] = send_counts[p] * itemsize;
-    recv_bytes[p] = recv_counts[p] * itemsize;
-  }
-  at::Tensor send_view = send.view(at::kByte);
-  at::Tensor recv_view = recv.view(at::kByte);
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-  pg.alltoall_base(recv_view, send_view, recv_bytes, send_bytes)->wait();
-#pragma GCC diagnostic pop
-  auto& stats = comm_stats();
-  stats.collectives += 1;
-  stats.bytes_sent_to_peers += (send_total - send_counts[me]) * itemsize;
-  stats.bytes_received_from_peers += (recv_total - recv_counts[me]) * itemsize;
-  return recv;
+  TORCH_CHECK(pg.hasBackendForDeviceType(c10::DeviceType::CPU) || !pg.hasBackends(),
+              "torch_shard: process group '", pg.getGroupName(),
+              "' has neither a CPU nor a CUDA backend; torch_shard needs gloo or NCCL");
+  return c10::Device(c10::kCPU);
 }
 
 CommStats& comm_stats() {
   static CommStats stats;
   return stats;
+}
+
+void all_to_all_bytes(c10d::ProcessGroup& pg,
+                      at::Tensor& recv,
+                      at::Tensor& send,
+                      std::vector<int64_t>& recv_splits,
+                      std::vector<int64_t>& send_splits) {
+  // alltoall_base is the spelling every supported torch (2.11-2.14) has; 2.13 deprecates it in favour
+  // of all_to_all_single, which 2.11 lacks.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  pg.alltoall_base(recv, send, recv_splits, send_splits)->wait();
+#pragma GCC diagnostic pop
+  comm_stats().collectives += 1;
+}
+
+c10::intrusive_ptr<c10d::Work> send_bytes(c10d::ProcessGroup& pg, const at::Tensor& bytes, int64_t peer) {
+  std::vector<at::Tensor> tensors{bytes};
+  return pg.send(tensors, static_cast<int>(peer), kTag);
+}
+
+c10::intrusive_ptr<c10d::Work> recv_bytes(c10d::ProcessGroup& pg, const at::Tensor& bytes, int64_t peer) {
+  std::vector<at::Tensor> tensors{bytes};
+  return pg.recv(tensors, static_cast<int>(peer), kTag);
+}
+
+// NOTE [ Pack workspace ]
+// Send and receive staging buffers live only for the duration of one call. On CPU, a fresh
+// multi-megabyte buffer costs one page fault per 4 KiB page on first touch (on the VMs these tests
+// run on, ~10 us each: more than the copy itself), and glibc hands big blocks back to the OS on free.
+// So CPU staging buffers come from per-thread, grow-only workspaces, kept up to kMaxCachedBytes.
+// CUDA buffers go through the caching allocator, which already reuses memory. Data ops run to
+// completion before returning, so a workspace is never in use twice at once.
+constexpr int64_t kMaxCachedBytes = int64_t{256} << 20;
+constexpr int kWorkspaceSlots = 3;
+
+at::Tensor workspace(int64_t bytes, c10::Device device, int slot) {
+  TORCH_INTERNAL_ASSERT(slot >= 0 && slot < kWorkspaceSlots);
+  const auto opts = at::TensorOptions().dtype(at::kByte).device(device);
+  if (!device.is_cpu() || bytes > kMaxCachedBytes) {
+    return at::empty({bytes}, opts);
+  }
+  thread_local at::Tensor cached[kWorkspaceSlots];
+  at::Tensor& buffer = cached[slot];
+  if (!buffer.defined() || buffer.numel() < bytes) {
+    buffer = at::empty({bytes}, opts);
+  }
+  return buffer.narrow(0, 0, bytes);
 }
 
 }  // namespace comm

@@ -1,6 +1,8 @@
-// Reaching c10d process groups from C++: by name, as _c10d_functional does.
+// Reaching c10d process groups from C++: by name (as _c10d_functional does), the device collectives
+// run on, counters, and the raw byte-moving primitives the exchange engine is built from.
 #pragma once
 
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -16,28 +18,36 @@ namespace comm {
 // pass `pg.group_name`). ValueError naming `op` when there is none.
 c10::intrusive_ptr<c10d::ProcessGroup> resolve_group(const std::string& group_name, const char* op);
 
-// Every rank contributes `mine` (same length on all ranks); returns all ranks' values, rank-major.
-// One all-gather of a few int64s on `device` (a CUDA device for NCCL-only groups).
-std::vector<int64_t> exchange_header(c10d::ProcessGroup& pg,
-                                     const std::vector<int64_t>& mine,
-                                     c10::Device device);
+// The device every buffer of a collective on `pg` lives on. See NOTE [ Communication device ].
+c10::Device comm_device(c10d::ProcessGroup& pg);
 
-// One all-to-all of flat 1-D buffers: send_counts[p] elements of `input` go to rank p (in rank order),
-// recv_counts[p] elements arrive from rank p. Any dtype (moved as bytes); returns the received buffer.
-at::Tensor all_to_all_flat(c10d::ProcessGroup& pg,
-                           const at::Tensor& input,
-                           const std::vector<int64_t>& send_counts,
-                           const std::vector<int64_t>& recv_counts);
-
-// Counters of what torch_shard's data ops put on the wire, for tests and benchmarks. "Peers" excludes
-// a rank's own slot in a collective (that part is a local copy).
+// Counters of what torch_shard's collectives did, for tests and benchmarks. "Peers" excludes a rank's
+// own part (copied locally). Bytes count payload only (not the fixed agreement header and slots).
 struct CommStats {
-  int64_t bytes_sent_to_peers = 0;
-  int64_t bytes_received_from_peers = 0;
-  int64_t collectives = 0;
+  std::atomic<int64_t> bytes_sent_to_peers{0};
+  std::atomic<int64_t> bytes_received_from_peers{0};
+  std::atomic<int64_t> collectives{0};        // communication rounds issued (agreement, data)
+  std::atomic<int64_t> plan_cache_hits{0};
+  std::atomic<int64_t> plan_cache_misses{0};
+  std::atomic<int64_t> single_round_ops{0};   // data ops whose payload rode in the agreement round
 };
 
 CommStats& comm_stats();
+
+// One all-to-all of byte tensors with per-peer byte counts (the backends' alltoall_base).
+void all_to_all_bytes(c10d::ProcessGroup& pg,
+                      at::Tensor& recv,
+                      at::Tensor& send,
+                      std::vector<int64_t>& recv_splits,
+                      std::vector<int64_t>& send_splits);
+
+// Point-to-point messages (1-D uint8 tensors, contiguous) with torch_shard's tag.
+c10::intrusive_ptr<c10d::Work> send_bytes(c10d::ProcessGroup& pg, const at::Tensor& bytes, int64_t peer);
+c10::intrusive_ptr<c10d::Work> recv_bytes(c10d::ProcessGroup& pg, const at::Tensor& bytes, int64_t peer);
+
+// A reusable uint8 buffer of at least `bytes` on `device` (`slot` picks one of a few independent
+// buffers per thread). See NOTE [ Pack workspace ].
+at::Tensor workspace(int64_t bytes, c10::Device device, int slot);
 
 }  // namespace comm
 }  // namespace torch_shard

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "layout/layout.h"
+
 #include <c10/util/Exception.h>
 
 namespace torch_shard {
@@ -67,14 +69,42 @@ struct SortedBoxes {
 
 }  // namespace
 
-TransferPlan plan_transfer(const std::vector<Box>& src_boxes,
-                           const std::vector<int64_t>& src_owners,
-                           const std::vector<Box>& dst_boxes,
-                           const std::vector<int64_t>& dst_owners,
-                           int64_t me,
-                           int64_t world) {
-  TORCH_INTERNAL_ASSERT(src_boxes.size() == src_owners.size());
-  TORCH_INTERNAL_ASSERT(dst_boxes.size() == dst_owners.size());
+namespace {
+
+// The regions of one peer, in canonical order, as one contiguous run of a single shard of `layout`.
+std::optional<Run> single_run(const std::vector<Region>& regions, const Layout& layout, bool use_src) {
+  if (regions.empty()) {
+    return std::nullopt;
+  }
+  const size_t shard = use_src ? regions.front().src : regions.front().dst;
+  std::optional<Run> out;
+  for (const Region& region : regions) {
+    if ((use_src ? region.src : region.dst) != shard) {
+      return std::nullopt;
+    }
+    const auto run = contiguous_run(region.box, layout.box(shard));
+    if (!run.has_value()) {
+      return std::nullopt;
+    }
+    if (!out.has_value()) {
+      out = Run{shard, run->first, run->second};
+    } else if (run->first != out->start + out->count) {
+      return std::nullopt;
+    } else {
+      out->count += run->second;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TransferPlan plan_transfer(const Layout& src, const Layout& dst, int64_t me, int64_t world) {
+  TORCH_INTERNAL_ASSERT(src.global_size() == dst.global_size());
+  const auto& src_boxes = src.boxes();
+  const auto& dst_boxes = dst.boxes();
+  const auto src_owners = src.owners();
+  const auto dst_owners = dst.owners();
   TransferPlan plan;
   plan.send.resize(world);
   plan.recv.resize(world);
@@ -108,11 +138,17 @@ TransferPlan plan_transfer(const std::vector<Box>& src_boxes,
   auto canonical = [](const Region& a, const Region& b) {
     return a.dst != b.dst ? a.dst < b.dst : a.src < b.src;
   };
-  for (auto& peer : plan.send) {
-    std::sort(peer.regions.begin(), peer.regions.end(), canonical);
-  }
-  for (auto& peer : plan.recv) {
-    std::sort(peer.regions.begin(), peer.regions.end(), canonical);
+  for (int64_t p = 0; p < world; ++p) {
+    auto& send = plan.send[p];
+    auto& recv = plan.recv[p];
+    std::sort(send.regions.begin(), send.regions.end(), canonical);
+    std::sort(recv.regions.begin(), recv.regions.end(), canonical);
+    send.run = single_run(send.regions, src, /*use_src=*/true);
+    recv.run = single_run(recv.regions, dst, /*use_src=*/false);
+    if (p != me) {
+      plan.elements_sent_to_peers += send.elements;
+      plan.elements_received_from_peers += recv.elements;
+    }
   }
   return plan;
 }
@@ -142,16 +178,6 @@ std::optional<std::pair<int64_t, int64_t>> contiguous_run(const Box& region, con
     stride *= shard.sizes[k];
   }
   return std::make_pair(start, region.volume());
-}
-
-int64_t elements_sent_to_peers(const TransferPlan& plan, int64_t me) {
-  int64_t total = 0;
-  for (size_t peer = 0; peer < plan.send.size(); ++peer) {
-    if (static_cast<int64_t>(peer) != me) {
-      total += plan.send[peer].elements;
-    }
-  }
-  return total;
 }
 
 }  // namespace layout

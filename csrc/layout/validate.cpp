@@ -242,12 +242,9 @@ bool validate_one_varying_dim(const std::vector<Box>& boxes, const std::optional
   }
   int64_t shards_volume = 0;
   for (size_t i : live) {
-    shards_volume += boxes[i].volume();
+    shards_volume = checked_add(shards_volume, boxes[i].volume(), "the total volume of the shards");
   }
-  int64_t tensor_volume = 1;
-  for (int64_t s : *global_size) {
-    tensor_volume *= s;
-  }
+  const int64_t tensor_volume = checked_numel(*global_size, "the tensor size");
   TORCH_CHECK_VALUE(shards_volume == tensor_volume, "Total volume of shards: ", shards_volume,
                     " does not match tensor volume: ", tensor_volume,
                     ", in other words all the individual shards do not cover the entire tensor");
@@ -264,12 +261,7 @@ void validate_shards(const std::vector<Box>& boxes, const std::optional<Dims>& g
                       "found ", box.offsets.size(), " and ", box.sizes.size(), " respectively");
     TORCH_CHECK_VALUE(box.ndim() == boxes[0].ndim(), "Found inconsistent ranks for shards: ",
                       describe_box(boxes[0], 0), " and ", describe_box(box, i));
-    for (size_t d = 0; d < box.ndim(); ++d) {
-      TORCH_CHECK_VALUE(box.offsets[d] >= 0, "shard_offsets should be >=0, but ",
-                        describe_box(box, i), " has a negative offset");
-      TORCH_CHECK_VALUE(box.sizes[d] >= 0, "shard_sizes should be >= 0, but ",
-                        describe_box(box, i), " has a negative size");
-    }
+    check_box(box, i);  // negative values, and ends or volumes that overflow int64
   }
   if (global_size.has_value()) {
     for (const Box& box : boxes) {
@@ -277,15 +269,14 @@ void validate_shards(const std::vector<Box>& boxes, const std::optional<Dims>& g
                         global_size->size(), ", but shards rank is ", box.ndim());
     }
   }
+  // The tensor's own volume must be countable before any volume is compared with it.
+  const int64_t tensor_volume =
+      global_size.has_value() ? checked_numel(*global_size, "the tensor size") : 0;
   if (boxes.empty()) {
     if (global_size.has_value()) {
-      int64_t volume = 1;
-      for (int64_t s : *global_size) {
-        volume *= s;
-      }
-      TORCH_CHECK_VALUE(volume == 0, "Total volume of shards: 0 does not match tensor volume: ",
-                        volume, ", in other words all the individual shards do not cover the "
-                        "entire tensor");
+      TORCH_CHECK_VALUE(tensor_volume == 0,
+                        "Total volume of shards: 0 does not match tensor volume: ", tensor_volume,
+                        ", in other words all the individual shards do not cover the entire tensor");
     }
     return;
   }
@@ -331,10 +322,11 @@ void validate_shards(const std::vector<Box>& boxes, const std::optional<Dims>& g
   if (!global_size.has_value()) {
     return;
   }
+  // Every shard is inside the tensor and no two overlap (checked above), so the running sum never
+  // exceeds the tensor's volume; it is checked anyway, as a sum of user-given values.
   int64_t shards_volume = 0;
   for (size_t i = 0; i < boxes.size(); ++i) {
     const Box& box = boxes[i];
-    shards_volume += box.volume();
     if (box.empty()) {
       continue;
     }
@@ -343,8 +335,8 @@ void validate_shards(const std::vector<Box>& boxes, const std::optional<Dims>& g
                         " and length ", box.sizes[k], " exceeds tensor dim: ", (*global_size)[k],
                         " for ", describe_box(box, i));
     }
+    shards_volume = checked_add(shards_volume, box.volume(), "the total volume of the shards");
   }
-  const int64_t tensor_volume = whole.volume();
   TORCH_CHECK_VALUE(shards_volume == tensor_volume, "Total volume of shards: ", shards_volume,
                     " does not match tensor volume: ", tensor_volume,
                     ", in other words all the individual shards do not cover the entire tensor");

@@ -1,13 +1,16 @@
-// Kernels that build a ShardedTensorImpl and read it back.
+// Kernels that build a ShardedTensorImpl, read it back, and write its local shards (the one setter).
 //
 // Registered as CompositeImplicitAutograd so they run at the Autograd key, before the Python key a
 // wrapped ShardedTensor carries: reading the shards never bounces through __torch_dispatch__.
 
+#include <unordered_map>
+
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include "comm/process_group.h"
 #include "layout/box.h"
-#include "ops/box_args.h"
+#include "ops/layout_args.h"
 #include "sharded_tensor_impl.h"
 
 namespace torch_shard {
@@ -16,17 +19,31 @@ namespace {
 at::Tensor make_sharded(at::TensorList local_shards,
                         c10::IntArrayRef local_shard_indices,
                         c10::IntArrayRef global_size,
-                        const at::Tensor& shard_offsets,
-                        const at::Tensor& shard_sizes,
-                        c10::IntArrayRef shard_ranks,
+                        std::optional<int64_t> chunk_dim,
+                        const std::optional<at::Tensor>& shard_offsets,
+                        const std::optional<at::Tensor>& shard_sizes,
+                        const std::optional<at::Tensor>& placement_index,
+                        std::vector<std::string> placements,
+                        c10::IntArrayRef placement_owners,
                         c10::ScalarType dtype,
-                        c10::Device device,
+                        std::optional<c10::Device> device,
                         bool pin_memory,
-                        c10::string_view group_name) {
-  auto boxes = boxes_from_tensors(shard_offsets, shard_sizes, "_make_sharded");
-  return make_sharded_tensor(local_shards.vec(), local_shard_indices.vec(), global_size.vec(),
-                             std::move(boxes), shard_ranks.vec(), dtype, device, pin_memory,
-                             std::string(group_name));
+                        c10::string_view group_name,
+                        int64_t rank,
+                        int64_t world,
+                        bool validate) {
+  TORCH_CHECK_VALUE(group_name.empty() || (world > 0 && rank >= 0 && rank < world),
+                    "torch_shard._make_sharded: rank ", rank, " is not a rank of a group of size ",
+                    world);
+  auto layout = layout_from_args(global_size, chunk_dim, shard_offsets, shard_sizes, placement_index,
+                                 placements, placement_owners, group_name.empty() ? -1 : world,
+                                 validate, "_make_sharded");
+  // A rank without local shards still has a device: the group's communication device.
+  if (!device.has_value() && local_shards.empty() && !group_name.empty()) {
+    device = comm::comm_device(*comm::resolve_group(std::string(group_name), "_make_sharded"));
+  }
+  return make_sharded_tensor(std::move(layout), local_shards.vec(), local_shard_indices.vec(), dtype,
+                             device, pin_memory, std::string(group_name), rank);
 }
 
 bool is_sharded(const at::Tensor& self) {
@@ -41,20 +58,50 @@ std::vector<int64_t> local_shard_indices(const at::Tensor& self) {
   return unsafe_get_sharded_impl(self, "_local_shard_indices")->local_shard_indices();
 }
 
-std::tuple<at::Tensor, at::Tensor, std::vector<int64_t>> shard_layout(const at::Tensor& self) {
-  const auto* impl = unsafe_get_sharded_impl(self, "_shard_layout");
-  const auto& shards = impl->global_shards();
-  const auto n = static_cast<int64_t>(shards.size());
-  const auto ndim = static_cast<int64_t>(impl->global_size().size());
-  at::Tensor offsets = at::empty({n, ndim}, at::TensorOptions().dtype(at::kLong));
-  at::Tensor sizes = at::empty({n, ndim}, at::TensorOptions().dtype(at::kLong));
+int64_t version(const at::Tensor& self) {
+  return unsafe_get_sharded_impl(self, "_version")->version();
+}
+
+// Everything Python caches about a ShardedTensor, in one call: its version stamp, local shards and
+// their indices in the layout, pin_memory, and the layout's fingerprint (which changes only when the
+// layout does, so Python knows whether the spec it keeps still describes the tensor).
+std::tuple<int64_t, std::vector<at::Tensor>, std::vector<int64_t>, bool, int64_t> state(
+    const at::Tensor& self) {
+  const auto* impl = unsafe_get_sharded_impl(self, "_state");
+  return {impl->version(), impl->local_shards(), impl->local_shard_indices(), impl->pin_memory(),
+          static_cast<int64_t>(impl->layout()->fingerprint())};
+}
+
+// The layout in the schema's argument-group form (see ops/layout_args.h), plus the chunk dim when the
+// layout was built as a chunk split, so Python can rebuild ShardMetadata and the spec from it.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, std::vector<std::string>, std::vector<int64_t>,
+           std::optional<int64_t>>
+layout_of(const at::Tensor& self) {
+  const auto* impl = unsafe_get_sharded_impl(self, "_layout");
+  const auto& layout = *impl->layout();
+  const auto n = static_cast<int64_t>(layout.num_shards());
+  const auto ndim = static_cast<int64_t>(layout.global_size().size());
+  const auto opts = at::TensorOptions().dtype(at::kLong);
+  at::Tensor offsets = at::empty({n, ndim}, opts);
+  at::Tensor sizes = at::empty({n, ndim}, opts);
+  at::Tensor index = at::empty({n}, opts);
   int64_t* off = offsets.mutable_data_ptr<int64_t>();
   int64_t* len = sizes.mutable_data_ptr<int64_t>();
+  int64_t* idx = index.mutable_data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i) {
-    std::copy(shards[i].offsets.begin(), shards[i].offsets.end(), off + i * ndim);
-    std::copy(shards[i].sizes.begin(), shards[i].sizes.end(), len + i * ndim);
+    const auto& box = layout.box(static_cast<size_t>(i));
+    std::copy(box.offsets.begin(), box.offsets.end(), off + i * ndim);
+    std::copy(box.sizes.begin(), box.sizes.end(), len + i * ndim);
+    idx[i] = layout.placement_of()[static_cast<size_t>(i)];
   }
-  return {std::move(offsets), std::move(sizes), impl->shard_ranks()};
+  std::vector<std::string> names;
+  std::vector<int64_t> owners;
+  for (const auto& p : layout.placements()) {
+    names.push_back(p.name);
+    owners.push_back(p.owner);
+  }
+  return {std::move(offsets), std::move(sizes), std::move(index), std::move(names),
+          std::move(owners), layout.chunk_dim()};
 }
 
 std::string group_name(const at::Tensor& self) {
@@ -63,36 +110,22 @@ std::string group_name(const at::Tensor& self) {
 
 void set_local_shards(const at::Tensor& self, at::TensorList local_shards,
                       c10::IntArrayRef local_shard_indices) {
-  auto* impl = unsafe_get_sharded_impl(self, "_set_local_shards");
-  TORCH_CHECK_VALUE(local_shards.size() == local_shard_indices.size(),
-                    "torch_shard._set_local_shards: ", local_shards.size(), " shards but ",
-                    local_shard_indices.size(), " indices");
-  const auto& boxes = impl->global_shards();
-  for (size_t k = 0; k < local_shards.size(); ++k) {
-    const int64_t idx = local_shard_indices[k];
-    TORCH_CHECK_INDEX(idx >= 0 && idx < static_cast<int64_t>(boxes.size()),
-                      "torch_shard._set_local_shards: shard index ", idx, " out of range");
-    TORCH_CHECK_VALUE(local_shards[k].sizes().vec() == boxes[idx].sizes,
-                      "torch_shard._set_local_shards: local shard ", k, " has size ",
-                      local_shards[k].sizes(), ", but shard ", idx, " is ",
-                      layout::dims_str(boxes[idx].sizes));
-    TORCH_CHECK_TYPE(local_shards[k].scalar_type() == impl->dtype().toScalarType(),
-                     "torch_shard._set_local_shards: local shard ", k, " has dtype ",
-                     local_shards[k].scalar_type(), ", the ShardedTensor ", impl->dtype());
-  }
-  impl->set_layout(boxes, impl->shard_ranks(), local_shards.vec(), local_shard_indices.vec());
+  unsafe_get_sharded_impl(self, "_set_local_shards")
+      ->set_local_shards(local_shards.vec(), local_shard_indices.vec());
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(torch_shard, CompositeImplicitAutograd, m) {
-  m.impl("_set_local_shards", TORCH_FN(set_local_shards));
   m.impl("_make_sharded", TORCH_FN(make_sharded));
   m.impl("is_sharded", TORCH_FN(is_sharded));
   m.impl("_local_shards", TORCH_FN(local_shards));
   m.impl("_local_shard_indices", TORCH_FN(local_shard_indices));
-  m.impl("_shard_layout", TORCH_FN(shard_layout));
+  m.impl("_version", TORCH_FN(version));
+  m.impl("_state", TORCH_FN(state));
+  m.impl("_layout", TORCH_FN(layout_of));
   m.impl("_group_name", TORCH_FN(group_name));
+  m.impl("_set_local_shards", TORCH_FN(set_local_shards));
 }
 
 }  // namespace torch_shard

@@ -13,6 +13,7 @@ from array import array
 
 import torch
 import torch.distributed as dist
+from torch.distributed.remote_device import _remote_device
 
 from .. import _native
 from .._agreement import _error_class, _error_code
@@ -108,6 +109,8 @@ def build_global_metadata(records: list, recalc_metadata: bool, me: int):
     reference = None
     reference_rank = 0
     offsets_parts, sizes_parts, shards = [], [], []
+    name_index: dict[str, int] = {}  # distinct placements over all ranks, in first-seen order
+    placement_of = array("q")
     my_first = 0
     ndim = 0
     for rank, (_, _, data) in enumerate(records):
@@ -133,6 +136,10 @@ def build_global_metadata(records: list, recalc_metadata: bool, me: int):
         offsets_parts.append(packed[2])
         sizes_parts.append(packed[3])
         shards.extend(unpack_shards(packed))
+        remap = [name_index.setdefault(name, len(name_index)) for name in packed[4]]
+        which = array("q")
+        which.frombytes(packed[5])
+        placement_of.extend(remap[w] for w in which)
     if reference is None:
         raise ValueError("ShardedTensor have no local shards on all ranks!")
     size, _, props = reference
@@ -156,7 +163,9 @@ def build_global_metadata(records: list, recalc_metadata: bool, me: int):
         memory_format=torch.contiguous_format,
         pin_memory=props[3],
     )
-    return ShardedTensorMetadata(shards, global_size, properties), offsets, sizes, my_first
+    names = list(name_index)
+    index = torch.frombuffer(placement_of, dtype=torch.int64).clone() if len(placement_of) else torch.empty(0, dtype=torch.int64)
+    return ShardedTensorMetadata(shards, global_size, properties), offsets, sizes, index, names, my_first
 
 
 def gather_global_metadata(local_shards: list[Shard], global_size, process_group):
@@ -168,7 +177,7 @@ def gather_global_metadata(local_shards: list[Shard], global_size, process_group
     error: BaseException | None = None
     local_md = None
     try:
-        from .api import _flatten_tensor_size
+        from ._construction import _flatten_tensor_size
 
         tensor_size = _flatten_tensor_size(global_size)
         if local_shards:
@@ -185,7 +194,7 @@ def gather_global_metadata(local_shards: list[Shard], global_size, process_group
     me = dist.get_rank(process_group)
     if error is not None:
         raise error
-    metadata, offsets, sizes, my_first = build_global_metadata(records, recalc, me)
+    metadata, offsets, sizes, index, names, my_first = build_global_metadata(records, recalc, me)
     if recalc:
         mine = [md for md in metadata.shards_metadata if md.placement.rank() == current_rank]
         if not (len(local_shards) > 0 and len(mine) == 1):
@@ -195,4 +204,6 @@ def gather_global_metadata(local_shards: list[Shard], global_size, process_group
             )
         local_shards[0].metadata = mine[0]
     local_indices = list(range(my_first, my_first + len(local_shards)))
-    return metadata, local_indices
+    resolve = _PlacementResolver(process_group)
+    owners = [resolve.owner(_remote_device(name)) if name else -1 for name in names]
+    return metadata, local_indices, _native.LayoutArgs(None, offsets, sizes, index, names, owners)

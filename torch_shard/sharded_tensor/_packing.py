@@ -9,6 +9,7 @@ beyond the decoded ShardMetadata, and each distinct placement is parsed once. On
 from __future__ import annotations
 
 from array import array
+
 from torch.distributed.remote_device import _remote_device
 
 from .. import _C
@@ -18,19 +19,11 @@ PackedShards = tuple  # (count, ndim, offsets bytes, sizes bytes, placements, wh
 
 
 def pack_shards(shards: list[ShardMetadata]) -> PackedShards:
-    placements: list[str] = []
-    index: dict[str, int] = {}
-    which = array("q")
-    for md in shards:
-        key = "" if md.placement is None else str(md.placement)
-        if key not in index:
-            index[key] = len(placements)
-            placements.append(key)
-        which.append(index[key])
-    offsets, sizes, ndim, first_bad = _C.pack_boxes(shards)
+    offsets, sizes, ndim, first_bad, which, placements = _C.pack_layout(shards)
     if first_bad >= 0:
         raise ValueError(f"Found inconsistent ranks for shards: {shards[0]} and {shards[first_bad]}")
-    return (len(shards), ndim, offsets, sizes, placements, which.tobytes())
+    names = ["" if p is None else str(p) for p in placements]
+    return (len(shards), ndim, offsets, sizes, names, which)
 
 
 def _new_shard_metadata(offsets: list[int], sizes: list[int], placement) -> ShardMetadata:

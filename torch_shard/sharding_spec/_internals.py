@@ -48,7 +48,7 @@ def get_split_size(dim_size: int, chunks: int) -> int:
 
 def get_chunked_dim_size(dim_size: int, split_size: int, idx: int) -> int:
     """Length of chunk ``idx`` when ``dim_size`` is cut into pieces of ``split_size``."""
-    return max(min(dim_size, split_size * (idx + 1)) - split_size * idx, 0)
+    return _native.chunked_dim_size(dim_size, split_size, idx)
 
 
 def get_chunk_sharding_params(sharding_dim_size: int, world_size: int, spec, rank: int) -> tuple[int, int]:

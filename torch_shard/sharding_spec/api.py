@@ -129,8 +129,9 @@ class EnumerableShardingSpec(ShardingSpec):
         return ShardedTensorMetadata(self.shards, tensor_sizes, tensor_properties)
 
     def shard(self, tensor: torch.Tensor, src_rank: int = 0, process_group=None) -> ShardedTensor:
-        # Scatter of an arbitrary layout arrives with the data-movement work (see the issue tracker);
-        # until then keep upstream's exact refusal, which callers and tests match on.
+        # Upstream's exact refusal, which callers and upstream's tests match on. The C++ op
+        # torch.ops.torch_shard.shard scatters any layout, enumerable ones included; from Python, shard
+        # by chunks and reshard, or call the op.
         raise NotImplementedError("EnumerableShardingSpec.shard not implemented yet!")
 
 

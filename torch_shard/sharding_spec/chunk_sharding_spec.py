@@ -57,19 +57,13 @@ class ChunkShardingSpec(ShardingSpec):
     ) -> ShardedTensorMetadata:
         from ..sharded_tensor.metadata import ShardedTensorMetadata
 
-        tensor_num_dim = len(tensor_sizes)
         self._verify_dim(self.dim)
-        if self.dim >= tensor_num_dim or self.dim < -tensor_num_dim:
-            raise ValueError(f"Invalid sharding dim: {self.dim}")
-        dim = self.dim % tensor_num_dim
-        offsets, lengths = _native.chunk_layout(tensor_sizes[dim], len(self.placements))
-        shards = []
-        for placement, offset, length in zip(self.placements, offsets, lengths):
-            shard_offsets = [0] * tensor_num_dim
-            shard_offsets[dim] = offset
-            shard_sizes = list(tensor_sizes)
-            shard_sizes[dim] = length
-            shards.append(ShardMetadata(shard_offsets, shard_sizes, placement))
+        # The N-D boxes come from C++ (which also raises "Invalid sharding dim" for a bad dim).
+        offsets, sizes = _native.chunk_boxes(tensor_sizes, self.dim, len(self.placements))
+        shards = [
+            ShardMetadata(shard_offsets, shard_sizes, placement)
+            for placement, shard_offsets, shard_sizes in zip(self.placements, offsets, sizes)
+        ]
         return ShardedTensorMetadata(shards, tensor_sizes, tensor_properties)
 
     def shard(self, tensor: torch.Tensor, src_rank: int = 0, process_group=None) -> ShardedTensor:

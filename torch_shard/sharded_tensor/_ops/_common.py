@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..api import _SHARDED_OPS
+from ..api import _PASSTHROUGH_OPS, _SHARDED_OPS
 
 
 def _register_passthrough(op) -> None:
@@ -15,6 +15,7 @@ def _register_passthrough(op) -> None:
             return op(*args, **(kwargs or {}))
 
     _SHARDED_OPS[op] = tensor_default_op
+    _PASSTHROUGH_OPS[op] = tensor_default_op
 
 
 _PASSTHROUGH = [

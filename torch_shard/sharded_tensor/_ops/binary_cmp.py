@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
 from .. import _sharded_op_impl
-from .._movement import comm_device
 
 
 def _communicate_result(local_result: bool, pg) -> bool:
-    # The verdict travels on the group's own device (cpu for gloo, the current GPU for NCCL).
-    result = torch.tensor([1 if local_result else 0], device=comm_device(pg))
-    dist.all_reduce(result, op=dist.ReduceOp.MIN, group=pg)
-    return bool(result.item() == 1)
+    # One agreement round (the C++ core picks the device: cpu for gloo, the current GPU for NCCL).
+    return torch.ops.torch_shard._all_ranks_true(bool(local_result), pg.group_name)
 
 
 def _binary_cmp(cmp_fun, types, args, kwargs=None, process_group=None) -> bool:

@@ -2,15 +2,13 @@
 
 Every rank calls the op with its own input. The flow is:
 
-1. local checks, then ONE small agreement collective that also tells every rank how large every other
-   rank's packed input is (so a bad input raises on every rank instead of hanging the others);
-2. one all-to-all in which every rank sends its packed input (ids, offsets, per-sample weights) to
-   every rank;
-3. each rank computes, for every requester, what its weight shard contributes;
-4. one all-to-all returns the contributions to their requesters (autograd-aware: its backward is the
-   reverse all-to-all, so gradients reach the weight shard that produced each contribution).
-
-The exchanges are the C++ ops ``torch.ops.torch_shard._all_to_all`` over the weight's process group.
+1. local checks, then ONE C++ data op (``torch.ops.torch_shard._share_inputs``) that agrees (a bad
+   input on any rank raises on every rank instead of hanging the others) and gives every rank every
+   rank's packed input (ids, offsets, per-sample weights), small inputs in the agreement round itself;
+2. each rank computes, for every requester, what its weight shard contributes;
+3. one all-to-all returns the contributions to their requesters (autograd-aware: its backward is the
+   reverse all-to-all, so gradients reach the weight shard that produced each contribution). Its
+   counts come from the inputs every rank now holds, so it needs no agreement of its own.
 """
 
 from __future__ import annotations
@@ -21,8 +19,8 @@ from math import prod
 import torch
 import torch.distributed as dist
 
-from ..._agreement import agree
-from ...sharded_tensor._movement import comm_device
+from ...sharded_tensor import _state
+from ...sharded_tensor._movement import abort_and_raise
 from ..chunk_sharding_spec import ChunkShardingSpec
 
 _ops = torch.ops.torch_shard
@@ -106,33 +104,25 @@ def validate_common(input, weight, max_norm, scale_grad_by_freq, sparse, op_name
 
 
 def share_bags(bags: Bags, weight, error: BaseException | None, op_name: str) -> list[Bags]:
-    """Agree (raising on every rank if any rank's input was rejected), then give every rank every
-    rank's bags. One small all-gather plus one all-to-all."""
+    """Give every rank every rank's bags, after agreeing (raising on every rank if any rank's input
+    was rejected): one C++ data op."""
     pg = weight._process_group
-    world = dist.get_world_size(pg)
-    device = comm_device(pg, *(s.tensor for s in weight.local_shards()))
-    has_psw = bags.per_sample_weights is not None if error is None else False
-    n = bags.ids.numel() if error is None else 0
-    nb = bags.num_bags if error is None else 0
-    rows = agree(pg, device, op_name, error, [n, nb, int(has_psw)])
-    if len({row[2] for row in rows}) != 1:
-        raise ValueError(f"{op_name}: per_sample_weights must be given on every rank or on none")
-    packed = torch.cat([bags.offsets, bags.ids]).to(device)
-    counts = [row[0] + row[1] for row in rows]
-    received = _ops._all_to_all(packed.repeat(world), [packed.numel()] * world, counts, pg.group_name)
-    psw_received = None
+    if error is not None:
+        abort_and_raise("share_inputs", error, pg)
+    has_psw = bags.per_sample_weights is not None
+    parts = [bags.offsets, bags.ids]
     if has_psw:
-        psw = bags.per_sample_weights.detach().reshape(-1).to(device)
-        psw_received = _ops._all_to_all(psw.repeat(world), [psw.numel()] * world, [row[0] for row in rows], pg.group_name)
-    out, pos, psw_pos = [], 0, 0
-    for row in rows:
-        n_r, nb_r = row[0], row[1]
-        chunk = received[pos : pos + nb_r + n_r]
-        psw_r = psw_received[psw_pos : psw_pos + n_r] if psw_received is not None else None
-        out.append(Bags(ids=chunk[nb_r:], offsets=chunk[:nb_r], per_sample_weights=psw_r))
-        pos += nb_r + n_r
-        psw_pos += n_r
-    return out
+        parts.append(bags.per_sample_weights.detach().reshape(-1))
+    received = _ops._share_inputs(parts, _state.read_state(weight).layout_fp, int(has_psw), pg.group_name)
+    width = len(parts)
+    return [
+        Bags(
+            ids=received[r * width + 1],
+            offsets=received[r * width],
+            per_sample_weights=received[r * width + 2] if has_psw else None,
+        )
+        for r in range(len(received) // width)
+    ]
 
 
 def column_order(weight) -> list[tuple[int, int, int]]:

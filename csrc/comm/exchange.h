@@ -1,0 +1,91 @@
+// The one engine behind every torch_shard data op: agree, then move, in as few rounds as possible.
+//
+// See NOTE [ Agreed exchange ] in exchange.cpp for the protocol.
+#pragma once
+
+#include <array>
+#include <exception>
+#include <functional>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+namespace torch_shard {
+namespace comm {
+
+// Which collective a rank is running; ranks that disagree raise instead of mixing up their messages.
+enum class OpKind : int64_t {
+  kShard = 1,
+  kGather = 2,
+  kReshard = 3,
+  kShareInputs = 4,
+  kInitFromLocalShards = 5,
+  kCompare = 6,
+};
+
+const char* op_name(OpKind op);
+
+// Values every rank sends to every rank in the agreement (op-specific: ranks, fingerprints, ...).
+constexpr int kAgreedValues = 4;
+using Values = std::array<int64_t, kAgreedValues>;
+
+// Byte counts a receiver cannot know in advance (inputs of different sizes per rank): it takes what
+// the sender declares in the agreement round.
+constexpr int64_t kDeclared = -1;
+
+// One message from this rank to a peer. Either `direct` (a contiguous 1-D uint8 tensor of exactly
+// `bytes`, on the communication device) is sent as it is, or `pack` fills a staging buffer.
+struct Outgoing {
+  int64_t bytes = 0;
+  at::Tensor direct;
+  std::function<void(const at::Tensor& into)> pack;
+};
+
+// One message from a peer to this rank. `bytes` is what this rank expects (or kDeclared). Either it is
+// received straight into `direct`, or `unpack` reads it from a staging buffer.
+struct Incoming {
+  int64_t bytes = 0;
+  at::Tensor direct;
+  std::function<void(const at::Tensor& from)> unpack;
+};
+
+// This rank's part of an exchange: one Outgoing and one Incoming per group rank (its own entries are
+// ignored), and `local`, which moves what stays on this rank (run only once all ranks agreed).
+struct Moves {
+  std::vector<Outgoing> send;
+  std::vector<Incoming> recv;
+  std::function<void()> local;
+};
+
+// Throws (the same exception on every rank: every rank calls it with the same table) when the agreed
+// values of the ranks are inconsistent.
+using Check = std::function<void(const std::vector<Values>& all, int64_t me)>;
+
+// Error classes a failing rank reports; the others raise the same class, naming that rank.
+enum class ErrorCode : int64_t {
+  kNone = 0,
+  kValueError = 1,
+  kTypeError = 2,
+  kIndexError = 3,
+  kNotImplementedError = 4,
+  kRuntimeError = 5,
+  kOther = 6,
+};
+
+ErrorCode classify(std::exception_ptr error);
+
+// Runs the agreement and, when every rank agrees, the moves. Collective over `pg`: every rank calls it
+// with the same `op`. `error` is this rank's local failure (its `moves` are then ignored and it
+// rethrows `error` once the others know); `moves` may be null only when `error` is set. Returns the
+// bytes each peer declared it sends here (kDeclared receivers read their sizes from it).
+std::vector<int64_t> exchange(c10d::ProcessGroup& pg,
+                              OpKind op,
+                              const Values& mine,
+                              std::exception_ptr error,
+                              ErrorCode error_code,
+                              Moves* moves,
+                              const Check& check);
+
+}  // namespace comm
+}  // namespace torch_shard

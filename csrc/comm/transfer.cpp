@@ -1,0 +1,248 @@
+#include "comm/transfer.h"
+
+#include <list>
+#include <mutex>
+#include <unordered_map>
+
+#include <ATen/ops/empty.h>
+#include <c10/util/Exception.h>
+
+#include "comm/process_group.h"
+
+namespace torch_shard {
+namespace comm {
+
+namespace {
+
+using layout::Box;
+using layout::Layout;
+using layout::PeerTransfer;
+using layout::Region;
+using layout::TransferPlan;
+
+// NOTE [ Plan cache ]
+// Planning intersects every local box with the other layout's boxes (O(N log N)); a training loop
+// that gathers or reshards the same tensor every step would redo it every time. Plans are cached per
+// (source layout, target layout, rank, world size), as DTensor caches its redistribute transforms.
+// The key is the two layouts' fingerprints (computed once per layout, never per call); a hit is
+// confirmed by comparing the layouts themselves (pointer equality, else content), so a fingerprint
+// collision can never hand out a wrong plan. Least recently used entries go first; the cache is shared
+// by all threads behind one mutex (plans are immutable once built).
+constexpr size_t kPlanCacheCapacity = 64;
+
+struct PlanKey {
+  uint64_t src;
+  uint64_t dst;
+  int64_t me;
+  int64_t world;
+  bool operator==(const PlanKey& o) const {
+    return src == o.src && dst == o.dst && me == o.me && world == o.world;
+  }
+};
+
+struct PlanKeyHash {
+  size_t operator()(const PlanKey& k) const noexcept {
+    return static_cast<size_t>(layout::Fingerprint()
+                                   .add(static_cast<int64_t>(k.src))
+                                   .add(static_cast<int64_t>(k.dst))
+                                   .add(k.me)
+                                   .add(k.world)
+                                   .value());
+  }
+};
+
+struct PlanEntry {
+  std::shared_ptr<const Layout> src;
+  std::shared_ptr<const Layout> dst;
+  std::shared_ptr<const TransferPlan> plan;
+  std::list<PlanKey>::iterator lru;
+};
+
+struct PlanCache {
+  std::mutex mutex;
+  std::list<PlanKey> lru;  // front: most recently used
+  std::unordered_map<PlanKey, PlanEntry, PlanKeyHash> entries;
+};
+
+PlanCache& plan_cache() {
+  static PlanCache cache;
+  return cache;
+}
+
+at::Tensor region_view(const at::Tensor& tensor, const Box& shard, const Box& region) {
+  at::Tensor view = tensor;
+  for (size_t d = 0; d < shard.ndim(); ++d) {
+    view = view.narrow(static_cast<int64_t>(d), region.offsets[d] - shard.offsets[d], region.sizes[d]);
+  }
+  return view;
+}
+
+// Position of each held shard in a LocalTensors, or -1.
+std::unordered_map<int64_t, size_t> positions(const LocalTensors& local) {
+  TORCH_INTERNAL_ASSERT(local.tensors.size() == local.indices.size());
+  std::unordered_map<int64_t, size_t> map;
+  for (size_t k = 0; k < local.tensors.size(); ++k) {
+    map.emplace(local.indices[k], k);
+  }
+  return map;
+}
+
+// The bytes of `run` inside `tensor` (one of this rank's shards) when they can travel in place.
+at::Tensor direct_bytes(const at::Tensor& tensor, const layout::Run& run, c10::Device device,
+                        c10::ScalarType dtype) {
+  if (!tensor.is_contiguous() || tensor.device() != device || tensor.scalar_type() != dtype) {
+    return at::Tensor();
+  }
+  return tensor.view({-1}).narrow(0, run.start, run.count).view(at::kByte);
+}
+
+}  // namespace
+
+std::shared_ptr<const TransferPlan> cached_plan(const std::shared_ptr<const Layout>& src,
+                                                const std::shared_ptr<const Layout>& dst,
+                                                int64_t me,
+                                                int64_t world) {
+  auto& cache = plan_cache();
+  auto& stats = comm_stats();
+  const PlanKey key{src->fingerprint(), dst->fingerprint(), me, world};
+  {
+    std::lock_guard<std::mutex> guard(cache.mutex);
+    auto it = cache.entries.find(key);
+    if (it != cache.entries.end() && it->second.src->same_as(*src) && it->second.dst->same_as(*dst)) {
+      cache.lru.splice(cache.lru.begin(), cache.lru, it->second.lru);
+      stats.plan_cache_hits += 1;
+      return it->second.plan;
+    }
+  }
+  stats.plan_cache_misses += 1;
+  auto plan = std::make_shared<const TransferPlan>(layout::plan_transfer(*src, *dst, me, world));
+  std::lock_guard<std::mutex> guard(cache.mutex);
+  auto it = cache.entries.find(key);
+  if (it != cache.entries.end()) {
+    cache.lru.erase(it->second.lru);
+    cache.entries.erase(it);
+  }
+  cache.lru.push_front(key);
+  cache.entries.emplace(key, PlanEntry{src, dst, plan, cache.lru.begin()});
+  while (cache.entries.size() > kPlanCacheCapacity) {
+    cache.entries.erase(cache.lru.back());
+    cache.lru.pop_back();
+  }
+  return plan;
+}
+
+void clear_plan_cache() {
+  auto& cache = plan_cache();
+  std::lock_guard<std::mutex> guard(cache.mutex);
+  cache.entries.clear();
+  cache.lru.clear();
+}
+
+LocalTensors allocate_local(const Layout& layout, int64_t me, c10::ScalarType dtype) {
+  LocalTensors out;
+  for (int64_t idx : layout.shards_of(me)) {
+    const auto& box = layout.box(static_cast<size_t>(idx));
+    out.tensors.push_back(at::empty(box.sizes, at::TensorOptions()
+                                                   .dtype(dtype)
+                                                   .device(layout.placement(static_cast<size_t>(idx)).device)));
+    out.indices.push_back(idx);
+  }
+  return out;
+}
+
+Moves transfer_moves(const TransferPlan& plan,
+                     const Layout& src,
+                     const LocalTensors& src_local,
+                     const Layout& dst,
+                     const LocalTensors& dst_local,
+                     int64_t me,
+                     c10::Device device,
+                     c10::ScalarType dtype) {
+  const auto world = static_cast<int64_t>(plan.send.size());
+  // Shared by the pack/unpack closures (one map per side, not one copy per peer).
+  auto src_pos = std::make_shared<const std::unordered_map<int64_t, size_t>>(positions(src_local));
+  auto dst_pos = std::make_shared<const std::unordered_map<int64_t, size_t>>(positions(dst_local));
+  auto src_tensor = [&src_local, src_pos](size_t shard) -> const at::Tensor& {
+    auto it = src_pos->find(static_cast<int64_t>(shard));
+    TORCH_INTERNAL_ASSERT(it != src_pos->end(), "no local tensor for source shard ", shard);
+    return src_local.tensors[it->second];
+  };
+  auto dst_tensor = [&dst_local, dst_pos](size_t shard) -> const at::Tensor& {
+    auto it = dst_pos->find(static_cast<int64_t>(shard));
+    TORCH_INTERNAL_ASSERT(it != dst_pos->end(), "no local tensor for target shard ", shard);
+    return dst_local.tensors[it->second];
+  };
+  // Every region this rank sends or receives needs its tensor; a missing one is a caller bug (data ops
+  // check the local shards against the layout before planning).
+  for (int64_t p = 0; p < world; ++p) {
+    for (const Region& r : plan.send[p].regions) {
+      (void)src_tensor(r.src);
+    }
+    for (const Region& r : plan.recv[p].regions) {
+      (void)dst_tensor(r.dst);
+    }
+  }
+  const int64_t itemsize = static_cast<int64_t>(c10::elementSize(dtype));
+  const auto bytes_of = [itemsize](int64_t elements) {
+    return layout::checked_mul(elements, itemsize, "torch_shard: a message size in bytes");
+  };
+
+  Moves moves;
+  moves.send.resize(world);
+  moves.recv.resize(world);
+  for (int64_t p = 0; p < world; ++p) {
+    if (p == me) {
+      continue;
+    }
+    const PeerTransfer& out = plan.send[p];
+    Outgoing& send = moves.send[p];
+    send.bytes = bytes_of(out.elements);
+    if (send.bytes > 0) {
+      if (out.run.has_value()) {
+        send.direct = direct_bytes(src_tensor(out.run->shard), *out.run, device, dtype);
+      }
+      send.pack = [&out, &src, src_tensor, dtype](const at::Tensor& into) {
+        at::Tensor typed = into.view(dtype);
+        int64_t pos = 0;
+        for (const Region& region : out.regions) {
+          const int64_t n = region.box.volume();
+          typed.narrow(0, pos, n)
+              .view(region.box.sizes)
+              .copy_(region_view(src_tensor(region.src), src.box(region.src), region.box));
+          pos += n;
+        }
+      };
+    }
+    const PeerTransfer& in = plan.recv[p];
+    Incoming& recv = moves.recv[p];
+    recv.bytes = bytes_of(in.elements);
+    if (recv.bytes > 0) {
+      if (in.run.has_value()) {
+        recv.direct = direct_bytes(dst_tensor(in.run->shard), *in.run, device, dtype);
+      }
+      recv.unpack = [&in, &dst, dst_tensor, dtype](const at::Tensor& from) {
+        const at::Tensor typed = from.view(dtype);
+        int64_t pos = 0;
+        for (const Region& region : in.regions) {
+          const int64_t n = region.box.volume();
+          region_view(dst_tensor(region.dst), dst.box(region.dst), region.box)
+              .copy_(typed.narrow(0, pos, n).view(region.box.sizes));
+          pos += n;
+        }
+      };
+    }
+  }
+  const PeerTransfer& own = plan.send[me];
+  if (!own.regions.empty()) {
+    moves.local = [&own, &src, &dst, src_tensor, dst_tensor]() {
+      for (const Region& region : own.regions) {
+        region_view(dst_tensor(region.dst), dst.box(region.dst), region.box)
+            .copy_(region_view(src_tensor(region.src), src.box(region.src), region.box));
+      }
+    };
+  }
+  return moves;
+}
+
+}  // namespace comm
+}  // namespace torch_shard

@@ -1,0 +1,289 @@
+"""The C++ core as the only source of truth: safe public ops, the plan cache, single-round small ops,
+and Python views that follow the impl whichever path wrote it.
+
+Every public op (``torch.ops.torch_shard.shard / gather / reshard``) called DIRECTLY with arguments
+that differ across ranks must raise on every rank (no hang, no gloo abort), and a target that does not
+tile the tensor must raise instead of leaving uninitialised memory in the result.
+"""
+
+import copy
+import io
+import pickle
+
+import torch
+import torch.distributed as dist
+
+from torch_shard import _shard_tensor, sharded_tensor
+from torch_shard.sharded_tensor import Shard, ShardedTensor
+from torch_shard.sharding_spec import ChunkShardingSpec, EnumerableShardingSpec, ShardMetadata
+from torch_shard.testing import ShardedTensorTestBase, placement, run_tests, with_comms
+
+_ops = torch.ops.torch_shard
+WORLD = 4
+
+
+def _rows(n=WORLD):
+    return ChunkShardingSpec(dim=0, placements=[placement(r % WORLD) for r in range(n)])
+
+
+def _cols():
+    return ChunkShardingSpec(dim=1, placements=[placement(r) for r in range(WORLD)])
+
+
+def _names(ranks):
+    return [placement(r) for r in ranks]
+
+
+def _boxes(offsets, sizes):
+    return torch.tensor(offsets, dtype=torch.int64), torch.tensor(sizes, dtype=torch.int64)
+
+
+class TestDirectOpsAreSafe(ShardedTensorTestBase):
+    def _group_still_works(self):
+        full = torch.arange(32.0).view(8, 4)
+        st = _shard_tensor(full, _rows())
+        out = torch.zeros(8, 4) if self.rank == 0 else None
+        st.gather(0, out)
+        if self.rank == 0:
+            self.assertEqual(out, full)
+
+    @with_comms(init_rpc=False)
+    def test_reshard_op_with_a_different_layout_on_one_rank(self):
+        st = sharded_tensor.rand(_rows(), 8, 8)
+        before = st.local_tensor().clone()
+        dim = 1 if self.rank == 2 else 0  # rank 2 asks for columns, the others for rows
+        with self.assertRaisesRegex(ValueError, "does not match"):
+            _ops.reshard(st, dim, None, None, None, _names(range(WORLD)), list(range(WORLD)))
+        # Nothing was written on any rank.
+        self.assertEqual(st.local_tensor(), before)
+        self.assertEqual(st.metadata().shards_metadata[1].shard_offsets, [2, 0])
+        self._group_still_works()
+
+    @with_comms(init_rpc=False)
+    def test_reshard_op_to_a_target_that_does_not_tile(self):
+        st = sharded_tensor.rand(_rows(), 8, 4)
+        # Two 4x4 row blocks would tile; the second one is too short here: rows 6..7 are nobody's.
+        offsets, sizes = _boxes([[0, 0], [4, 0]], [[4, 4], [2, 4]])
+        with self.assertRaisesRegex(ValueError, "does not match tensor volume"):
+            _ops.reshard(st, None, offsets, sizes, None, _names([0, 1]), [0, 1])
+        # Overlapping boxes are refused too.
+        offsets, sizes = _boxes([[0, 0], [3, 0]], [[4, 4], [5, 4]])
+        with self.assertRaisesRegex(ValueError, "overlap"):
+            _ops.reshard(st, None, offsets, sizes, None, _names([0, 1]), [0, 1])
+        self._group_still_works()
+
+    @with_comms(init_rpc=False)
+    def test_gather_op_with_different_destinations(self):
+        st = sharded_tensor.ones(_rows(), 8, 4)
+        dst = 3 if self.rank == 1 else 0
+        out = torch.zeros(8, 4) if self.rank == dst else None
+        with self.assertRaisesRegex(ValueError, "does not match with dst"):
+            _ops.gather(st, dst, out)
+        if out is not None:
+            self.assertEqual(out, torch.zeros(8, 4))  # untouched
+        self._group_still_works()
+
+    @with_comms(init_rpc=False)
+    def test_gather_op_out_errors(self):
+        st = sharded_tensor.ones(_rows(), 8, 4)
+        out = torch.zeros(8, 5) if self.rank == 0 else None
+        with self.assertRaises(ValueError):
+            _ops.gather(st, 0, out)
+        with self.assertRaises(IndexError):
+            _ops.gather(st, 7 if self.rank == 2 else 0, torch.zeros(8, 4) if self.rank == 0 else None)
+        self._group_still_works()
+
+    @with_comms(init_rpc=False)
+    def test_shard_op_with_arguments_that_differ(self):
+        group = dist.group.WORLD.group_name
+        names, owners = _names(range(WORLD)), list(range(WORLD))
+        tensor = torch.rand(8, 4)
+        # Different sizes on one rank.
+        size = [9, 4] if self.rank == 3 else [8, 4]
+        with self.assertRaisesRegex(ValueError, "different size or dtype"):
+            _ops.shard(tensor if self.rank == 0 else None, 0, size, torch.float32, 0, None, None, None,
+                       names, owners, False, group)
+        # Different source ranks.
+        src = 1 if self.rank == 1 else 0
+        with self.assertRaisesRegex(ValueError, "does not match with src_rank"):
+            _ops.shard(tensor, src, [8, 4], torch.float32, 0, None, None, None, names, owners, False, group)
+        # A target that does not tile the tensor (every rank passes it).
+        offsets, sizes = _boxes([[0, 0]], [[4, 4]])
+        with self.assertRaisesRegex(ValueError, "does not match tensor volume"):
+            _ops.shard(tensor, 0, [8, 4], torch.float32, None, offsets, sizes, None, _names([0]), [0], False, group)
+        # An owner outside the group on one rank only.
+        bad = [0, 1, 2, 9] if self.rank == 2 else owners
+        with self.assertRaises(IndexError):
+            _ops.shard(tensor, 0, [8, 4], torch.float32, 0, None, None, None, names, bad, False, group)
+        self._group_still_works()
+
+    @with_comms(init_rpc=False)
+    def test_ranks_running_different_ops_raise_together(self):
+        st = sharded_tensor.ones(_rows(), 8, 4)
+        with self.assertRaisesRegex(RuntimeError, "every rank of the group must call the same collective"):
+            if self.rank == 0:
+                _ops.gather(st, 0, torch.zeros(8, 4))
+            else:
+                _ops.reshard(st, 1, None, None, None, _names(range(WORLD)), list(range(WORLD)))
+        self._group_still_works()
+
+    @with_comms(init_rpc=False)
+    def test_shard_op_scatters_an_enumerable_layout(self):
+        # The public op takes any layout (the Python EnumerableShardingSpec.shard keeps upstream's
+        # NotImplementedError): a 2x2 grid of uneven blocks, rank 0 owning two.
+        full = torch.arange(70.0).view(7, 10)
+        offsets, sizes = _boxes([[0, 0], [0, 4], [3, 0], [3, 4]], [[3, 4], [3, 6], [4, 4], [4, 6]])
+        index = torch.tensor([0, 1, 2, 0])
+        raw = _ops.shard(full if self.rank == 1 else None, 1, [7, 10], torch.float32, None, offsets, sizes,
+                         index, _names([0, 1, 3]), [0, 1, 3], False, dist.group.WORLD.group_name)
+        st = torch.Tensor._make_subclass(ShardedTensor, raw, False)
+        st._init_python_state(dist.group.WORLD)
+        for shard in st.local_shards():
+            o, s = shard.metadata.shard_offsets, shard.metadata.shard_sizes
+            self.assertEqual(shard.tensor, full[o[0] : o[0] + s[0], o[1] : o[1] + s[1]])
+        self.assertEqual({0: 2, 1: 1, 2: 0, 3: 1}[self.rank], len(st.local_shards()))
+
+
+class TestImplIsTheTruth(ShardedTensorTestBase):
+    @with_comms(init_rpc=False)
+    def test_round_trips_after_swapping_a_local_shard(self):
+        st = sharded_tensor.zeros(_rows(8), 16, 4)  # two local shards per rank
+        swapped = torch.full((2, 4), float(self.rank + 1))
+        st.local_shards()[1].tensor = swapped
+        self.assertIs(st.local_shards()[1].tensor, swapped)
+        self.assertIs(_ops._local_shards(st)[1], swapped)
+
+        def check(copy_):
+            self.assertIs(type(copy_), ShardedTensor)
+            self.assertEqual(copy_.metadata(), st.metadata())
+            self.assertEqual(len(copy_.local_shards()), 2)
+            self.assertEqual(copy_.local_shards()[0].tensor, torch.zeros(2, 4))
+            self.assertEqual(copy_.local_shards()[1].tensor, swapped)
+            for a, b in zip(copy_.local_shards(), st.local_shards()):
+                self.assertEqual(a.metadata, b.metadata)
+
+        check(copy.deepcopy(st))
+        check(pickle.loads(pickle.dumps(st)))
+        buffer = io.BytesIO()
+        torch.save(st, buffer)
+        buffer.seek(0)
+        check(torch.load(buffer, weights_only=True))
+        # The data ops see the swap too.
+        out = torch.zeros(16, 4) if self.rank == 0 else None
+        st.gather(0, out)
+        if self.rank == 0:
+            expected = torch.zeros(16, 4)
+            for r in range(WORLD):
+                expected[(r + 4) * 2 : (r + 4) * 2 + 2] = r + 1
+            self.assertEqual(out, expected)
+
+    @with_comms(init_rpc=False)
+    def test_assigning_the_local_shard_list(self):
+        st = sharded_tensor.zeros(_rows(8), 16, 4)
+        first, second = st.local_shards()
+        replacement = [Shard(torch.ones(2, 4), second.metadata), Shard(torch.full((2, 4), 2.0), first.metadata)]
+        st._local_shards = replacement  # upstream code assigns the attribute; matched by box
+        # The list keeps the order it was given in, each tensor with its own shard's metadata.
+        self.assertEqual(st.local_shards()[0].tensor, torch.ones(2, 4))
+        self.assertEqual(st.local_shards()[0].metadata, second.metadata)
+        self.assertEqual(st.local_shards()[1].tensor, torch.full((2, 4), 2.0))
+        out = torch.zeros(16, 4) if self.rank == 0 else None
+        st.gather(0, out)
+        if self.rank == 0:
+            self.assertEqual(out[:8], torch.full((8, 4), 2.0))
+            self.assertEqual(out[8:], torch.ones(8, 4))
+        with self.assertRaisesRegex(ValueError, "not one of the shards"):
+            st._local_shards = [Shard(torch.ones(3, 4), ShardMetadata([0, 0], [3, 4], placement(self.rank)))]
+        # Holding one shard twice is refused by the data ops, on every rank.
+        st._local_shards = [st.local_shards()[0], st.local_shards()[0]]
+        with self.assertRaisesRegex(ValueError, "more than once"):
+            st.reshard(_cols())
+
+    @with_comms(init_rpc=False)
+    def test_views_follow_a_direct_op_call(self):
+        full = torch.arange(64.0).view(8, 8)
+        st = _shard_tensor(full, _rows())
+        spec_before = st.sharding_spec()
+        metadata_before = st.metadata()
+        # Reshard through the C++ op directly: the Python views must not go stale.
+        _ops.reshard(st, 1, None, None, None, _names(range(WORLD)), list(range(WORLD)))
+        self.assertIsNot(st.metadata(), metadata_before)
+        self.assertEqual([md.shard_offsets for md in st.metadata().shards_metadata], [[0, 2 * r] for r in range(WORLD)])
+        self.assertEqual(st.local_tensor(), full[:, 2 * self.rank : 2 * self.rank + 2])
+        spec = st.sharding_spec()
+        self.assertIsNot(spec, spec_before)
+        self.assertIsInstance(spec, ChunkShardingSpec)
+        self.assertEqual(spec.dim, 1)
+
+
+class TestPlanCacheAndRounds(ShardedTensorTestBase):
+    @with_comms(init_rpc=False)
+    def test_repeated_reshards_hit_the_plan_cache(self):
+        full = torch.rand(12, 10, generator=torch.Generator().manual_seed(0))
+        grid = EnumerableShardingSpec(
+            [
+                ShardMetadata([0, 0], [5, 10], placement(2)),
+                ShardMetadata([5, 0], [7, 4], placement(0)),
+                ShardMetadata([5, 4], [7, 6], placement(3)),
+            ]
+        )
+        results = {}
+        for cached in (True, False):
+            st = _shard_tensor(full, _rows())
+            _ops._clear_plan_cache()
+            _ops._comm_stats(True)
+            seen = []
+            for _ in range(3):
+                for spec in (_cols(), grid, _rows()):
+                    if not cached:
+                        _ops._clear_plan_cache()
+                    st.reshard(spec)
+                    seen.append([s.tensor.clone() for s in st.local_shards()])
+            stats = _ops._comm_stats(False)
+            hits, misses = stats[3], stats[4]
+            if cached:
+                # rows->cols, cols->grid, grid->rows planned once each; the next two rounds only hit.
+                self.assertEqual((misses, hits), (3, 6))
+            else:
+                self.assertEqual((misses, hits), (9, 0))
+            results[cached] = seen
+        for a, b in zip(results[True], results[False]):
+            self.assertEqual(a, b)
+        out = torch.zeros(12, 10) if self.rank == 2 else None
+        st.gather(2, out)
+        if self.rank == 2:
+            self.assertEqual(out, full)
+
+    @with_comms(init_rpc=False)
+    def test_small_ops_take_one_round_and_large_ones_two(self):
+        for n, rounds in ((64, 1), (512, 2)):
+            full = torch.rand(n, n)
+            _ops._comm_stats(True)
+            st = _shard_tensor(full, _rows())
+            out = torch.empty(n, n) if self.rank == 0 else None
+            st.gather(0, out)
+            st.reshard(_cols())
+            stats = _ops._comm_stats(False)
+            collectives, single_round = stats[2], stats[5]
+            self.assertEqual(3 * rounds, collectives, f"{n}x{n}")
+            self.assertEqual(3 if rounds == 1 else 0, single_round, f"{n}x{n}")
+            if self.rank == 0:
+                self.assertEqual(out, full)
+            self.assertEqual(st.local_tensor(), full[:, self.rank * n // 4 : (self.rank + 1) * n // 4])
+
+    @with_comms(init_rpc=False)
+    def test_gather_converts_into_out_and_fills_non_contiguous_out(self):
+        full = torch.arange(48, dtype=torch.int64).view(6, 8)
+        st = _shard_tensor(full, _cols())
+        out = torch.zeros(6, 8, dtype=torch.float64) if self.rank == 1 else None
+        st.gather(1, out)
+        if self.rank == 1:
+            self.assertEqual(out, full.double())
+        out = torch.zeros(8, 6).t() if self.rank == 3 else None
+        st.gather(3, out)
+        if self.rank == 3:
+            self.assertEqual(out, full.float())
+
+
+if __name__ == "__main__":
+    run_tests()

@@ -1,0 +1,111 @@
+"""Device and dtype moves of a ShardedTensor: ``cpu()``, ``cuda()``, ``to()``.
+
+Each converts the local shards and returns a new ShardedTensor whose placements name the new device
+type (ranks kept), as upstream does; a CUDA target is always this rank's current device.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import torch
+
+from .shard import Shard
+
+
+def _check_memory_format(memory_format) -> None:
+    if memory_format not in (torch.preserve_format, torch.contiguous_format):
+        raise RuntimeError("Only `torch.contiguous_format` or `torch.preserve_format` is supported!")
+
+
+class _DeviceMoves:
+    """Mixin of :class:`ShardedTensor`: ``cpu``, ``cuda``, ``to``."""
+
+    def cpu(self, memory_format: torch.memory_format = torch.preserve_format, process_group=None):
+        """This tensor with every shard on the CPU (``self`` when all placements already are)."""
+        _check_memory_format(memory_format)
+        if all(md.placement.device().type == "cpu" for md in self.metadata().shards_metadata):
+            return self
+        return self._moved(torch.device("cpu"), self.dtype, process_group, non_blocking=False)
+
+    def cuda(
+        self,
+        device=None,
+        non_blocking: bool = False,
+        memory_format: torch.memory_format = torch.preserve_format,
+        process_group=None,
+    ):
+        """A new ShardedTensor with every shard on this rank's current CUDA device."""
+        _check_memory_format(memory_format)
+        if device is not None:
+            device = torch.device(device) if not isinstance(device, torch.device) else device
+            if device.index is not None and device.index != torch.cuda.current_device():
+                raise AssertionError(
+                    'Only device without device id (e.g. "cpu" or "cuda") is expected for ShardedTensor!'
+                )
+        current = torch.device("cuda", torch.cuda.current_device())
+        return self._moved(current, self.dtype, process_group, non_blocking=non_blocking)
+
+    def to(self, *args, **kwargs):  # type: ignore[override]
+        """Convert dtype and/or device, as ``Tensor.to``: ``to(dtype)``, ``to(device)``,
+        ``to(device, dtype)``, ``to(tensor)``, or keywords ``dtype``, ``device``, ``copy``,
+        ``non_blocking``, ``memory_format``, ``process_group``. A CUDA target is this rank's current
+        device. Returns ``self`` when nothing changes and ``copy`` is False."""
+        current_device = self.device  # the impl's: its shards' device, or the group's
+        current_dtype = self.dtype
+        device_to, dtype_to = current_device, current_dtype
+        if len(args) == 1:
+            if isinstance(args[0], torch.dtype):
+                dtype_to = args[0]
+            elif isinstance(args[0], torch.device):
+                device_to = args[0]
+            elif isinstance(args[0], (str, int)):
+                device_to = torch.device(args[0])
+            elif isinstance(args[0], torch.Tensor):
+                dtype_to, device_to = args[0].dtype, args[0].device
+            else:
+                raise RuntimeError(f"ShardedTensor.to() have wrong arguments: {args}")
+        elif len(args) == 2:
+            device_to, dtype_to = args
+        elif len(args) > 2:
+            raise RuntimeError(f"ShardedTensor.to() have wrong arguments: {args}")
+        dtype_to = kwargs.get("dtype", dtype_to)
+        device_to = kwargs.get("device", device_to)
+        device_to = torch.device(device_to) if isinstance(device_to, (str, int)) else device_to
+        if device_to.type == "cuda":
+            current_idx = torch.cuda.current_device()
+            if device_to.index != current_idx:
+                warnings.warn(
+                    "ShardedTensor.to only move tensor to its current device"
+                    "If you want to put to different device, use `reshard` instead.",
+                    stacklevel=2,
+                )
+            device_to = torch.device("cuda", current_idx)
+        copy_tensor = kwargs.get("copy", False)
+        non_blocking = kwargs.get("non_blocking", False)
+        _check_memory_format(kwargs.get("memory_format", torch.preserve_format))
+        process_group = kwargs.get("process_group")
+        if not copy_tensor and dtype_to == current_dtype and device_to == current_device:
+            return self
+        return self._moved(device_to, dtype_to, process_group, non_blocking=non_blocking)
+
+    def _moved(self, device, dtype, process_group, non_blocking: bool):
+        """A new ShardedTensor with local shards converted to ``device``/``dtype`` and every placement
+        in the metadata rewritten to ``device``'s type (ranks kept)."""
+        local_shards = []
+        for shard in self.local_shards():
+            tensor = shard.tensor.to(device=device, dtype=dtype, non_blocking=non_blocking)
+            md = copy.deepcopy(shard.metadata)
+            md.placement._device = tensor.device
+            local_shards.append(Shard(tensor, md))
+        metadata = copy.deepcopy(self.metadata())
+        metadata.tensor_properties.dtype = dtype
+        for md in metadata.shards_metadata:
+            placement_device = md.placement.device()
+            if placement_device.type != device.type:
+                md.placement._device = device if device.type != "cuda" else torch.device("cuda", device.index)
+        pg = process_group if process_group is not None else self._process_group
+        return type(self)._init_from_local_shards_and_global_metadata(
+            local_shards, metadata, process_group=pg, init_rrefs=self._init_rrefs
+        )
