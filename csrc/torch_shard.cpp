@@ -100,6 +100,11 @@ TORCH_LIBRARY(torch_shard, m) {
   // hits, plan cache misses, data ops done in a single round] since the last reset.
   m.def("_comm_stats(bool reset=False) -> int[]");
   m.def("_clear_plan_cache() -> ()");
+  // TEST-ONLY (NOTE [ Fault injection ], csrc/comm/exchange.cpp): this process's next exchange of data
+  // op `op` ("" for any: "shard", "gather", "reshard", "share_inputs", ...) fails right after the
+  // agreement round; action "raise" (RuntimeError) or "exit" (the process ends, exit code 43); "none"
+  // disarms.
+  m.def("_inject_fault(str op, str action) -> ()");
 }
 
 PyMethodDef* torch_shard_python_methods();  // csrc/bindings.cpp
