@@ -88,7 +88,9 @@ TORCH_LIBRARY(torch_shard, m) {
   // (global rows row_start..) that a requester's bags use; mode "sum" or "max". Returns the pooled
   // [num_bags, dim] (0 / -inf where the shard holds none of a bag's ids) and, for max, the winning
   // local row per element (-1 for none). padding_idx -1 means none. fused=False takes the ATen
-  // composition other devices use, also on CPU (for tests).
+  // composition other devices use, also on CPU (for tests). Bag b holds ids[offsets[b]:offsets[b+1]]
+  // (the last to the end); both kernels check offsets (non-decreasing, within [0, numel(ids)]),
+  // shapes, devices, row_start/rows and argmax, so no call reads or writes out of bounds.
   m.def(
       "_embedding_bag_partial(Tensor weight, Tensor ids, Tensor offsets, Tensor? per_sample_weights, "
       "int row_start, str mode, int padding_idx, bool fused=True) -> (Tensor, Tensor)");

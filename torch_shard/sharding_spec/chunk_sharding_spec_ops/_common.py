@@ -2,9 +2,12 @@
 
 Every rank calls the op with its own input. The flow is:
 
-1. local checks, then ONE C++ data op (``torch.ops.torch_shard._share_inputs``) that agrees (a bad
+1. local checks of this rank's input (ids, offsets, per-sample weights, devices: the dense op's
+   exception types and messages where it has them) and everything else that can fail (the owners'
+   group ranks), then ONE C++ data op (``torch.ops.torch_shard._share_inputs``) that agrees (a bad
    input on any rank raises on every rank instead of hanging the others) and gives every rank every
-   rank's packed input (ids, offsets, per-sample weights), small inputs in the agreement round itself;
+   rank's packed input (ids, offsets, per-sample weights), small inputs in the agreement round itself.
+   Received inputs were checked by their sender, so the later steps have no argument errors left;
 2. each rank computes, for every requester, what its weight shard contributes;
 3. one all-to-all returns the contributions to their requesters (autograd-aware: its backward is the
    reverse all-to-all, so gradients reach the weight shard that produced each contribution). Its
@@ -63,6 +66,7 @@ class Bags:
         return self.offsets.numel()
 
     def bag_of_id(self) -> torch.Tensor:
+        """The bag of every id (needs at least one bag; offsets start at 0, as checked)."""
         n = self.ids.numel()
         ends = torch.cat([self.offsets[1:], torch.tensor([n], dtype=torch.int64, device=self.offsets.device)])
         return torch.repeat_interleave(torch.arange(self.num_bags, device=self.ids.device), ends - self.offsets)
