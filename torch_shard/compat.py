@@ -93,8 +93,10 @@ _TESTING_ALIASES = {
 # and are loaded from torch's installed files with their imports resolving through the alias.
 _FROM_TORCH = ("_utils", "checkpoint")
 
-# Library modules imported eagerly by install(), so that `torch.distributed._shard` is set on
-# `torch.distributed` and the main names resolve at once.
+# Modules registered in sys.modules by install() itself (the finder answers the rest on import).
+# Registering them directly, instead of through the finder, keeps them resolving even when another
+# import hook sits before ours on sys.meta_path (pytest's assertion rewriter claims every file named
+# test_*.py, upstream's test_common.py included).
 _EAGER = (
     "",
     ".api",
@@ -217,6 +219,14 @@ def _holders_of_upstream_classes(upstream: list[str]) -> list[str]:
     return sorted(holders)
 
 
+def _register(name: str, module: types.ModuleType) -> None:
+    """Make ``name`` (and the attribute on its parent package) refer to ``module``."""
+    sys.modules[name] = module
+    parent_name, _, child = name.rpartition(".")
+    parent = sys.modules.get(parent_name) or importlib.import_module(parent_name)
+    setattr(parent, child, module)
+
+
 def installed() -> bool:
     """Whether the alias is in effect in this process."""
     return _finder is not None
@@ -250,12 +260,15 @@ def install() -> None:
         finder = _AliasFinder()
         sys.meta_path.insert(0, finder)
         try:
-            for suffix in _EAGER:
-                importlib.import_module(UPSTREAM_PACKAGE + suffix)
+            names = [UPSTREAM_PACKAGE + suffix for suffix in _EAGER] + list(_TESTING_ALIASES)
+            for name in names:
+                _register(name, importlib.import_module(_target_for(name)))
         except BaseException:
             sys.meta_path.remove(finder)
             for name in [n for n in sys.modules if n == UPSTREAM_PACKAGE or n.startswith(UPSTREAM_PACKAGE + ".")]:
                 del sys.modules[name]
+            for name in _TESTING_ALIASES:
+                sys.modules.pop(name, None)
             if isinstance(getattr(torch.distributed, "_shard", None), types.ModuleType):
                 delattr(torch.distributed, "_shard")
             raise
