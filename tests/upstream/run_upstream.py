@@ -94,6 +94,12 @@ EDITS = [
         "tensor/module .cuda(...) -> .cpu()",
     ),
     Edit(
+        "rank-as-device",
+        r"\.to\(self\.rank\)",
+        ".cpu()",
+        ".to(self.rank) (an int device is a CUDA ordinal) -> .cpu()",
+    ),
+    Edit(
         "nccl-backend",
         r"([\"'])nccl\1",
         r'\1gloo\1',
@@ -138,7 +144,7 @@ def _parse_junit(xml_path: Path) -> tuple[dict[str, str], dict[str, str]]:
             tag = child.tag
             if tag in ("failure", "error", "skipped"):
                 outcome = {"failure": "FAIL", "error": "ERROR", "skipped": "SKIP"}[tag]
-                detail = (child.get("message") or child.text or "").strip()
+                detail = (child.text or child.get("message") or "").strip()
                 break
         if key in outcomes and outcomes[key] == "FAIL" and outcome == "ERROR":
             continue  # a teardown error after a failure: keep the failure
