@@ -20,6 +20,8 @@ Names that resolve:
   imports ``narrow_tensor_by_index`` from ``_utils``; ``checkpoint`` is a deprecation alias of
   ``torch.distributed.checkpoint``). They are loaded from torch's installed files, with their imports
   resolving through the alias (so ``_utils`` sees torch_shard's ``ShardMetadata``).
+  Submodules of ``checkpoint`` (``checkpoint.metadata``, ``checkpoint.planner``, ...) load from
+  ``torch.distributed.checkpoint``'s files, as they do without the alias.
 * Any other ``torch.distributed._shard.*`` name (e.g. ``sharded_tensor.reshard``,
   ``sharded_tensor._ops.misc_ops``, upstream implementation modules with no torch_shard counterpart)
   raises ``ModuleNotFoundError`` saying so, instead of silently loading upstream's implementation
@@ -128,6 +130,10 @@ def _target_for(fullname: str) -> str | None:
         return f"torch_shard.testing.{rest}"
     if fullname == UPSTREAM_PACKAGE:
         return _TARGET_PACKAGE
+    if fullname.startswith(f"{UPSTREAM_PACKAGE}.checkpoint."):
+        # Upstream's `checkpoint` module replaces itself with torch.distributed.checkpoint; its
+        # submodules load from that package's files, exactly as without the alias.
+        return None
     if fullname.startswith(UPSTREAM_PACKAGE + "."):
         return _TARGET_PACKAGE + fullname[len(UPSTREAM_PACKAGE) :]
     return None

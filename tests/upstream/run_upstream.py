@@ -82,6 +82,15 @@ EDITS = [
         "makes tensors on device cpu, which then fail the placement check in both libraries)",
     ),
     Edit(
+        "accelerator-defaults",
+        r"^if torch\.accelerator\.is_available\(\):\n",
+        'DEVICE_TYPE, BACKEND = "cpu", "gloo"  # run_upstream.py: CPU defaults\n'
+        "if torch.accelerator.is_available():\n",
+        "module-level names a file defines only when an accelerator exists get CPU defaults "
+        '(DEVICE_TYPE = "cpu", BACKEND = "gloo") before that `if torch.accelerator.is_available():`',
+        re.MULTILINE,
+    ),
+    Edit(
         "cuda-device-string",
         r"([\"'])cuda(?::(?:\d+|\{[^{}\"']*\}))?\1",
         r"\1cpu\1",
@@ -158,7 +167,9 @@ def _last_line(detail: str) -> str:
     interesting = [
         line
         for line in lines
-        if re.match(r"^[A-Za-z_.]*(Error|Exception|Exit)\b", line) and "ranks failed" not in line
+        if re.match(r"^[A-Za-z_.]*(Error|Exception|Exit)\b", line)
+        and "ranks failed" not in line
+        and "exited with error code" not in line
     ]
     return (interesting or lines or [""])[-1][:200]
 
