@@ -359,6 +359,7 @@ class TestRunnerEdits(unittest.TestCase):
                     m = Model().cuda()
                     e = torch.nn.Embedding(3, 4).to(self.rank)
                     d = torch.device("cuda:1")
+                    local = torch.rand(3).to(f"{DEVICE_TYPE}:{self.rank}")
                     if torch.cuda.is_available():
                         pass
             '''
@@ -373,6 +374,7 @@ class TestRunnerEdits(unittest.TestCase):
         self.assertIn("m = Model().cpu()", edited)
         self.assertIn("e = torch.nn.Embedding(3, 4).cpu()", edited)
         self.assertIn('d = torch.device("cpu")', edited)
+        self.assertIn('local = torch.rand(3).to("cpu")', edited)
         self.assertIn("torch.cuda.is_available()", edited)  # only the listed edits apply
         self.assertEqual(counts["gpu-skip-decorator"], 2)
         self.assertEqual(counts["cuda-placement"], 3)

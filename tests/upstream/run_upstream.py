@@ -82,6 +82,13 @@ EDITS = [
         "makes tensors on device cpu, which then fail the placement check in both libraries)",
     ),
     Edit(
+        "accelerator-device-string",
+        r"f([\"'])\{(?:DEVICE_TYPE|device_type|self\.device_type)\}:(?:\d+|\{[^{}\"']*\})\1",
+        r"\1cpu\1",
+        'accelerator-generic device strings f"{device_type}:{rank}" -> "cpu" (tensors made on "cpu:N" '
+        'report device "cpu", so device comparisons with "cpu:N" fail in both libraries)',
+    ),
+    Edit(
         "accelerator-defaults",
         r"^if torch\.accelerator\.is_available\(\):\n",
         'DEVICE_TYPE, BACKEND = "cpu", "gloo"  # run_upstream.py: CPU defaults\n'
@@ -163,7 +170,8 @@ def _parse_junit(xml_path: Path) -> tuple[dict[str, str], dict[str, str]]:
 
 
 def _last_line(detail: str) -> str:
-    lines = [line.strip() for line in detail.splitlines() if line.strip()]
+    # pytest prefixes failure text with "E   "; rank tracebacks end in "<Type>Error: message".
+    lines = [re.sub(r"^E\s+", "", line.strip()) for line in detail.splitlines() if line.strip()]
     interesting = [
         line
         for line in lines
