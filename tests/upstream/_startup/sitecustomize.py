@@ -26,7 +26,8 @@ def _patch_upstream_test_base() -> None:
     """Upstream's ShardedTensorTestBase on gloo/CPU when fewer than 4 GPUs exist.
 
     The same choices torch_shard's test base makes: NCCL -> gloo, no TensorPipe device maps,
-    ``rank:r/cpu`` placements in the shared spec helpers, the shared Megatron model on the CPU.
+    ``rank:r/cpu`` placements in the shared spec helpers, the shared Megatron model on the CPU, and a
+    ``device_type`` attribute (``"cpu"``) that newer test files read.
     """
     import functools
 
@@ -62,6 +63,9 @@ def _patch_upstream_test_base() -> None:
         )
 
     base.ShardedTensorTestBase.init_rpc = init_rpc
+    # torch_shard's test base names the device its ranks use; newer upstream test files read it.
+    if not hasattr(base.ShardedTensorTestBase, "device_type"):
+        base.ShardedTensorTestBase.device_type = property(lambda self: "cpu")
 
     st_common.PLACEMENTS[:] = [f"rank:{r}/cpu" for r in range(len(st_common.PLACEMENTS))]
 
