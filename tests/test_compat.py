@@ -78,13 +78,19 @@ class TestAlias(unittest.TestCase):
             import torch.distributed.checkpoint._sharded_tensor_utils as dcp_utils
             import torch.distributed.checkpoint.planner_helpers as helpers
             assert dcp_utils.ShardedTensor is ShardedTensor and helpers.ShardedTensor is ShardedTensor
+            # upstream's `checkpoint` is torch.distributed.checkpoint, whatever torch_shard names so.
+            import torch.distributed._shard.checkpoint as shim
+            assert shim is sys.modules["torch.distributed.checkpoint"], shim
+            import torch.distributed._shard.sharded_tensor.api as api_module
+            assert not hasattr(api_module, "__path__")  # aliasing leaves torch_shard's modules as they are
             from torch.distributed._shard._utils import narrow_tensor_by_index
             import torch.distributed._shard._utils as upstream_utils
             assert upstream_utils.ShardMetadata is ShardMetadata
             upstream_mods = [n for n, m in sys.modules.items()
                              if n.startswith("torch.distributed._shard") and m is not None
                              and not m.__name__.startswith("torch_shard")
-                             and n not in ("torch.distributed._shard._utils",)]
+                             and n != "torch.distributed._shard._utils"
+                             and not n.startswith("torch.distributed._shard.checkpoint")]
             assert upstream_mods == [], upstream_mods
             print("ok")
             """

@@ -172,17 +172,20 @@ class _AliasFinder(importlib.abc.MetaPathFinder):
         alias_of = _target_for(fullname)
         if alias_of is None:
             return None
-        if importlib.util.find_spec(alias_of) is not None:
-            return importlib.machinery.ModuleSpec(fullname, _AliasLoader(alias_of), is_package=True)
-        if fullname.startswith(UPSTREAM_PACKAGE + "."):
-            source = _upstream_file(fullname)
-            if source is not None:
-                is_pkg = os.path.basename(source) == "__init__.py"
-                return importlib.util.spec_from_file_location(
-                    fullname,
-                    source,
-                    submodule_search_locations=[os.path.dirname(source)] if is_pkg else None,
-                )
+        # Upstream's own files first for the names listed in _FROM_TORCH: `checkpoint` means
+        # torch.distributed.checkpoint there, whatever torch_shard keeps under that name.
+        source = _upstream_file(fullname) if fullname.startswith(UPSTREAM_PACKAGE + ".") else None
+        if source is not None:
+            is_pkg = os.path.basename(source) == "__init__.py"
+            return importlib.util.spec_from_file_location(
+                fullname,
+                source,
+                submodule_search_locations=[os.path.dirname(source)] if is_pkg else None,
+            )
+        target_spec = importlib.util.find_spec(alias_of)
+        if target_spec is not None:
+            is_pkg = target_spec.submodule_search_locations is not None
+            return importlib.machinery.ModuleSpec(fullname, _AliasLoader(alias_of), is_package=is_pkg)
         raise ModuleNotFoundError(
             f"No module named '{fullname}': torch_shard.compat maps torch.distributed._shard to "
             f"torch_shard, which has no module '{alias_of}' (upstream's implementation module is not "
