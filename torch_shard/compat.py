@@ -16,7 +16,8 @@ Names that resolve:
   ``sharding_plan``, ``sharded_optim``, ``common_op_utils``, ``op_registry_utils``, ...) ->
   ``torch_shard.<same path>``.
 * ``torch.distributed._shard._utils`` and ``torch.distributed._shard.checkpoint``: torch_shard has no
-  module of its own for these, and torch's own code needs them (``torch.distributed.checkpoint``
+  counterpart for these (a ``torch_shard`` module of the same name, if any, means something else),
+  and torch's own code needs them (``torch.distributed.checkpoint``
   imports ``narrow_tensor_by_index`` from ``_utils``; ``checkpoint`` is a deprecation alias of
   ``torch.distributed.checkpoint``). They are loaded from torch's installed files, with their imports
   resolving through the alias (so ``_utils`` sees torch_shard's ``ShardMetadata``).
@@ -92,7 +93,8 @@ _TESTING_ALIASES = {
 
 # Upstream modules torch_shard has no counterpart for, which torch's own code imports. They hold no
 # ShardedTensor machinery (a tensor-narrowing helper; a deprecation alias of torch.distributed.checkpoint)
-# and are loaded from torch's installed files with their imports resolving through the alias.
+# and are loaded from torch's installed files with their imports resolving through the alias, even
+# where torch_shard has a module of the same name with another meaning.
 _FROM_TORCH = ("_utils", "checkpoint")
 
 # Modules registered in sys.modules by install() itself (the finder answers the rest on import).
