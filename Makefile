@@ -54,3 +54,13 @@ bench: build
 
 clean:
 	rm -rf build *.egg-info torch_shard/_C*.so $(STAMP_BUILD)
+
+# Upstream's own torch.distributed._shard test files, run through torch_shard.compat (see
+# tests/upstream/README.md). The files are not shipped: point UPSTREAM_TESTS at a copy of them.
+#   make upstream-tests UPSTREAM_TESTS=/path/to/test/distributed/_shard [UPSTREAM_AGAINST=both]
+UPSTREAM_AGAINST ?= torch_shard
+.PHONY: upstream-tests
+upstream-tests: build
+	@test -n "$(UPSTREAM_TESTS)" || { echo "set UPSTREAM_TESTS=<folder of upstream test files>"; exit 2; }
+	$(PIP) install --quiet expecttest
+	$(PY) tests/upstream/run_upstream.py "$(UPSTREAM_TESTS)" --against $(UPSTREAM_AGAINST)
