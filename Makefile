@@ -27,7 +27,7 @@ $(PY):
 $(STAMP_DEPS): | $(PY)
 	$(PIP) install --quiet "setuptools>=77" wheel
 	$(PIP) install --quiet "torch==$(TORCH_VERSION)"
-	$(PIP) install --quiet pytest numpy ninja
+	$(PIP) install --quiet pytest numpy ninja hypothesis
 	touch $@
 
 setup: $(STAMP_DEPS)
