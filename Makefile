@@ -17,7 +17,7 @@ STAMP_DEPS := $(VENV)/.deps-$(TORCH_VERSION)
 STAMP_BUILD := $(VENV)/.build
 CSRC := $(shell find csrc -name '*.cpp' -o -name '*.h') setup.py pyproject.toml
 
-.PHONY: all setup build demo test bench clean
+.PHONY: all setup build demo test bench sanitize clean
 
 all: build
 
@@ -27,7 +27,7 @@ $(PY):
 $(STAMP_DEPS): | $(PY)
 	$(PIP) install --quiet "setuptools>=77" wheel
 	$(PIP) install --quiet "torch==$(TORCH_VERSION)"
-	$(PIP) install --quiet pytest numpy ninja
+	$(PIP) install --quiet pytest numpy ninja hypothesis
 	touch $@
 
 setup: $(STAMP_DEPS)
@@ -52,8 +52,13 @@ bench: build
 	$(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_embedding.py
 	$(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_checkpoint.py
 
+# AddressSanitizer + UndefinedBehaviorSanitizer build in build-sanitize/ (the normal build is untouched),
+# then the C++-heavy tests against it; any sanitizer report fails.
+sanitize: setup
+	bash scripts/sanitize.sh $(PY)
+
 clean:
-	rm -rf build *.egg-info torch_shard/_C*.so $(STAMP_BUILD)
+	rm -rf build build-sanitize *.egg-info torch_shard/_C*.so $(STAMP_BUILD)
 
 # Upstream's own torch.distributed._shard test files, run through torch_shard.compat (see
 # tests/upstream/README.md). The files are not shipped: point UPSTREAM_TESTS at a copy of them.
