@@ -56,6 +56,8 @@ FAILURE_GRACE_S = 20.0
 # method when debugging the harness; "fork" has the hazard above.
 _START_METHODS = ("forkserver", "spawn", "fork")
 _FORKSERVER_PRELOAD = ("torch", "torch.distributed", "torch.distributed.rpc", "torch_shard")
+# Preloaded packages a rank must have from the same files as the test process.
+_CHECKED_MODULES = ("torch", "torch_shard")
 
 
 def _start_method() -> str:
@@ -111,21 +113,29 @@ class MultiProcessTestCase(TestCase):
             os.close(fd)
             self._processes: list = []
             self._pipes: list = []
-            self._start_processes()
+            try:
+                self._start_processes()
+            except BaseException:
+                # unittest skips tearDown when setUp raises: stop the ranks that did start.
+                self._stop_processes()
+                raise
 
     def tearDown(self) -> None:
         if self.rank == self.MAIN_PROCESS_RANK:
-            for proc in getattr(self, "_processes", []):
-                if proc.is_alive():
-                    proc.kill()
-                proc.join(timeout=5)
-            self._processes = []
-            for conn in getattr(self, "_pipes", []):
-                conn.close()
-            self._pipes = []
-            if self.file_name and os.path.exists(self.file_name):
-                os.remove(self.file_name)
+            self._stop_processes()
         super().tearDown()
+
+    def _stop_processes(self) -> None:
+        for proc in getattr(self, "_processes", []):
+            if proc.is_alive():
+                proc.kill()
+            proc.join(timeout=5)
+        self._processes = []
+        for conn in getattr(self, "_pipes", []):
+            conn.close()
+        self._pipes = []
+        if self.file_name and os.path.exists(self.file_name):
+            os.remove(self.file_name)
 
     def _start_processes(self) -> None:
         ctx = _context()
@@ -137,7 +147,7 @@ class MultiProcessTestCase(TestCase):
             stderr=_InheritedFd.of(2),
             environ=dict(os.environ),
             pycache_prefix=_rank_pycache_prefix(),
-            modules={name: getattr(sys.modules.get(name), "__file__", None) for name in ("torch", "torch_shard")},
+            modules={name: getattr(sys.modules.get(name), "__file__", None) for name in _CHECKED_MODULES},
         )
         for rank in range(self.world_size):
             parent_conn, child_conn = ctx.Pipe(duplex=False)
