@@ -15,10 +15,13 @@ from __future__ import annotations
 import atexit
 import importlib
 import importlib.util
+import json
 import multiprocessing.connection
+import multiprocessing.forkserver
 import os
 import shutil
 import sys
+import sysconfig
 import tempfile
 import time
 import traceback
@@ -29,6 +32,7 @@ from multiprocessing import reduction
 
 import torch
 
+from . import _forkserver_preload
 from ._case import TestCase
 
 # Upper bound for one test on all ranks; far above what any test needs, low enough to stop a hang.
@@ -42,12 +46,18 @@ FAILURE_GRACE_S = 20.0
 # first parallel region waits forever for pool threads that fork did not copy. On GPU machines an
 # initialised CUDA driver is unusable after fork as well. So ranks are never forked from the test
 # process. multiprocessing's "forkserver" method starts one fresh interpreter (exec, not fork) the
-# first time a test needs ranks; that server only imports torch and torch_shard (no parallel
-# region runs, CUDA is not initialised) and forks every rank from that clean state. Ranks then
-# initialise OpenMP and CUDA themselves, as spawned processes would, but start in milliseconds
-# instead of the seconds a fresh interpreter needs to import torch. The same method serves CPU
-# and GPU machines; on GPU machines the server does not import torch_shard.testing, whose import
-# asks CUDA for the device count (which initialises the driver).
+# first time a test needs ranks; the server only imports modules (no parallel region runs, CUDA is
+# not initialised) and forks every rank from that clean state. Ranks then initialise OpenMP and
+# CUDA themselves, as spawned processes would, but start in milliseconds instead of the seconds a
+# fresh interpreter needs to import torch.
+#
+# What the server imports: on machines without CUDA, every module the test process had loaded
+# from installed libraries or torch_shard when the server started (pytest has collected, so that
+# is what the test modules import: torch.distributed.checkpoint, sympy, ...), but never test
+# modules, whose import runs test code; see _forkserver_preload, which also makes sure the imports
+# started no thread. On GPU machines only torch, torch.distributed and torch_shard, which do not
+# touch CUDA when imported (other libraries might ask it for devices, initialising it); ranks
+# import the rest themselves, more slowly.
 #
 # What a rank gets from the test process when its test starts, as fork would give it: the
 # environment, stdout and stderr (so output capture sees rank output), sys.path and the working
@@ -56,6 +66,7 @@ FAILURE_GRACE_S = 20.0
 # method when debugging the harness; "fork" has the hazard above.
 _START_METHODS = ("forkserver", "spawn", "fork")
 _FORKSERVER_PRELOAD = ("torch", "torch.distributed", "torch.distributed.rpc", "torch_shard")
+_PRELOAD_MODULE = f"{__package__}._forkserver_preload"
 # Preloaded packages a rank must have from the same files as the test process.
 _CHECKED_MODULES = ("torch", "torch_shard")
 
@@ -73,16 +84,52 @@ def _context():
     method = _start_method()
     ctx = torch.multiprocessing.get_context(method)
     if method == "forkserver":
-        # Takes effect when the server starts (the first test). Each rank re-runs the process's
-        # main script, as multiprocessing does; for the ``pytest`` launcher that imports pytest,
-        # a quarter of a second per rank unless the server already has it.
-        preload = list(_FORKSERVER_PRELOAD)
-        if not torch.cuda.is_available():
-            preload.append(__package__)
-        if "pytest" in sys.modules:
-            preload.append("pytest")
-        ctx.set_forkserver_preload(preload)
+        _start_fork_server(ctx)
     return ctx
+
+
+_fork_server_started = False
+
+
+def _start_fork_server(ctx) -> None:
+    """Start the fork server (once) with what it preloads; see the NOTE above."""
+    global _fork_server_started
+    preload = list(_FORKSERVER_PRELOAD)
+    full = not torch.cuda.is_available()
+    if full:
+        preload.append(_PRELOAD_MODULE)
+    if "pytest" in sys.modules:
+        # Each rank re-runs the process's main script, as multiprocessing does; for the
+        # ``pytest`` launcher that imports pytest.
+        preload.append("pytest")
+    ctx.set_forkserver_preload(preload)
+    if _fork_server_started:
+        return  # (should the server die, multiprocessing restarts it with the short list)
+    if full:
+        os.environ[_forkserver_preload.PRELOAD_ENV] = _write_preload_list()
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        os.environ.pop(_forkserver_preload.PRELOAD_ENV, None)
+    _fork_server_started = True
+
+
+def _write_preload_list() -> str:
+    """Write the fork server's module list (see ``_forkserver_preload``); returns the file's path."""
+    roots = {sysconfig.get_path(key) for key in ("stdlib", "platstdlib", "purelib", "platlib")}
+    prefixes = tuple(os.path.join(os.path.realpath(root), "") for root in roots if root)
+    modules = []
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if not file or name.startswith("__"):
+            continue
+        # Installed libraries and torch_shard; never test modules, whose import runs test code.
+        if name.partition(".")[0] == "torch_shard" or os.path.realpath(file).startswith(prefixes):
+            modules.append(name)
+    path = os.path.join(_session_dir(), "forkserver_preload.json")
+    with open(path, "w") as f:
+        json.dump({"sys_path": sys.path, "modules": modules}, f)
+    return path
 
 
 class MultiProcessTestCase(TestCase):
@@ -311,6 +358,7 @@ def _rank_main(setup: _RankSetup, target: _TestTarget, test_name: str, rank: int
             inherited.install_as(target_fd)
     try:
         _set_environ(setup.environ)
+        _check_fork_server()
         _check_preloaded_modules(setup.modules)
         if setup.pycache_prefix is not None:
             sys.pycache_prefix = setup.pycache_prefix
@@ -331,6 +379,16 @@ def _set_environ(environ: dict[str, str]) -> None:
     os.environ.update(environ)
 
 
+def _check_fork_server() -> None:
+    preload = sys.modules.get(_PRELOAD_MODULE)
+    if preload is not None and preload.started_threads:
+        raise RuntimeError(
+            f"the test fork server started {preload.started_threads} thread(s) while importing the "
+            "libraries the test process had loaded; processes forked from it can hang (set "
+            "TORCH_SHARD_TEST_START_METHOD=spawn to run the tests anyway)"
+        )
+
+
 def _check_preloaded_modules(expected: dict) -> None:
     # The fork server imported these with its own sys.path; make sure that found the same files
     # the test process uses, so ranks never test other code than the test process imported.
@@ -349,17 +407,22 @@ def _check_preloaded_modules(expected: dict) -> None:
 # every rank of every test would compile it again (a tenth of a second for a large test file, four
 # ranks per test). Then ranks keep the byte code in a private directory that lives as long as the
 # test process (sys.pycache_prefix), leaving the source tree untouched as the setting asked.
-_pycache_dir: str | None = None
 
 
 def _rank_pycache_prefix() -> str | None:
-    global _pycache_dir
-    if not sys.dont_write_bytecode:
-        return None
-    if _pycache_dir is None:
-        _pycache_dir = tempfile.mkdtemp(prefix="torch_shard_pycache_")
-        atexit.register(shutil.rmtree, _pycache_dir, ignore_errors=True)
-    return _pycache_dir
+    return os.path.join(_session_dir(), "pycache") if sys.dont_write_bytecode else None
+
+
+_session_dir_path: str | None = None
+
+
+def _session_dir() -> str:
+    """A private directory for this test process's harness files, removed when it exits."""
+    global _session_dir_path
+    if _session_dir_path is None:
+        _session_dir_path = tempfile.mkdtemp(prefix="torch_shard_tests_")
+        atexit.register(shutil.rmtree, _session_dir_path, ignore_errors=True)
+    return _session_dir_path
 
 
 def _close_leftover_group() -> None:
