@@ -7,10 +7,16 @@ ranks start, and every rank runs the same op with 2 threads, then a collective.
 
 ``TestHarnessReports`` runs the deliberately failing, skipping and hanging cases of
 ``_harness_cases`` and checks the outcome the harness reports for each.
+
+``TestForkServerPreload`` checks that the fork server's preload notices imports that start threads.
 """
 
+import json
 import os
+import subprocess
+import sys
 import tempfile
+import textwrap
 import unittest
 
 import torch
@@ -131,6 +137,30 @@ class TestHarnessReports(TestCase):
         report = self.assert_failed(run_case(ghost("test_nothing")))
         self.assertIn("4 of 4 ranks failed", report)
         self.assertIn("cannot import test module 'torch_shard_no_such_test_module'", report)
+
+
+class TestForkServerPreload(TestCase):
+    def test_counts_threads_started_by_preloaded_imports(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(tmp, "starts_a_thread.py"), "w") as f:
+                f.write(textwrap.dedent(
+                    """
+                    import threading
+                    threading.Thread(target=threading.Event().wait, daemon=True).start()
+                    """
+                ))
+            spec_path = os.path.join(tmp, "preload.json")
+            with open(spec_path, "w") as f:
+                json.dump({"sys_path": [tmp, *sys.path], "modules": ["json", "no_such_module_here", "starts_a_thread"]}, f)
+            probe = (
+                "import torch_shard.testing._forkserver_preload as p; "
+                "print(p.started_threads, p.failed_modules)"
+            )
+            env = dict(os.environ, TORCH_SHARD_TEST_FORKSERVER_PRELOAD=spec_path)
+            out = subprocess.run(
+                [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
+            ).stdout
+        self.assertEqual("1 ['no_such_module_here']", out.strip())
 
 
 if __name__ == "__main__":
