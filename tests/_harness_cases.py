@@ -48,7 +48,7 @@ class HangAfterFailureCase(MultiProcessTestCase):
 
 class HangingRankCase(MultiProcessTestCase):
     # No rank fails, one never returns: the overall limit applies.
-    timeout_s = 5.0
+    timeout_s = 3.0
 
     def test_one_rank_hangs(self):
         if self.rank == 3:
