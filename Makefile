@@ -8,10 +8,13 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 TORCH_VERSION ?= 2.13.0
 export MAX_JOBS ?= 2
-export GLOO_SOCKET_IFNAME ?= lo
-export OMP_NUM_THREADS ?= 1
 # The venv's tools (ninja for the extension build, torchrun) come first.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+# For the torchrun demo and benchmarks only (the test suite needs no environment): one OpenMP
+# thread per process, as 4 ranks share the cores, and gloo over loopback. Either can be overridden
+# from the environment.
+RUN_ENV = OMP_NUM_THREADS=$(or $(OMP_NUM_THREADS),1) GLOO_SOCKET_IFNAME=$(or $(GLOO_SOCKET_IFNAME),lo)
 
 STAMP_DEPS := $(VENV)/.deps-$(TORCH_VERSION)
 STAMP_BUILD := $(VENV)/.build
@@ -39,18 +42,18 @@ $(STAMP_BUILD): $(STAMP_DEPS) $(CSRC)
 build: $(STAMP_BUILD)
 
 demo: build
-	$(VENV)/bin/torchrun --standalone --nproc-per-node=4 examples/demo.py
+	$(RUN_ENV) $(VENV)/bin/torchrun --standalone --nproc-per-node=4 examples/demo.py
 
 test: build
 	$(PY) -m pytest tests -q
 
 bench: build
-	$(PY) bench/bench_validation.py
-	$(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_data_paths.py
-	$(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_data_paths.py --memory
-	$(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_metadata.py
-	$(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_embedding.py
-	$(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_checkpoint.py
+	$(RUN_ENV) $(PY) bench/bench_validation.py
+	$(RUN_ENV) $(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_data_paths.py
+	$(RUN_ENV) $(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_data_paths.py --memory
+	$(RUN_ENV) $(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_metadata.py
+	$(RUN_ENV) $(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_embedding.py
+	$(RUN_ENV) $(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_checkpoint.py
 
 # AddressSanitizer + UndefinedBehaviorSanitizer build in build-sanitize/ (the normal build is untouched),
 # then the C++-heavy tests against it; any sanitizer report fails.
