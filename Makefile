@@ -8,16 +8,19 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 TORCH_VERSION ?= 2.13.0
 export MAX_JOBS ?= 2
-export GLOO_SOCKET_IFNAME ?= lo
-export OMP_NUM_THREADS ?= 1
 # The venv's tools (ninja for the extension build, torchrun) come first.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+# For the torchrun demo and benchmarks only (the test suite needs no environment): one OpenMP
+# thread per process, as 4 ranks share the cores, and gloo over loopback. Either can be overridden
+# from the environment.
+RUN_ENV = OMP_NUM_THREADS=$(or $(OMP_NUM_THREADS),1) GLOO_SOCKET_IFNAME=$(or $(GLOO_SOCKET_IFNAME),lo)
 
 STAMP_DEPS := $(VENV)/.deps-$(TORCH_VERSION)
 STAMP_BUILD := $(VENV)/.build
 CSRC := $(shell find csrc -name '*.cpp' -o -name '*.h') setup.py pyproject.toml
 
-.PHONY: all setup build demo test bench clean
+.PHONY: all setup build demo test bench sanitize clean
 
 all: build
 
@@ -27,7 +30,7 @@ $(PY):
 $(STAMP_DEPS): | $(PY)
 	$(PIP) install --quiet "setuptools>=77" wheel
 	$(PIP) install --quiet "torch==$(TORCH_VERSION)"
-	$(PIP) install --quiet pytest numpy ninja
+	$(PIP) install --quiet pytest numpy ninja hypothesis
 	touch $@
 
 setup: $(STAMP_DEPS)
@@ -39,18 +42,33 @@ $(STAMP_BUILD): $(STAMP_DEPS) $(CSRC)
 build: $(STAMP_BUILD)
 
 demo: build
-	$(VENV)/bin/torchrun --standalone --nproc-per-node=4 examples/demo.py
+	$(RUN_ENV) $(VENV)/bin/torchrun --standalone --nproc-per-node=4 examples/demo.py
 
 test: build
 	$(PY) -m pytest tests -q
 
 bench: build
-	$(PY) bench/bench_validation.py
-	$(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_data_paths.py
-	$(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_data_paths.py --memory
-	$(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_metadata.py
-	$(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_embedding.py
-	$(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_checkpoint.py
+	$(RUN_ENV) $(PY) bench/bench_validation.py
+	$(RUN_ENV) $(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_data_paths.py
+	$(RUN_ENV) $(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_data_paths.py --memory
+	$(RUN_ENV) $(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_metadata.py
+	$(RUN_ENV) $(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_embedding.py
+	$(RUN_ENV) $(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_checkpoint.py
+
+# AddressSanitizer + UndefinedBehaviorSanitizer build in build-sanitize/ (the normal build is untouched),
+# then the C++-heavy tests against it; any sanitizer report fails.
+sanitize: setup
+	bash scripts/sanitize.sh $(PY)
 
 clean:
-	rm -rf build *.egg-info torch_shard/_C*.so $(STAMP_BUILD)
+	rm -rf build build-sanitize *.egg-info torch_shard/_C*.so $(STAMP_BUILD)
+
+# Upstream's own torch.distributed._shard test files, run through torch_shard.compat (see
+# tests/upstream/README.md). The files are not shipped: point UPSTREAM_TESTS at a copy of them.
+#   make upstream-tests UPSTREAM_TESTS=/path/to/test/distributed/_shard [UPSTREAM_AGAINST=both]
+UPSTREAM_AGAINST ?= torch_shard
+.PHONY: upstream-tests
+upstream-tests: build
+	@test -n "$(UPSTREAM_TESTS)" || { echo "set UPSTREAM_TESTS=<folder of upstream test files>"; exit 2; }
+	$(PIP) install --quiet expecttest
+	$(PY) tests/upstream/run_upstream.py "$(UPSTREAM_TESTS)" --against $(UPSTREAM_AGAINST)

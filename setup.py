@@ -13,6 +13,9 @@ from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEBUG = os.environ.get("DEBUG", "0") == "1"
+# TORCH_SHARD_SANITIZE=1: AddressSanitizer + UndefinedBehaviorSanitizer build (see scripts/sanitize.sh).
+SANITIZE = os.environ.get("TORCH_SHARD_SANITIZE", "0") == "1"
+SANITIZE_FLAGS = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"]
 
 
 def _sources():
@@ -35,6 +38,10 @@ extra_compile_args = {
 }
 if DEBUG:
     extra_compile_args["cxx"].append("-g")
+extra_link_args = []
+if SANITIZE:
+    extra_compile_args["cxx"] += ["-O1", "-g"] + SANITIZE_FLAGS
+    extra_link_args += SANITIZE_FLAGS
 
 setup(
     name="torch_shard",
@@ -45,6 +52,7 @@ setup(
             _sources(),
             include_dirs=[os.path.join(HERE, "csrc")],
             extra_compile_args=extra_compile_args,
+            extra_link_args=extra_link_args,
         )
     ],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},

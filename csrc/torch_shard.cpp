@@ -28,6 +28,12 @@ TORCH_LIBRARY(torch_shard, m) {
   m.def("validate_shards(Tensor shard_offsets, Tensor shard_sizes, int[]? global_size=None) -> ()");
   // [i, j] (i < j) for an overlapping pair of non-empty shards, or [] if none overlap.
   m.def("_find_overlap(Tensor shard_offsets, Tensor shard_sizes) -> int[]");
+  // (elements sent to, elements received from) each rank, for group rank `me` moving data from the
+  // source layout to the target layout (both validated; owners are ranks in [0, world)). The data
+  // ops' plan, without a group: for tests.
+  m.def(
+      "_transfer_counts(int[] global_size, Tensor src_offsets, Tensor src_sizes, int[] src_owners, "
+      "Tensor dst_offsets, Tensor dst_sizes, int[] dst_owners, int me, int world) -> (int[], int[])");
 
   // --- ShardedTensorImpl construction, accessors and the one setter (csrc/sharded_tensor_impl.h) ---
   // `rank` and `world` are this process's rank in group `group_name` and its size ("" and -1/-1 for a

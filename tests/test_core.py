@@ -270,6 +270,9 @@ class TestPlanCacheAndRounds(ShardedTensorTestBase):
             if self.rank == 0:
                 self.assertEqual(out, full)
             self.assertEqual(st.local_tensor(), full[:, self.rank * n // 4 : (self.rank + 1) * n // 4])
+            # And back (the dense all-to-all sends from, and receives into, whole shards in place).
+            st.reshard(_rows())
+            self.assertEqual(st.local_tensor(), full[self.rank * n // 4 : (self.rank + 1) * n // 4])
 
     @with_comms(init_rpc=False)
     def test_gather_converts_into_out_and_fills_non_contiguous_out(self):

@@ -18,7 +18,6 @@ it never overlaps anything and is never out of bounds.
 import itertools
 import math
 import random
-import time
 import unittest
 
 import torch
@@ -351,7 +350,6 @@ class TestValidateShards(unittest.TestCase):
 
     def test_randomized_against_reference(self):
         rng = random.Random(20240601)
-        start = time.monotonic()
         counts = {"valid": 0, "shift": 0, "grow": 0, "drop": 0, "duplicate": 0, "invalid": 0}
         for n in range(400):
             ndim = 1 + n % 4
@@ -366,7 +364,6 @@ class TestValidateShards(unittest.TestCase):
                 self._check_layout(kind, layout, ndim, global_size)
                 if _ref_error(layout, global_size) is not None:
                     counts["invalid"] += 1
-        self.assertLess(time.monotonic() - start, 10.0)
         # The generator exercised both outcomes and every mutation.
         self.assertGreater(counts["valid"], 300)
         self.assertGreater(counts["invalid"], 200)

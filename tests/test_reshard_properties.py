@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 import random
-import time
 
 import torch
 import torch.distributed as dist
@@ -237,7 +236,6 @@ class TestReshardProperties(ShardedTensorTestBase):
     @with_comms(init_rpc=False)
     def test_random_layout_pairs(self):
         rng = random.Random(SEED)
-        start = time.monotonic()
         for i in range(NUM_PAIRS):
             size = random_size(rng)
             dtype = rng.choice(DTYPES)
@@ -261,8 +259,6 @@ class TestReshardProperties(ShardedTensorTestBase):
             st.reshard(c.spec)
             self._check(st, full, c.rank_sorted(), f"{msg} (B->C)")
             self._check_gather(st, full, dst_c, f"{msg} (B->C)")
-        # Bound the cost: the whole loop should stay far below a minute.
-        self.assertLess(time.monotonic() - start, 60.0)
         dist.barrier()
 
     @with_comms(init_rpc=False)

@@ -5,9 +5,8 @@ Same class and method names and every upstream assertion; imports change from
 ``torch_shard.testing``. "rank:N/cuda:N" placements and ``.cuda(rank)`` become ``placement(N)`` and
 ``.to(rank_device(rank))``; the GPU-count/NCCL decorators are gone.
 
-Adaptation: upstream's ``assertNotEqual`` (torch's TestCase) compares tensors by value; plain
-unittest's would evaluate the truth value of a multi-element bool tensor and raise, so the test class
-defines a tensor-aware ``assertNotEqual`` with the same meaning (fails iff ``assertEqual`` passes).
+``assertNotEqual`` on tensors has torch's TestCase meaning (fails iff ``assertEqual`` passes), as
+the test base provides it.
 """
 
 from copy import deepcopy
@@ -89,16 +88,6 @@ class MyShardedLinear(torch.nn.Module):
 
 
 class TestShardedOptimizer(ShardedTensorTestBase):
-    def assertNotEqual(self, first, second, msg=None):
-        """torch TestCase semantics: fail iff ``assertEqual(first, second)`` would pass."""
-        if not (isinstance(first, torch.Tensor) or isinstance(second, torch.Tensor)):
-            return super().assertNotEqual(first, second, msg)
-        try:
-            self.assertEqual(first, second)
-        except self.failureException:
-            return
-        raise self.failureException(msg or f"{first} == {second}")
-
     @with_comms(init_rpc=False)
     def test_sharded_optim(self):
         rowwise_spec = ChunkShardingSpec(

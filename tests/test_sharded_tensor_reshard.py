@@ -4,9 +4,12 @@ test_sharded_tensor_reshard is upstream's, with imports from ``torch_shard`` and
 ``.to(rank_device(rank))`` (the GPU/NCCL decorators are gone: it runs on gloo/CPU too).
 
 test_sharded_tensor_reshard_errors: upstream asserts NotImplementedError for (a) an
-EnumerableShardingSpec target and (b) a tensor with two local shards. torch_shard supports both, so
-the method keeps its name and checks that both reshard CORRECTLY instead (upstream's 2-shard
-enumerable spec does not even cover its 24x12 tensor, so a covering one is used).
+EnumerableShardingSpec target and (b) a tensor whose local shard list holds one shard twice. The port
+keeps both assertions as upstream wrote them (upstream's enumerable spec does not cover its 24x12
+tensor, and a shard listed twice is invalid: torch_shard raises UnsupportedReshardError, a ValueError
+and a NotImplementedError with upstream's message), and adds what torch_shard supports instead:
+enumerable targets that tile the tensor and several different local shards per rank, resharded
+correctly.
 
 Not upstream: general permutations of placements on the same dim (upstream's "reshuffle" is only
 correct for pairwise swaps; a 4-cycle aborts gloo), and placements on a subset of the ranks.
@@ -154,6 +157,23 @@ class TestReshard(ShardedTensorTestBase):
         self.assertEqual(2, len(st.local_shards()))
         st.reshard(multi_spec)
         self._assert_matches_full(st, full, multi_spec, dst=1)
+
+        # Upstream's own assertions, unchanged: its 2-shard enumerable spec leaves most of the 24x12
+        # tensor uncovered, and a local shard list holding one shard twice is invalid.
+        upstream_enumerable = EnumerableShardingSpec(
+            [
+                ShardMetadata(shard_offsets=[0, 0], shard_sizes=[5, 5], placement=placement(0)),
+                ShardMetadata(shard_offsets=[5, 0], shard_sizes=[5, 5], placement=placement(1)),
+            ]
+        )
+        st = sharded_tensor.rand(spec, 24, 12)
+        with self.assertRaisesRegex(NotImplementedError, "Only ChunkShardingSpec supported for reshard."):
+            st.reshard(upstream_enumerable)
+        with self.assertRaisesRegex(ValueError, "does not match tensor volume"):
+            st.reshard(upstream_enumerable)
+        st._local_shards = [st.local_shards()[0], st.local_shards()[0]]
+        with self.assertRaisesRegex(NotImplementedError, "Only single local shard supported for reshard."):
+            st.reshard(reshard_spec)
 
         # A sharded_tensor.rand source, as upstream: contents are rank-local random data, so compare
         # the round trip instead of a full tensor.

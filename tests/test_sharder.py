@@ -9,8 +9,10 @@ Adaptation: upstream's ``shard_module`` never swaps the submodule a Sharder retu
 result to an attribute literally named ``mod_name``), so upstream's forward still runs the original
 ``CustomEmbeddingBagCollection`` (sharded in place by ``CustomShardedEBC.__init__``) and
 ``CustomShardedEBC`` needs no ``forward``. torch_shard replaces ``sharded_model.ebc`` with the
-Sharder's result, so ``CustomShardedEBC`` gets the same ``forward`` as the collection it wraps, and
-the test additionally asserts that the replacement happened.
+Sharder's result when that result defines ``forward``, so here ``CustomShardedEBC`` gets the same
+``forward`` as the collection it wraps, and the test additionally asserts that the replacement
+happened. (Upstream's literal ``CustomShardedEBC``, without ``forward``, is not installed and the
+in-place-sharded collection keeps serving; tests/test_compat.py runs that case.)
 """
 
 import copy

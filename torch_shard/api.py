@@ -152,10 +152,11 @@ def shard_module(module: nn.Module, plan, src_rank: int = 0, process_group=None)
     """Shard ``module`` in place according to a :class:`~torch_shard.sharding_plan.ShardingPlan`.
 
     Parameters named in ``plan.plan`` with a ShardingSpec are sharded with :func:`shard_parameter`;
-    submodules named with a Sharder are replaced, in their parent, by what ``Sharder.shard`` returns
-    (upstream attaches the result to an attribute literally called ``mod_name`` instead). Then
-    ``output_plan`` and ``return_local_tensor`` install output hooks. Collective: every rank of
-    ``process_group`` calls it with the same plan.
+    submodules named with a Sharder are replaced, in their parent, by what ``Sharder.shard`` returns,
+    when that is a complete module (its class defines ``forward``). A result without ``forward``
+    cannot stand in for the submodule: the submodule stays in place, in whatever state the Sharder
+    left it (see NOTE [ Sharder results ]). Then ``output_plan`` and ``return_local_tensor`` install
+    output hooks. Collective: every rank of ``process_group`` calls it with the same plan.
 
     Raises:
         KeyError: a Sharder entry with an empty module path.
@@ -185,8 +186,19 @@ def shard_module(module: nn.Module, plan, src_rank: int = 0, process_group=None)
             parent_path, _, child_name = name.rpartition(".")
             parent = module.get_submodule(parent_path)
             child = parent.get_submodule(child_name)
+            # NOTE [ Sharder results ]
+            # Upstream's shard_module assigns a Sharder's result to an attribute literally named
+            # `mod_name` of the parent, so the submodule the model calls is never replaced. Sharders
+            # written against it therefore shard the submodule they are given in place (e.g.
+            # shard_module on its parameters) and return a holder of the sharded parts, often
+            # without a forward of its own. torch_shard installs the result under the submodule's
+            # name, which is what a Sharder means; a holder without forward would break the model's
+            # next call ("missing the required forward function"), so such a result is not installed
+            # and the in-place-sharded submodule keeps serving. Nothing is attached under
+            # `mod_name`.
             sharded = spec.shard(child)
-            if sharded is not child:
+            complete = isinstance(sharded, nn.Module) and type(sharded).forward is not nn.Module.forward
+            if sharded is not child and complete:
                 setattr(parent, child_name, sharded)
         else:
             raise TypeError(f"Only `ShardingSpec` and `Sharder` are supported to shard '{name}'")

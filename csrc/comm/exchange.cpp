@@ -5,6 +5,8 @@
 #include <mutex>
 #include <sstream>
 
+#include <ATen/ops/as_strided.h>
+
 #include <ATen/ops/empty.h>
 #include <c10/macros/Macros.h>
 #include <c10/util/Exception.h>
@@ -91,6 +93,43 @@ const char* error_class_name(ErrorCode code) {
     default:
       C10_THROW_ERROR(Error, msg.str());
   }
+}
+
+// NOTE [ Whole buffers ]
+// An all-to-all takes one flat send buffer (the messages to each rank, in rank order) and one flat
+// receive buffer. Building them costs a pack copy and an unpack copy, unless the messages, in rank
+// order, are already consecutive in ONE tensor's memory: then that tensor is the buffer. This is the
+// common case on one side of most dense moves: the sender of row chunks (each peer's part of a row
+// shard is a run of rows, in rank order) and the receiver of a column->row or row->column reshard
+// (each peer's part of its new shard is a run). A rank's own part must then travel through the
+// collective too (the backends copy it locally; it never touches the network) instead of being
+// copied shard to shard. Returns that tensor's bytes, or an undefined tensor.
+at::Tensor whole_buffer(const std::vector<int64_t>& splits,
+                        const std::function<const at::Tensor&(int64_t)>& direct_of) {
+  at::Tensor first;
+  const uint8_t* next = nullptr;
+  int64_t total = 0;
+  for (size_t p = 0; p < splits.size(); ++p) {
+    if (splits[p] == 0) {
+      continue;
+    }
+    const at::Tensor& t = direct_of(static_cast<int64_t>(p));
+    if (!t.defined() || t.numel() != splits[p]) {
+      return at::Tensor();
+    }
+    const auto* start = static_cast<const uint8_t*>(t.const_data_ptr());
+    if (!first.defined()) {
+      first = t;
+    } else if (start != next || !t.storage().is_alias_of(first.storage())) {
+      return at::Tensor();
+    }
+    next = start + splits[p];
+    total += splits[p];
+  }
+  if (!first.defined()) {
+    return at::Tensor();
+  }
+  return first.as_strided({total}, {1}, first.storage_offset());
 }
 
 // NOTE [ Fault injection ]
@@ -430,34 +469,81 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg,
       out_splits[p] = fits ? 0 : moves->send[p].bytes;
       in_splits[p] = field(p, kFits) != 0 ? 0 : declared[p];
     }
+    // See NOTE [ Whole buffers ].
+    auto outgoing = [&](int64_t p) -> const at::Tensor& {
+      return p == me ? moves->self_send.direct : moves->send[p].direct;
+    };
+    auto incoming = [&](int64_t p) -> const at::Tensor& {
+      return p == me ? moves->self_recv.direct : moves->recv[p].direct;
+    };
+    const int64_t self_bytes = moves->self_send.bytes;
+    const bool self_describable = self_bytes > 0 && moves->self_recv.bytes == self_bytes &&
+                                  (moves->self_send.direct.defined() || moves->self_send.pack) &&
+                                  (moves->self_recv.direct.defined() || moves->self_recv.unpack);
+    auto splits_with_self = [&](std::vector<int64_t> splits, bool with_self) {
+      splits[me] = with_self ? self_bytes : 0;
+      return splits;
+    };
+    at::Tensor whole_send, whole_recv;
+    bool include_self = false;
+    for (bool with_self : {true, false}) {
+      if (with_self && !self_describable) {
+        continue;
+      }
+      at::Tensor s = whole_buffer(splits_with_self(out_splits, with_self), outgoing);
+      at::Tensor r = mismatch ? at::Tensor() : whole_buffer(splits_with_self(in_splits, with_self), incoming);
+      if (s.defined() || r.defined()) {
+        whole_send = s;
+        whole_recv = r;
+        include_self = with_self;
+        break;
+      }
+    }
+    out_splits = splits_with_self(out_splits, include_self);
+    in_splits = splits_with_self(in_splits, include_self);
     int64_t out_total = 0, in_total = 0;
     for (int64_t p = 0; p < world; ++p) {
       out_total += out_splits[p];
       in_total += in_splits[p];
     }
-    at::Tensor out_buffer = workspace(out_total, device, 0);
-    at::Tensor in_buffer = workspace(in_total, device, 2);
-    int64_t pos = 0;
-    for (int64_t p = 0; p < world; ++p) {
-      if (out_splits[p] > 0) {
-        at::Tensor into = out_buffer.narrow(0, pos, out_splits[p]);
-        const Outgoing& out = moves->send[p];
-        if (out.direct.defined()) {
-          into.copy_(out.direct);
-        } else {
-          out.pack(into);
+    at::Tensor out_buffer = whole_send.defined() ? whole_send : workspace(out_total, device, 0);
+    at::Tensor in_buffer = whole_recv.defined() ? whole_recv : workspace(in_total, device, 2);
+    if (!whole_send.defined()) {
+      int64_t pos = 0;
+      for (int64_t p = 0; p < world; ++p) {
+        if (out_splits[p] > 0) {
+          at::Tensor into = out_buffer.narrow(0, pos, out_splits[p]);
+          const Outgoing& out = p == me ? moves->self_send : moves->send[p];
+          if (out.direct.defined()) {
+            into.copy_(out.direct);
+          } else {
+            out.pack(into);
+          }
+          pos += out_splits[p];
         }
-        pos += out_splits[p];
       }
     }
     all_to_all_bytes(pg, in_buffer, out_buffer, in_splits, out_splits);
-    if (moves->local) {
+    if (!include_self && moves->local) {
       moves->local();
     }
     at::Tensor blocks = recv1.view({world, kBlockBytes});
-    pos = 0;
+    int64_t pos = 0;
     for (int64_t p = 0; p < world; ++p) {
-      if (p == me || declared[p] == 0) {
+      if (p == me) {
+        if (include_self) {
+          const at::Tensor mine_back = in_buffer.narrow(0, pos, self_bytes);
+          const Incoming& in = moves->self_recv;
+          if (!in.direct.defined()) {
+            in.unpack(mine_back);
+          } else if (in.direct.data_ptr() != mine_back.data_ptr()) {
+            in.direct.copy_(mine_back);
+          }
+          pos += self_bytes;
+        }
+        continue;
+      }
+      if (declared[p] == 0) {
         continue;
       }
       if (field(p, kFits) != 0) {

@@ -57,6 +57,11 @@ struct Moves {
   std::vector<Outgoing> send;
   std::vector<Incoming> recv;
   std::function<void()> local;
+  // The same part as `local`, described as a message to itself (optional). A dense all-to-all may
+  // route it through the collective when that makes this rank's whole send or receive buffer one
+  // tensor's memory (no pack or no unpack at all); `local` then does not run.
+  Outgoing self_send;
+  Incoming self_recv;
 };
 
 // Throws (the same exception on every rank: every rank calls it with the same table) when the agreed

@@ -1,5 +1,6 @@
 #include "comm/transfer.h"
 
+#include <functional>
 #include <list>
 #include <mutex>
 #include <unordered_map>
@@ -94,6 +95,39 @@ at::Tensor direct_bytes(const at::Tensor& tensor, const layout::Run& run, c10::D
     return at::Tensor();
   }
   return tensor.view({-1}).narrow(0, run.start, run.count).view(at::kByte);
+}
+
+using TensorOf = std::function<const at::Tensor&(size_t)>;
+
+// Fills a message buffer with `regions` of the source shards, in order.
+std::function<void(const at::Tensor&)> packer(const std::vector<Region>& regions, const Layout& src,
+                                              TensorOf src_tensor, c10::ScalarType dtype) {
+  return [&regions, &src, src_tensor = std::move(src_tensor), dtype](const at::Tensor& into) {
+    at::Tensor typed = into.view(dtype);
+    int64_t pos = 0;
+    for (const Region& region : regions) {
+      const int64_t n = region.box.volume();
+      typed.narrow(0, pos, n)
+          .view(region.box.sizes)
+          .copy_(region_view(src_tensor(region.src), src.box(region.src), region.box));
+      pos += n;
+    }
+  };
+}
+
+// Copies a message buffer into `regions` of the target shards, in order (converting the dtype).
+std::function<void(const at::Tensor&)> unpacker(const std::vector<Region>& regions, const Layout& dst,
+                                                TensorOf dst_tensor, c10::ScalarType dtype) {
+  return [&regions, &dst, dst_tensor = std::move(dst_tensor), dtype](const at::Tensor& from) {
+    const at::Tensor typed = from.view(dtype);
+    int64_t pos = 0;
+    for (const Region& region : regions) {
+      const int64_t n = region.box.volume();
+      region_view(dst_tensor(region.dst), dst.box(region.dst), region.box)
+          .copy_(typed.narrow(0, pos, n).view(region.box.sizes));
+      pos += n;
+    }
+  };
 }
 
 }  // namespace
@@ -201,17 +235,7 @@ Moves transfer_moves(const TransferPlan& plan,
       if (out.run.has_value()) {
         send.direct = direct_bytes(src_tensor(out.run->shard), *out.run, device, dtype);
       }
-      send.pack = [&out, &src, src_tensor, dtype](const at::Tensor& into) {
-        at::Tensor typed = into.view(dtype);
-        int64_t pos = 0;
-        for (const Region& region : out.regions) {
-          const int64_t n = region.box.volume();
-          typed.narrow(0, pos, n)
-              .view(region.box.sizes)
-              .copy_(region_view(src_tensor(region.src), src.box(region.src), region.box));
-          pos += n;
-        }
-      };
+      send.pack = packer(out.regions, src, src_tensor, dtype);
     }
     const PeerTransfer& in = plan.recv[p];
     Incoming& recv = moves.recv[p];
@@ -220,19 +244,23 @@ Moves transfer_moves(const TransferPlan& plan,
       if (in.run.has_value()) {
         recv.direct = direct_bytes(dst_tensor(in.run->shard), *in.run, device, dtype);
       }
-      recv.unpack = [&in, &dst, dst_tensor, dtype](const at::Tensor& from) {
-        const at::Tensor typed = from.view(dtype);
-        int64_t pos = 0;
-        for (const Region& region : in.regions) {
-          const int64_t n = region.box.volume();
-          region_view(dst_tensor(region.dst), dst.box(region.dst), region.box)
-              .copy_(typed.narrow(0, pos, n).view(region.box.sizes));
-          pos += n;
-        }
-      };
+      recv.unpack = unpacker(in.regions, dst, dst_tensor, dtype);
     }
   }
   const PeerTransfer& own = plan.send[me];
+  const PeerTransfer& own_in = plan.recv[me];
+  moves.self_send.bytes = bytes_of(own.elements);
+  moves.self_recv.bytes = bytes_of(own_in.elements);
+  if (moves.self_send.bytes > 0) {
+    if (own.run.has_value()) {
+      moves.self_send.direct = direct_bytes(src_tensor(own.run->shard), *own.run, device, dtype);
+    }
+    if (own_in.run.has_value()) {
+      moves.self_recv.direct = direct_bytes(dst_tensor(own_in.run->shard), *own_in.run, device, dtype);
+    }
+    moves.self_send.pack = packer(own.regions, src, src_tensor, dtype);
+    moves.self_recv.unpack = unpacker(own_in.regions, dst, dst_tensor, dtype);
+  }
   if (!own.regions.empty()) {
     moves.local = [&own, &src, &dst, src_tensor, dst_tensor]() {
       for (const Region& region : own.regions) {

@@ -9,6 +9,8 @@
 
 #include "layout/box.h"
 #include "layout/chunk.h"
+#include "layout/layout.h"
+#include "layout/plan.h"
 #include "layout/validate.h"
 #include "ops/layout_args.h"
 
@@ -67,9 +69,40 @@ std::vector<int64_t> find_overlap(const at::Tensor& shard_offsets, const at::Ten
   return {};
 }
 
+std::shared_ptr<const layout::Layout> owned_layout(c10::IntArrayRef global_size, const at::Tensor& offsets,
+                                                   const at::Tensor& sizes, c10::IntArrayRef owners,
+                                                   int64_t world, const char* op) {
+  std::vector<std::string> names;
+  for (int64_t owner : owners) {
+    names.push_back("rank:" + std::to_string(owner) + "/cpu");
+  }
+  return layout_from_args(global_size, std::nullopt, offsets, sizes, std::nullopt, names, owners, world,
+                          /*validate=*/true, op);
+}
+
+// Elements group rank `me` sends to / receives from each rank (itself included) when data moves from
+// the source layout to the target layout: the plan the data ops use, without a process group.
+std::tuple<std::vector<int64_t>, std::vector<int64_t>> transfer_counts(
+    c10::IntArrayRef global_size, const at::Tensor& src_offsets, const at::Tensor& src_sizes,
+    c10::IntArrayRef src_owners, const at::Tensor& dst_offsets, const at::Tensor& dst_sizes,
+    c10::IntArrayRef dst_owners, int64_t me, int64_t world) {
+  TORCH_CHECK_VALUE(world > 0 && me >= 0 && me < world, "torch_shard._transfer_counts: rank ", me,
+                    " is not a rank of a group of size ", world);
+  const auto src = owned_layout(global_size, src_offsets, src_sizes, src_owners, world, "_transfer_counts");
+  const auto dst = owned_layout(global_size, dst_offsets, dst_sizes, dst_owners, world, "_transfer_counts");
+  const auto plan = layout::plan_transfer(*src, *dst, me, world);
+  std::vector<int64_t> send(world), recv(world);
+  for (int64_t p = 0; p < world; ++p) {
+    send[p] = plan.send[p].elements;
+    recv[p] = plan.recv[p].elements;
+  }
+  return {std::move(send), std::move(recv)};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(torch_shard, CompositeImplicitAutograd, m) {
+  m.impl("_transfer_counts", TORCH_FN(transfer_counts));
   m.impl("chunk_layout", TORCH_FN(chunk_layout));
   m.impl("chunk_boxes", TORCH_FN(chunk_boxes));
   m.impl("chunked_dim_size", TORCH_FN(chunked_dim_size));

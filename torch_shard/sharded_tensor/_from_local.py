@@ -2,13 +2,15 @@
 
 One metadata exchange: every rank contributes a compact record (its local boxes as int64 buffers,
 the distinct placements they use, its tensor properties, the global size it claims, and the error
-its local checks raised, if any) through one ``all_gather_object``. Every rank then runs the same
-checks on the same gathered data, so all ranks accept or all raise the same error. Validation of the
+its local checks raised, if any) through one C++ exchange (``torch.ops.torch_shard._share_inputs``:
+one round, the records riding in its agreement round when they are small). Every rank then runs the
+same checks on the same gathered data, so all ranks accept or all raise the same error. Validation of the
 assembled layout runs in C++ (O(N) for chunk-like layouts, O(N * 2^d) otherwise).
 """
 
 from __future__ import annotations
 
+import pickle
 from array import array
 
 import torch
@@ -21,6 +23,11 @@ from ._packing import pack_shards, unpack_shards
 from .metadata import ShardedTensorMetadata, TensorProperties
 from .shard import Shard
 from .utils import _PlacementResolver
+
+
+# Agreed with the other ranks by _share_inputs, so a rank in init_from_local_shards and a rank in a
+# sharded embedding op raise instead of exchanging each other's data ("init" in ASCII).
+_INIT_FLAGS = 0x696E6974
 
 
 def _raise_if_mismatch(expected, actual, prop_name, ranks, is_local=True) -> None:
@@ -185,12 +192,9 @@ def gather_global_metadata(local_shards: list[Shard], global_size, process_group
     except Exception as exc:  # noqa: BLE001 - reported to every rank through the exchange
         error = exc
     record = _record(local_md, error)
-    world = dist.get_world_size(process_group)
-    if world > 1:
-        records: list = [None] * world
-        dist.all_gather_object(records, record, group=process_group)
-    else:
-        records = [record]
+    payload = torch.frombuffer(bytearray(pickle.dumps(record, protocol=4)), dtype=torch.uint8)
+    shared = torch.ops.torch_shard._share_inputs([payload], 0, _INIT_FLAGS, process_group.group_name)
+    records = [pickle.loads(part.numpy().tobytes()) for part in shared]
     me = dist.get_rank(process_group)
     if error is not None:
         raise error

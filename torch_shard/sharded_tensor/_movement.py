@@ -90,6 +90,39 @@ def gather(st: ShardedTensor, dst: int, out: torch.Tensor | None, enforce_dtype:
     _ops.gather(st, dst, out)
 
 
+class UnsupportedReshardError(NotImplementedError, ValueError):
+    """A reshard whose arguments are invalid, in a case upstream refused as not implemented.
+
+    torch_shard reshards into any layout that tiles the tensor and with several local shards per rank,
+    which upstream's ``reshard`` refused with NotImplementedError. When such a reshard is invalid (an
+    EnumerableShardingSpec that does not tile the tensor, a rank holding the same shard twice), this
+    error is raised: a ValueError, because the arguments are wrong, and a NotImplementedError carrying
+    upstream's message, so code written for upstream that expects that exception keeps working.
+    """
+
+
+def _check_reshard_upstream_cases(st: ShardedTensor, spec) -> None:
+    """The two reshards upstream refused outright, checked before anything else when they are invalid
+    for torch_shard too (see UnsupportedReshardError)."""
+    from ..sharding_spec import EnumerableShardingSpec
+
+    if isinstance(spec, EnumerableShardingSpec):
+        try:
+            _native.validate_shards(spec.shards, st.size())
+        except ValueError as exc:
+            raise UnsupportedReshardError(
+                f"Only ChunkShardingSpec supported for reshard. (torch_shard also reshards into an "
+                f"EnumerableShardingSpec whose shards tile the tensor; this one does not: {exc})"
+            ) from exc
+    indices = _state.read_state(st).indices
+    if len(set(indices)) != len(indices):
+        raise UnsupportedReshardError(
+            f"Only single local shard supported for reshard. Number of shards: {len(indices)} "
+            f"(torch_shard reshards several local shards per rank, but this rank holds the same shard "
+            f"of the metadata more than once)"
+        )
+
+
 def reshard(st: ShardedTensor, spec: ShardingSpec) -> ShardedTensor:
     """Move ``st`` to the layout of ``spec`` in place (one C++ call); returns ``st``."""
     from ..sharding_spec import ShardingSpec as _Spec
@@ -98,6 +131,7 @@ def reshard(st: ShardedTensor, spec: ShardingSpec) -> ShardedTensor:
     try:
         if not isinstance(spec, _Spec):
             raise TypeError(f"reshard expects a ShardingSpec, but got {type(spec).__name__}")
+        _check_reshard_upstream_cases(st, spec)
         args = _native.layout_args_for_spec(
             spec, st.size(), st.metadata().tensor_properties, _PlacementResolver(pg)
         )

@@ -25,6 +25,7 @@ __all__ = [
     "DEVICE_TYPE",
     "MultiProcessTestCase",
     "ShardedTensorTestBase",
+    "TEST_GPU_NUM",
     "TEST_WORLD_SIZE",
     "TestCase",
     "placement",
@@ -36,6 +37,8 @@ __all__ = [
 ]
 
 TEST_WORLD_SIZE = 4
+# Upstream's name for the world size of these tests (one rank per GPU there).
+TEST_GPU_NUM = TEST_WORLD_SIZE
 # Loopback only; tests never reach for another interface.
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
