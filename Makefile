@@ -16,7 +16,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # from the environment.
 RUN_ENV = OMP_NUM_THREADS=$(or $(OMP_NUM_THREADS),1) GLOO_SOCKET_IFNAME=$(or $(GLOO_SOCKET_IFNAME),lo)
 
-STAMP_DEPS := $(VENV)/.deps-$(TORCH_VERSION)
+STAMP_DEPS := $(VENV)/.deps-$(TORCH_VERSION)-2
 STAMP_BUILD := $(VENV)/.build
 CSRC := $(shell find csrc -name '*.cpp' -o -name '*.h') setup.py pyproject.toml
 
@@ -30,7 +30,7 @@ $(PY):
 $(STAMP_DEPS): | $(PY)
 	$(PIP) install --quiet "setuptools>=77" wheel
 	$(PIP) install --quiet "torch==$(TORCH_VERSION)"
-	$(PIP) install --quiet pytest numpy ninja hypothesis
+	$(PIP) install --quiet pytest numpy ninja hypothesis expecttest
 	touch $@
 
 setup: $(STAMP_DEPS)
@@ -70,5 +70,4 @@ UPSTREAM_AGAINST ?= torch_shard
 .PHONY: upstream-tests
 upstream-tests: build
 	@test -n "$(UPSTREAM_TESTS)" || { echo "set UPSTREAM_TESTS=<folder of upstream test files>"; exit 2; }
-	$(PIP) install --quiet expecttest
 	$(PY) tests/upstream/run_upstream.py "$(UPSTREAM_TESTS)" --against $(UPSTREAM_AGAINST)

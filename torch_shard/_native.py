@@ -161,7 +161,8 @@ def is_chunk_spec(spec) -> bool:
 def layout_args_for_spec(spec, size: Sequence[int], properties, resolve: _PlacementResolver | None) -> LayoutArgs:
     """The layout ``spec`` gives a tensor of ``size``. A ChunkShardingSpec travels as its dim and
     placements (C++ computes and checks the boxes), an EnumerableShardingSpec as its shard list (C++
-    checks it tiles the tensor), any other spec through its ``build_metadata``."""
+    checks it tiles the tensor), any other spec through its ``build_metadata``. ``properties`` (the
+    TensorProperties, or a callable returning them) is only needed for that last case."""
     from .sharding_spec.api import EnumerableShardingSpec
 
     if is_chunk_spec(spec):
@@ -170,4 +171,6 @@ def layout_args_for_spec(spec, size: Sequence[int], properties, resolve: _Placem
         return LayoutArgs(spec.dim, None, None, None, names, owners)
     if isinstance(spec, EnumerableShardingSpec) and type(spec).build_metadata is EnumerableShardingSpec.build_metadata:
         return layout_args_for_shards(spec.shards, resolve)
+    if callable(properties):
+        properties = properties()
     return layout_args_for_shards(spec.build_metadata(torch.Size(size), properties).shards_metadata, resolve)

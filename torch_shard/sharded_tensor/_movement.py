@@ -87,7 +87,8 @@ def gather(st: ShardedTensor, dst: int, out: torch.Tensor | None, enforce_dtype:
         abort_and_raise(
             "gather", TypeError(f"Argument ``dst_tensor`` has dtype {out.dtype}, but dtype={dtype} was asked for"), pg
         )
-    _ops.gather(st, dst, out)
+    with _state._plain():
+        _ops.gather(st, dst, out)
 
 
 class UnsupportedReshardError(NotImplementedError, ValueError):
@@ -133,10 +134,11 @@ def reshard(st: ShardedTensor, spec: ShardingSpec) -> ShardedTensor:
             raise TypeError(f"reshard expects a ShardingSpec, but got {type(spec).__name__}")
         _check_reshard_upstream_cases(st, spec)
         args = _native.layout_args_for_spec(
-            spec, st.size(), st.metadata().tensor_properties, _PlacementResolver(pg)
+            spec, st.size(), lambda: st.metadata().tensor_properties, _PlacementResolver(pg)
         )
     except Exception as exc:  # noqa: BLE001 - every rank must hear about it
         abort_and_raise("reshard", exc, pg)
-    _ops.reshard(st, *args)
+    with _state._plain():
+        _ops.reshard(st, *args)
     _state.set_spec(st, spec)
     return st

@@ -20,6 +20,9 @@ from .metadata import ShardedTensorMetadata, TensorProperties
 from .shard import Shard
 
 _ops = torch.ops.torch_shard
+# Our own ops called on a ShardedTensor skip ShardedTensor.__torch_function__ (it would only pass them
+# through, at ~20 us a call).
+_plain = torch._C.DisableTorchFunctionSubclass
 
 _SLOT_TENSOR = Shard.tensor  # the dataclass slot descriptors, under the properties below
 _SLOT_METADATA = Shard.metadata
@@ -122,7 +125,8 @@ def _tensor_facts(st) -> tuple[torch.dtype, bool, torch.Size]:
 def metadata_from_impl(st, pin_memory: bool) -> ShardedTensorMetadata:
     """The ShardedTensorMetadata of ``st``'s impl: its shards in layout order, with placements parsed
     once per distinct placement."""
-    offsets, sizes, index, names, _owners, _chunk_dim = _ops._layout(st)
+    with _plain():
+        offsets, sizes, index, names, _owners, _chunk_dim = _ops._layout(st)
     parsed = [_remote_device(name) if name else None for name in names]
     shards = [
         _new_shard_metadata(off, size, parsed[i])
@@ -140,14 +144,17 @@ def metadata_from_impl(st, pin_memory: bool) -> ShardedTensorMetadata:
 
 
 def _fresh_view(st) -> StateView:
-    version, tensors, indices, pin_memory, layout_fp = _ops._state(st)
+    with _plain():
+        version, tensors, indices, pin_memory, layout_fp = _ops._state(st)
     return StateView(version, tensors, indices, pin_memory, layout_fp)
 
 
 def read_state(st) -> StateView:
     """The current view of ``st``'s impl (cached on ``st`` under the impl's version)."""
     view = st._state_view
-    if view is None or view.version != _ops._version(st):
+    with _plain():
+        version = _ops._version(st)
+    if view is None or view.version != version:
         view = _fresh_view(st)
         st._state_view = view
     return view
@@ -197,7 +204,8 @@ def layout_args(st):
     """``st``'s layout as the op schemas' argument group, read from the impl (no packing)."""
     from .._native import LayoutArgs
 
-    offsets, sizes, index, names, owners, _chunk_dim = _ops._layout(st)
+    with _plain():
+        offsets, sizes, index, names, owners, _chunk_dim = _ops._layout(st)
     return LayoutArgs(None, offsets, sizes, index, list(names), list(owners))
 
 
@@ -228,9 +236,11 @@ def write_local_tensor(st, shard: _BoundShard, tensor: torch.Tensor) -> None:
         )
     tensors = list(view.tensors)
     tensors[shard._slot] = tensor
-    _ops._set_local_shards(st, tensors, view.indices)
+    with _plain():
+        _ops._set_local_shards(st, tensors, view.indices)
+        version = _ops._version(st)
     # Same layout: keep the metadata and shard objects, restamp them with the new version.
-    view.version = _ops._version(st)
+    view.version = version
     view.tensors = tensors
     _SLOT_TENSOR.__set__(shard, tensor)
     for s in view.shards:
@@ -257,4 +267,5 @@ def replace_local_shards(st, shards: list[Shard]) -> None:
         k = used.get(key, 0)
         indices.append(candidates[min(k, len(candidates) - 1)])
         used[key] = k + 1
-    _ops._set_local_shards(st, [s.tensor for s in shards], indices)
+    with _plain():
+        _ops._set_local_shards(st, [s.tensor for s in shards], indices)

@@ -35,11 +35,17 @@ class _PlacementResolver:
 
     def __init__(self, pg):
         self._pg = pg
+        self._to_group: dict[int, int] | None | bool = False  # False: not read yet
         self._workers: dict[str, int] | None = None
+
+    def _ranks(self) -> dict[int, int] | None:
+        if self._to_group is False:
+            self._to_group = _group_ranks(self._pg)
+        return self._to_group
 
     def group_rank(self, global_rank: int) -> int:
         """``global_rank``'s rank in the group; -1 outside it or when this process is not a member."""
-        to_group = _group_ranks(self._pg)
+        to_group = self._ranks()
         return -1 if to_group is None else to_group.get(global_rank, -1)
 
     def owner(self, remote_device: _remote_device) -> int:
@@ -53,7 +59,7 @@ class _PlacementResolver:
         rank = remote_device.rank()
         device = remote_device.device()
         if rank is not None:
-            to_group = _group_ranks(self._pg)
+            to_group = self._ranks()
             if to_group is not None and rank not in to_group:
                 raise ValueError(
                     f"Global rank {rank} does not exist in input process group: {list(to_group)}"

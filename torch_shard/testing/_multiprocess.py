@@ -195,6 +195,7 @@ class MultiProcessTestCase(TestCase):
             environ=dict(os.environ),
             pycache_prefix=_rank_pycache_prefix(),
             modules={name: getattr(sys.modules.get(name), "__file__", None) for name in _CHECKED_MODULES},
+            compat=_compat_installed(),
         )
         for rank in range(self.world_size):
             parent_conn, child_conn = ctx.Pipe(duplex=False)
@@ -299,6 +300,7 @@ class _RankSetup:
         environ: dict[str, str],
         pycache_prefix: str | None,
         modules: dict[str, str | None],
+        compat: bool = False,
     ) -> None:
         self.stdout = stdout
         self.stderr = stderr
@@ -307,6 +309,9 @@ class _RankSetup:
         self.pycache_prefix = pycache_prefix
         # Preloaded module name -> the file the test process imported it from.
         self.modules = modules
+        # Whether the test process had torch_shard.compat's alias installed: the rank installs it
+        # too before importing the test module, whose upstream imports must resolve the same way.
+        self.compat = compat
 
 
 class _TestTarget:
@@ -347,6 +352,11 @@ class _TestTarget:
         return module
 
 
+def _compat_installed() -> bool:
+    compat = sys.modules.get("torch_shard.compat")
+    return compat is not None and compat.installed()
+
+
 def _same_file(a: str | None, b: str | None) -> bool:
     return a is not None and b is not None and os.path.realpath(a) == os.path.realpath(b)
 
@@ -363,6 +373,9 @@ def _rank_main(setup: _RankSetup, target: _TestTarget, test_name: str, rank: int
         if setup.pycache_prefix is not None:
             sys.pycache_prefix = setup.pycache_prefix
             sys.dont_write_bytecode = False
+        if setup.compat:
+            import torch_shard.compat  # noqa: F401 - installs the alias on import
+
         cls = target.resolve()
         outcome = cls._run(rank, test_name, file_name)
     except BaseException:  # noqa: BLE001 - a rank that cannot even load the test reports that
