@@ -94,7 +94,9 @@ TORCH_LIBRARY(torch_shard, m) {
   // (global rows row_start..) that a requester's bags use; mode "sum" or "max". Returns the pooled
   // [num_bags, dim] (0 / -inf where the shard holds none of a bag's ids) and, for max, the winning
   // local row per element (-1 for none). padding_idx -1 means none. fused=False takes the ATen
-  // composition other devices use, also on CPU (for tests).
+  // composition other devices use, also on CPU (for tests). Bag b holds ids[offsets[b]:offsets[b+1]]
+  // (the last to the end); both kernels check offsets (non-decreasing, within [0, numel(ids)]),
+  // shapes, devices, row_start/rows and argmax, so no call reads or writes out of bounds.
   m.def(
       "_embedding_bag_partial(Tensor weight, Tensor ids, Tensor offsets, Tensor? per_sample_weights, "
       "int row_start, str mode, int padding_idx, bool fused=True) -> (Tensor, Tensor)");
@@ -106,6 +108,11 @@ TORCH_LIBRARY(torch_shard, m) {
   // hits, plan cache misses, data ops done in a single round] since the last reset.
   m.def("_comm_stats(bool reset=False) -> int[]");
   m.def("_clear_plan_cache() -> ()");
+  // TEST-ONLY (NOTE [ Fault injection ], csrc/comm/exchange.cpp): this process's next exchange of data
+  // op `op` ("" for any: "shard", "gather", "reshard", "share_inputs", ...) fails right after the
+  // agreement round; action "raise" (RuntimeError) or "exit" (the process ends, exit code 43); "none"
+  // disarms.
+  m.def("_inject_fault(str op, str action) -> ()");
 }
 
 PyMethodDef* torch_shard_python_methods();  // csrc/bindings.cpp

@@ -45,8 +45,10 @@ class TestEmbeddingBagPartial(TestCase):
         row_start = rng.randint(0, vocab - rows)
         n = rng.randint(0, 25)
         ids = torch.tensor([rng.randrange(vocab) for _ in range(n)], dtype=torch.int64)
-        cuts = sorted(rng.randint(0, n) for _ in range(rng.randint(1, 6)))
-        offsets = torch.tensor([0] + cuts, dtype=torch.int64)  # may contain empty bags
+        cuts = sorted(rng.randint(0, n) for _ in range(rng.randint(0, 6)))
+        # May contain empty bags; sometimes no bag at all, or ids before the first bag (no bag's).
+        first = [] if not cuts else ([0] if rng.random() < 0.8 else [])
+        offsets = torch.tensor(first + cuts, dtype=torch.int64)
         psw = torch.rand(n, dtype=dtype) if weighted else None
         padding_idx = rng.choice([-1, row_start, row_start + rows // 2])
         weight = torch.randn(rows, dim, dtype=dtype)
@@ -86,6 +88,113 @@ class TestEmbeddingBagPartial(TestCase):
     def test_bad_mode(self):
         with self.assertRaisesRegex(ValueError, "mode must be 'sum' or 'max'"):
             _ops._embedding_bag_partial(torch.zeros(2, 2), torch.zeros(1, dtype=torch.int64), torch.tensor([0]), None, 0, "mean", -1)
+        with self.assertRaisesRegex(ValueError, "mode must be 'sum' or 'max'"):
+            _ops._embedding_bag_partial_backward(
+                torch.zeros(1, 2), torch.zeros(1, dtype=torch.int64), torch.tensor([0]), None, torch.zeros(0, dtype=torch.int64), 0, 2, "mean", -1
+            )
+
+
+def _ids(*values):
+    return torch.tensor(values, dtype=torch.int64)
+
+
+class TestEmbeddingBagPartialPreconditions(TestCase):
+    """The kernels are public ops: whatever a direct call passes, they raise instead of reading or
+    writing outside a tensor (the fused max loop indexes raw pointers with the offsets)."""
+
+    def _forward_both(self, *args):
+        for fused in (True, False):
+            for mode in ("sum", "max"):
+                yield fused, mode, lambda fused=fused, mode=mode: _ops._embedding_bag_partial(
+                    *args[:5], mode, args[5], fused
+                )
+
+    def test_bad_offsets_raise_in_every_path(self):
+        weight = torch.randn(4, 3)
+        ids = _ids(0, 1, 2)
+        cases = [
+            # The issue's example: 3 ids, offsets [0, 7] (sum mode used to fail in repeat_interleave,
+            # the fused max loop read past the end of ids).
+            (_ids(0, 7), r"offsets must be within \[0, 3\] \(the number of ids\), but offsets\[1\] = 7"),
+            (_ids(0, 2, 1), r"offsets must be non-decreasing, but offsets\[2\] = 1 is less than offsets\[1\] = 2"),
+            (_ids(-1, 2), r"offsets must be within \[0, 3\].*offsets\[0\] = -1"),
+            (_ids(4), r"offsets\[0\] = 4"),
+        ]
+        for offsets, pattern in cases:
+            for fused, mode, call in self._forward_both(weight, ids, offsets, None, 0, -1):
+                with self.subTest(offsets=offsets.tolist(), fused=fused, mode=mode):
+                    with self.assertRaisesRegex(RuntimeError, pattern):
+                        call()
+            for mode in ("sum", "max"):
+                with self.subTest(offsets=offsets.tolist(), mode=mode, backward=True):
+                    argmax = torch.full((offsets.numel(), 3), -1, dtype=torch.int64)
+                    with self.assertRaisesRegex(RuntimeError, pattern):
+                        _ops._embedding_bag_partial_backward(
+                            torch.ones(offsets.numel(), 3), ids, offsets, None, argmax, 0, 4, mode, -1
+                        )
+
+    def test_bad_shapes_types_and_ranges(self):
+        weight = torch.randn(4, 3)
+        ids, offsets = _ids(0, 1, 2), _ids(0, 1)
+        call = _ops._embedding_bag_partial
+        with self.assertRaisesRegex(ValueError, "per_sample_weights must be 1-D with one weight per id"):
+            call(weight, ids, offsets, torch.ones(2), 0, "sum", -1)
+        with self.assertRaisesRegex(ValueError, "per_sample_weights must be 1-D"):
+            call(weight, ids, offsets, torch.ones(3, 1), 0, "sum", -1)
+        with self.assertRaisesRegex(TypeError, "ids and offsets must be int64"):
+            call(weight, ids.int(), offsets, None, 0, "sum", -1)
+        with self.assertRaisesRegex(ValueError, "ids and offsets must be 1-D"):
+            call(weight, ids.view(1, 3), offsets, None, 0, "sum", -1)
+        with self.assertRaisesRegex(ValueError, "weight must be 2-D"):
+            call(torch.randn(4), ids, offsets, None, 0, "sum", -1)
+        with self.assertRaisesRegex(TypeError, "weight must be a floating point tensor"):
+            call(weight.long(), ids, offsets, None, 0, "max", -1)
+        with self.assertRaisesRegex(ValueError, "row_start and rows must be non-negative"):
+            call(weight, ids, offsets, None, -1, "sum", -1)
+        with self.assertRaisesRegex(ValueError, "row_start \\+ rows overflows int64"):
+            call(weight, ids, offsets, None, 2**63 - 2, "max", -1)
+        with self.assertRaisesRegex(RuntimeError, "same device.*cpu and meta"):
+            call(weight, ids.to("meta"), offsets, None, 0, "max", -1)
+        with self.assertRaisesRegex(RuntimeError, "same device.*cpu and meta"):
+            call(weight, ids, offsets, torch.ones(3, device="meta"), 0, "sum", -1)
+
+    def test_bad_backward_arguments(self):
+        ids, offsets = _ids(0, 1, 2), _ids(0, 1)
+        grad = torch.ones(2, 3)
+        argmax = torch.zeros(2, 3, dtype=torch.int64)
+        back = _ops._embedding_bag_partial_backward
+        with self.assertRaisesRegex(ValueError, "argmax must have the shape of grad"):
+            back(grad, ids, offsets, None, torch.zeros(2, 2, dtype=torch.int64), 0, 4, "max", -1)
+        with self.assertRaisesRegex(TypeError, "argmax must be int64"):
+            back(grad, ids, offsets, None, argmax.int(), 0, 4, "max", -1)
+        # A winning row outside the shard would write outside the gradient.
+        with self.assertRaisesRegex(ValueError, r"argmax holds rows in \[0, 4\]; expected -1 \(none\) or a row in \[0, 4\)"):
+            back(grad, ids, offsets, None, torch.tensor([[0, 4, 0], [0, 0, 0]]), 0, 4, "max", -1)
+        with self.assertRaisesRegex(ValueError, "argmax holds rows in \\[-2"):
+            back(grad, ids, offsets, None, torch.full((2, 3), -2), 0, 4, "max", -1)
+        with self.assertRaisesRegex(ValueError, "grad must have one row per bag"):
+            back(torch.ones(3, 3), ids, offsets, None, argmax, 0, 4, "sum", -1)
+        with self.assertRaisesRegex(ValueError, "row_start and rows must be non-negative"):
+            back(grad, ids, offsets, None, argmax, 0, -1, "sum", -1)
+        with self.assertRaisesRegex(ValueError, "rows \\* dim overflows int64"):
+            back(grad, ids, offsets, None, argmax, 0, 2**62, "sum", -1)
+
+    def test_edges_that_are_valid(self):
+        weight = torch.randn(4, 3, dtype=torch.float64)
+        # No bags at all, with ids: nothing to pool (the dense CPU max kernel crashes on this).
+        for fused in (True, False):
+            for mode in ("sum", "max"):
+                pooled, argmax = _ops._embedding_bag_partial(weight, _ids(0, 1), _ids(), None, 0, mode, -1, fused)
+                self.assertEqual(pooled.shape, (0, 3))
+                grad = _ops._embedding_bag_partial_backward(
+                    pooled, _ids(0, 1), _ids(), None, argmax if mode == "max" else _ids(), 0, 4, mode, -1
+                )
+                self.assertEqual(grad, torch.zeros(4, 3, dtype=torch.float64))
+        # Offsets equal to the number of ids: trailing empty bags.
+        for fused in (True, False):
+            pooled, _ = _ops._embedding_bag_partial(weight, _ids(1, 2), _ids(0, 2, 2), None, 0, "max", -1, fused)
+            self.assertEqual(pooled[0], weight[1:3].amax(0))
+            self.assertTrue(torch.isinf(pooled[1:]).all())
 
 
 if __name__ == "__main__":

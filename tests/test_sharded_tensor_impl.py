@@ -226,6 +226,17 @@ class TestPythonEditsReachCpp(ShardedTensorTestBase):
         self.assertEqual(st.local_tensor(), torch.zeros(8, 1))
 
 
+class TestMakeShardedGroup(ShardedTensorTestBase):
+    @with_comms(init_rpc=False)
+    def test_make_sharded_checks_rank_and_size_against_the_group(self):
+        group = dist.group.WORLD.group_name
+        with self.assertRaisesRegex(ValueError, f"does not match process group '{group}', where this process is rank {self.rank} of 4"):
+            _ops._make_sharded(
+                [], [], [4, 2], 0, None, None, None, [placement(r) for r in range(4)], [0, 1, 2, 3],
+                torch.float32, None, False, group, (self.rank + 1) % 4, 4,
+            )
+
+
 class TestShardedTensorErrorsNoComms(TestCase):
     def test_make_sharded_checks_local_shards(self):
         def make(tensors, indices, dtype=torch.float32):
@@ -260,6 +271,14 @@ class TestShardedTensorErrorsNoComms(TestCase):
             make([[2**63 - 1, 0]], [[2, 1]], (2**62, 1))
         with self.assertRaisesRegex(ValueError, "more elements than int64"):
             make([[0, 0]], [[2**62, 2]], (2**62, 2))
+
+    def test_make_sharded_checks_the_group_name(self):
+        # A named group must exist when the impl is built, not only at its first data op.
+        with self.assertRaisesRegex(ValueError, "no process group is registered under the name 'no_such_group'"):
+            _ops._make_sharded(
+                [], [], [4, 2], 0, None, None, None, ["rank:0/cpu"], [0], torch.float32, None, False,
+                "no_such_group", 0, 1,
+            )
 
     def test_accessors_reject_dense_tensors(self):
         with self.assertRaisesRegex(TypeError, "expected a ShardedTensor"):

@@ -1,11 +1,16 @@
 #include "comm/exchange.h"
 
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
 #include <sstream>
 
 #include <ATen/ops/as_strided.h>
 
 #include <ATen/ops/empty.h>
+#include <c10/macros/Macros.h>
 #include <c10/util/Exception.h>
+#include <torch/library.h>
 
 #include "comm/process_group.h"
 
@@ -127,7 +132,60 @@ at::Tensor whole_buffer(const std::vector<int64_t>& splits,
   return first.as_strided({total}, {1}, first.storage_offset());
 }
 
+// NOTE [ Fault injection ]
+// TEST-ONLY. The fault tests need a rank that fails AFTER the agreement round, which no bad argument
+// can cause (that is what the agreement is for): a bug, a lost device, a killed process.
+// torch.ops.torch_shard._inject_fault(op, action) arms one such failure for this process's next
+// exchange of data op `op`: right after the verdict, when its peers have agreed and go on to move data
+// without it, "raise" throws a RuntimeError and "exit" ends the process at once
+// (std::_Exit(kInjectedExitCode): no unwinding, no goodbye to the peers, like a crash). It fires once.
+// Unarmed, it costs one relaxed atomic load per data op.
+std::atomic<bool> fault_armed{false};
+std::mutex fault_mutex;
+std::string fault_op;      // guarded by fault_mutex
+std::string fault_action;  // guarded by fault_mutex
+
+void fault_point(OpKind op, int64_t me) {
+  if (C10_LIKELY(!fault_armed.load(std::memory_order_relaxed))) {
+    return;
+  }
+  std::string action;
+  {
+    std::lock_guard<std::mutex> lock(fault_mutex);
+    if (!fault_armed.load() || (!fault_op.empty() && fault_op != op_name(op))) {
+      return;
+    }
+    action = fault_action;
+    fault_armed = false;
+  }
+  if (action == "exit") {
+    std::_Exit(kInjectedExitCode);
+  }
+  TORCH_CHECK(false, "torch_shard.", op_name(op), ": injected fault on rank ", me,
+              " after the agreement round (test-only, see torch_shard._inject_fault)");
+}
+
+void inject_fault_op(c10::string_view op, c10::string_view action) {
+  inject_fault(std::string(op), std::string(action));
+}
+
 }  // namespace
+
+void inject_fault(const std::string& op, const std::string& action) {
+  TORCH_CHECK_VALUE(action == "raise" || action == "exit" || action == "none",
+                    "torch_shard._inject_fault: action must be 'raise', 'exit' or 'none', got '", action,
+                    "'");
+  bool known = op.empty();
+  for (OpKind kind : {OpKind::kShard, OpKind::kGather, OpKind::kReshard, OpKind::kShareInputs,
+                      OpKind::kInitFromLocalShards, OpKind::kCompare}) {
+    known = known || op == op_name(kind);
+  }
+  TORCH_CHECK_VALUE(known, "torch_shard._inject_fault: unknown data op '", op, "'");
+  std::lock_guard<std::mutex> lock(fault_mutex);
+  fault_op = op;
+  fault_action = action;
+  fault_armed = action != "none";
+}
 
 const char* op_name(OpKind op) {
   switch (op) {
@@ -275,6 +333,7 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg,
     }
   }
   check(all, me);
+  fault_point(op, me);  // test-only; see NOTE [ Fault injection ]
 
   // ---- Moves -----------------------------------------------------------------------------------------
   std::vector<int64_t> declared(world, 0);
@@ -502,4 +561,9 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg,
 }
 
 }  // namespace comm
+
+TORCH_LIBRARY_IMPL(torch_shard, CompositeImplicitAutograd, m) {
+  m.impl("_inject_fault", TORCH_FN(comm::inject_fault_op));
+}
+
 }  // namespace torch_shard

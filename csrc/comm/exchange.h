@@ -6,6 +6,7 @@
 #include <array>
 #include <exception>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -91,6 +92,13 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg,
                               ErrorCode error_code,
                               Moves* moves,
                               const Check& check);
+
+// TEST-ONLY: arms a failure of this process in its next exchange of data op `op` ("" for any op):
+// `action` "raise" or "exit", or "none" to disarm. See NOTE [ Fault injection ] in exchange.cpp.
+void inject_fault(const std::string& op, const std::string& action);
+
+// The exit code of a process ended by an injected "exit" fault.
+constexpr int kInjectedExitCode = 43;
 
 }  // namespace comm
 }  // namespace torch_shard

@@ -16,6 +16,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/aminmax.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
@@ -25,41 +26,113 @@
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
+#include "layout/box.h"
+
 namespace torch_shard {
 namespace {
 
-bool is_max(c10::string_view mode) {
-  TORCH_CHECK_VALUE(mode == "sum" || mode == "max",
-                    "torch_shard._embedding_bag_partial: mode must be 'sum' or 'max', got ", mode);
+constexpr const char* kForward = "torch_shard._embedding_bag_partial";
+constexpr const char* kBackward = "torch_shard._embedding_bag_partial_backward";
+
+bool is_max(const char* op, c10::string_view mode) {
+  TORCH_CHECK_VALUE(mode == "sum" || mode == "max", op, ": mode must be 'sum' or 'max', got ", mode);
   return mode == "max";
 }
 
-void check_args(const at::Tensor& weight, const at::Tensor& ids, const at::Tensor& offsets,
-                const std::optional<at::Tensor>& psw) {
-  TORCH_CHECK_VALUE(weight.dim() == 2, "torch_shard._embedding_bag_partial: weight must be 2-D");
-  TORCH_CHECK_TYPE(ids.scalar_type() == at::kLong && offsets.scalar_type() == at::kLong,
-                   "torch_shard._embedding_bag_partial: ids and offsets must be int64");
-  TORCH_CHECK_VALUE(ids.dim() == 1 && offsets.dim() == 1,
-                    "torch_shard._embedding_bag_partial: ids and offsets must be 1-D");
-  if (psw.has_value() && psw->defined()) {
-    TORCH_CHECK_VALUE(psw->numel() == ids.numel(),
-                      "torch_shard._embedding_bag_partial: per_sample_weights must match ids");
+// NOTE [ Partial pooling preconditions ]
+// These kernels are public ops, and the fused loops index raw pointers with the offsets they are
+// given, so every precondition the loops rely on is checked here, whoever calls: ids and offsets
+// 1-D int64 on the weight's device, per-sample weights one per id, offsets non-decreasing within
+// [0, number of ids], and row_start / rows non-negative with row_start + rows representable. With
+// them no index a kernel forms leaves its tensor: ids outside the shard's rows are skipped, never
+// subtracted from. Ids before offsets[0] belong to no bag and are ignored (the sharded ops always
+// pass offsets[0] == 0). Returns offsets[0], or the number of ids when there are no bags: the
+// first id that belongs to a bag.
+int64_t check_bags(const char* op, const at::Tensor& values, const char* values_name,
+                   const at::Tensor& ids, const at::Tensor& offsets,
+                   const std::optional<at::Tensor>& psw, int64_t row_start, int64_t rows) {
+  TORCH_CHECK_VALUE(values.dim() == 2, op, ": ", values_name, " must be 2-D, got shape ",
+                    values.sizes());
+  TORCH_CHECK_TYPE(at::isFloatingType(values.scalar_type()), op, ": ", values_name,
+                   " must be a floating point tensor, got ", values.scalar_type());
+  TORCH_CHECK_TYPE(ids.scalar_type() == at::kLong && offsets.scalar_type() == at::kLong, op,
+                   ": ids and offsets must be int64, got ", ids.scalar_type(), " and ",
+                   offsets.scalar_type());
+  TORCH_CHECK_VALUE(ids.dim() == 1 && offsets.dim() == 1, op, ": ids and offsets must be 1-D, got ",
+                    ids.dim(), "-D and ", offsets.dim(), "-D");
+  const bool weighted = psw.has_value() && psw->defined();
+  for (const at::Tensor* t : {&ids, &offsets, weighted ? &*psw : &ids}) {
+    TORCH_CHECK(t->device() == values.device(), op,
+                ": expected all tensors to be on the same device, but found at least two devices, ",
+                values.device(), " and ", t->device(), "!");
   }
+  if (weighted) {
+    TORCH_CHECK_VALUE(psw->dim() == 1 && psw->numel() == ids.numel(), op,
+                      ": per_sample_weights must be 1-D with one weight per id (", ids.numel(),
+                      "), got shape ", psw->sizes());
+    TORCH_CHECK_TYPE(at::isFloatingType(psw->scalar_type()), op,
+                     ": per_sample_weights must be a floating point tensor, got ", psw->scalar_type());
+  }
+  TORCH_CHECK_VALUE(row_start >= 0 && rows >= 0, op, ": row_start and rows must be non-negative, got ",
+                    row_start, " and ", rows);
+  layout::checked_add(row_start, rows, "torch_shard: row_start + rows");
+  // Offsets are read on the host (one small copy for a device tensor): the fused loops and the
+  // composition both trust them.
+  const int64_t n = ids.numel();
+  const int64_t bags = offsets.numel();
+  if (bags == 0) {
+    return n;
+  }
+  const at::Tensor off = offsets.to(at::kCPU).contiguous();
+  const int64_t* o = off.const_data_ptr<int64_t>();
+  for (int64_t b = 0; b < bags; ++b) {
+    TORCH_CHECK(o[b] >= 0 && o[b] <= n, op, ": offsets must be within [0, ", n,
+                "] (the number of ids), but offsets[", b, "] = ", o[b]);
+    TORCH_CHECK(b == 0 || o[b] >= o[b - 1], op, ": offsets must be non-decreasing, but offsets[", b,
+                "] = ", o[b], " is less than offsets[", b - 1, "] = ", o[b - 1]);
+  }
+  return o[0];
 }
 
 // Bag b holds ids[offsets[b] : offsets[b + 1]] (the last bag runs to the end).
 template <typename F>
 void for_each_owned(const int64_t* ids, const int64_t* offsets, int64_t n, int64_t bags,
                     int64_t row_start, int64_t rows, int64_t padding_idx, F&& f) {
+  const int64_t row_end = row_start + rows;  // checked by check_bags
   for (int64_t b = 0; b < bags; ++b) {
     const int64_t end = b + 1 < bags ? offsets[b + 1] : n;
     for (int64_t i = offsets[b]; i < end; ++i) {
-      const int64_t row = ids[i] - row_start;
-      if (row >= 0 && row < rows && ids[i] != padding_idx) {
-        f(b, i, row);
+      const int64_t id = ids[i];
+      if (id >= row_start && id < row_end && id != padding_idx) {
+        f(b, i, id - row_start);
       }
     }
   }
+}
+
+// The ids from `first` on (those that belong to a bag), with the bag of each and their per-sample
+// weights: the index form of the bags, for the ATen compositions.
+struct IndexedBags {
+  at::Tensor ids;
+  at::Tensor bag;
+  std::optional<at::Tensor> psw;
+};
+
+IndexedBags index_bags(const at::Tensor& ids, const at::Tensor& offsets,
+                       const std::optional<at::Tensor>& psw, int64_t first) {
+  const int64_t n = ids.numel(), bags = offsets.numel();
+  IndexedBags out;
+  out.ids = ids.slice(0, first, n);
+  if (bags == 0) {
+    out.bag = at::empty({0}, offsets.options());
+  } else {
+    const at::Tensor ends = at::cat({offsets.slice(0, 1), at::full({1}, n, offsets.options())});
+    out.bag = at::repeat_interleave(at::arange(bags, offsets.options()), ends - offsets);
+  }
+  if (psw.has_value() && psw->defined()) {
+    out.psw = psw->slice(0, first, n);
+  }
+  return out;
 }
 
 std::tuple<at::Tensor, at::Tensor> partial_cpu(const at::Tensor& weight, const at::Tensor& ids,
@@ -132,36 +205,38 @@ std::tuple<at::Tensor, at::Tensor> partial_cpu(const at::Tensor& weight, const a
   return {out, arg};
 }
 
-// The same contract from ATen ops, for devices without the fused loops.
-std::tuple<at::Tensor, at::Tensor> partial_generic(const at::Tensor& weight, const at::Tensor& ids,
-                                                   const at::Tensor& offsets,
-                                                   const std::optional<at::Tensor>& psw,
-                                                   int64_t row_start, bool max_mode,
-                                                   int64_t padding_idx) {
-  const int64_t bags = offsets.numel(), dim = weight.size(1), rows = weight.size(0);
-  const int64_t n = ids.numel();
-  const at::Tensor ends = at::cat({offsets.slice(0, 1), at::full({1}, n, offsets.options())});
-  const at::Tensor bag_of_id = at::repeat_interleave(at::arange(bags, offsets.options()), ends - offsets);
+// Ids of the shard's rows [row_start, row_start + rows), padding excluded.
+at::Tensor owned_mask(const at::Tensor& ids, int64_t row_start, int64_t rows, int64_t padding_idx) {
   at::Tensor keep = (ids >= row_start) & (ids < row_start + rows);
   if (padding_idx >= 0) {
     keep = keep & (ids != padding_idx);
   }
-  const at::Tensor local_rows = ids.masked_select(keep) - row_start;
-  const at::Tensor which = bag_of_id.masked_select(keep);
+  return keep;
+}
+
+// The same contract from ATen ops, for devices without the fused loops.
+std::tuple<at::Tensor, at::Tensor> partial_generic(const at::Tensor& weight, const IndexedBags& bags,
+                                                   int64_t num_bags, int64_t row_start, bool max_mode,
+                                                   int64_t padding_idx) {
+  const int64_t dim = weight.size(1), rows = weight.size(0);
+  const at::Tensor keep = owned_mask(bags.ids, row_start, rows, padding_idx);
+  const at::Tensor local_rows = bags.ids.masked_select(keep) - row_start;
+  const at::Tensor which = bags.bag.masked_select(keep);
   at::Tensor values = weight.index_select(0, local_rows);
-  if (psw.has_value() && psw->defined() && !max_mode) {
-    values = values * psw->masked_select(keep).to(weight.scalar_type()).unsqueeze(1);
+  if (bags.psw.has_value() && !max_mode) {
+    values = values * bags.psw->masked_select(keep).to(weight.scalar_type()).unsqueeze(1);
   }
   if (!max_mode) {
-    return {at::zeros({bags, dim}, weight.options()).index_add(0, which, values), at::empty({0}, ids.options())};
+    return {at::zeros({num_bags, dim}, weight.options()).index_add(0, which, values),
+            at::empty({0}, bags.ids.options())};
   }
   // Max with the winning row: reduce, then find, per (bag, column), a row that equals the max.
-  at::Tensor out = at::full({bags, dim}, -std::numeric_limits<double>::infinity(), weight.options())
+  at::Tensor out = at::full({num_bags, dim}, -std::numeric_limits<double>::infinity(), weight.options())
                        .index_reduce(0, which, values, "amax", /*include_self=*/true);
   at::Tensor winner = values.eq(out.index_select(0, which));
   at::Tensor candidate = at::where(winner, local_rows.unsqueeze(1).expand_as(values),
-                                   at::full({}, -1, ids.options()));
-  at::Tensor arg = at::full({bags, dim}, -1, ids.options())
+                                   at::full({}, -1, bags.ids.options()));
+  at::Tensor arg = at::full({num_bags, dim}, -1, bags.ids.options())
                        .index_reduce(0, which, candidate, "amax", /*include_self=*/true);
   return {out, arg};
 }
@@ -171,15 +246,17 @@ std::tuple<at::Tensor, at::Tensor> embedding_bag_partial(const at::Tensor& weigh
                                                          const std::optional<at::Tensor>& per_sample_weights,
                                                          int64_t row_start, c10::string_view mode,
                                                          int64_t padding_idx, bool fused) {
-  check_args(weight, ids, offsets, per_sample_weights);
-  const bool max_mode = is_max(mode);
+  const bool max_mode = is_max(kForward, mode);
+  const int64_t first = check_bags(kForward, weight, "weight", ids, offsets, per_sample_weights,
+                                   row_start, weight.size(0));
   // Measured on CPU (250k x 128 float32 shard, 164k ids): the fused loop wins for max (2x over the
   // composition, which needs two index_reduce passes) but loses for sum to ATen's vectorised
   // index_select + index_add, so sums always take the composition.
   if (fused && max_mode && weight.device().is_cpu()) {
     return partial_cpu(weight, ids, offsets, per_sample_weights, row_start, max_mode, padding_idx);
   }
-  return partial_generic(weight, ids, offsets, per_sample_weights, row_start, max_mode, padding_idx);
+  return partial_generic(weight, index_bags(ids, offsets, per_sample_weights, first), offsets.numel(),
+                         row_start, max_mode, padding_idx);
 }
 
 at::Tensor embedding_bag_partial_backward(const at::Tensor& grad, const at::Tensor& ids,
@@ -187,29 +264,43 @@ at::Tensor embedding_bag_partial_backward(const at::Tensor& grad, const at::Tens
                                           const std::optional<at::Tensor>& per_sample_weights,
                                           const at::Tensor& argmax, int64_t row_start, int64_t rows,
                                           c10::string_view mode, int64_t padding_idx) {
-  const bool max_mode = is_max(mode);
-  const int64_t bags = offsets.numel(), dim = grad.size(1);
+  const bool max_mode = is_max(kBackward, mode);
+  const int64_t first =
+      check_bags(kBackward, grad, "grad", ids, offsets, per_sample_weights, row_start, rows);
+  const int64_t num_bags = offsets.numel(), dim = grad.size(1);
+  TORCH_CHECK_VALUE(grad.size(0) == num_bags, kBackward, ": grad must have one row per bag (",
+                    num_bags, "), got shape ", grad.sizes());
+  layout::checked_mul(rows, dim, "torch_shard._embedding_bag_partial_backward: rows * dim");
   at::Tensor grad_weight = at::zeros({rows, dim}, grad.options());
   if (max_mode) {
+    TORCH_CHECK_TYPE(argmax.scalar_type() == at::kLong, kBackward, ": argmax must be int64, got ",
+                     argmax.scalar_type());
+    TORCH_CHECK_VALUE(argmax.dim() == 2 && argmax.size(0) == num_bags && argmax.size(1) == dim,
+                      kBackward, ": argmax must have the shape of grad ", grad.sizes(), ", got ",
+                      argmax.sizes());
+    TORCH_CHECK(argmax.device() == grad.device(), kBackward,
+                ": expected all tensors to be on the same device, but found at least two devices, ",
+                grad.device(), " and ", argmax.device(), "!");
+    if (argmax.numel() > 0) {
+      const auto [low, high] = argmax.aminmax();
+      const int64_t lo = low.item<int64_t>(), hi = high.item<int64_t>();
+      TORCH_CHECK_VALUE(lo >= -1 && hi < rows, kBackward, ": argmax holds rows in [", lo, ", ", hi,
+                        "]; expected -1 (none) or a row in [0, ", rows, ")");
+    }
     // Each element of each bag's output came from one row (or none: -1).
     const at::Tensor valid = argmax.ge(0);
-    const at::Tensor cols = at::arange(dim, argmax.options()).expand({bags, dim});
+    const at::Tensor cols = at::arange(dim, argmax.options()).expand({num_bags, dim});
     const at::Tensor flat_index = (argmax * dim + cols).masked_select(valid);
     grad_weight.view({-1}).index_add_(0, flat_index, grad.masked_select(valid));
     return grad_weight;
   }
-  const int64_t n = ids.numel();
-  const at::Tensor ends = at::cat({offsets.slice(0, 1), at::full({1}, n, offsets.options())});
-  const at::Tensor bag_of_id = at::repeat_interleave(at::arange(bags, offsets.options()), ends - offsets);
-  at::Tensor keep = (ids >= row_start) & (ids < row_start + rows);
-  if (padding_idx >= 0) {
-    keep = keep & (ids != padding_idx);
+  const IndexedBags bags = index_bags(ids, offsets, per_sample_weights, first);
+  const at::Tensor keep = owned_mask(bags.ids, row_start, rows, padding_idx);
+  at::Tensor contrib = grad.index_select(0, bags.bag.masked_select(keep));
+  if (bags.psw.has_value()) {
+    contrib = contrib * bags.psw->masked_select(keep).to(grad.scalar_type()).unsqueeze(1);
   }
-  at::Tensor contrib = grad.index_select(0, bag_of_id.masked_select(keep));
-  if (per_sample_weights.has_value() && per_sample_weights->defined()) {
-    contrib = contrib * per_sample_weights->masked_select(keep).to(grad.scalar_type()).unsqueeze(1);
-  }
-  grad_weight.index_add_(0, ids.masked_select(keep) - row_start, contrib);
+  grad_weight.index_add_(0, bags.ids.masked_select(keep) - row_start, contrib);
   return grad_weight;
 }
 

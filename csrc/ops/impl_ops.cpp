@@ -35,12 +35,21 @@ at::Tensor make_sharded(at::TensorList local_shards,
   TORCH_CHECK_VALUE(group_name.empty() || (world > 0 && rank >= 0 && rank < world),
                     "torch_shard._make_sharded: rank ", rank, " is not a rank of a group of size ",
                     world);
+  // A named group must exist now (ValueError otherwise), and be the group the rank and size describe:
+  // every later data op resolves it by this name.
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;
+  if (!group_name.empty()) {
+    pg = comm::resolve_group(std::string(group_name), "_make_sharded");
+    TORCH_CHECK_VALUE(pg->getRank() == rank && pg->getSize() == world, "torch_shard._make_sharded: rank ",
+                      rank, " of a group of size ", world, " does not match process group '", group_name,
+                      "', where this process is rank ", pg->getRank(), " of ", pg->getSize());
+  }
   auto layout = layout_from_args(global_size, chunk_dim, shard_offsets, shard_sizes, placement_index,
                                  placements, placement_owners, group_name.empty() ? -1 : world,
                                  validate, "_make_sharded");
   // A rank without local shards still has a device: the group's communication device.
   if (!device.has_value() && local_shards.empty() && !group_name.empty()) {
-    device = comm::comm_device(*comm::resolve_group(std::string(group_name), "_make_sharded"));
+    device = comm::comm_device(*pg);
   }
   return make_sharded_tensor(std::move(layout), local_shards.vec(), local_shard_indices.vec(), dtype,
                              device, pin_memory, std::string(group_name), rank);

@@ -2,9 +2,12 @@
 
 Every rank calls the op with its own input. The flow is:
 
-1. local checks, then ONE C++ data op (``torch.ops.torch_shard._share_inputs``) that agrees (a bad
+1. local checks of this rank's input (ids, offsets, per-sample weights, devices: the dense op's
+   exception types and messages where it has them) and everything else that can fail (the owners'
+   group ranks), then ONE C++ data op (``torch.ops.torch_shard._share_inputs``) that agrees (a bad
    input on any rank raises on every rank instead of hanging the others) and gives every rank every
-   rank's packed input (ids, offsets, per-sample weights), small inputs in the agreement round itself;
+   rank's packed input (ids, offsets, per-sample weights), small inputs in the agreement round itself.
+   Received inputs were checked by their sender, so the later steps have no argument errors left;
 2. each rank computes, for every requester, what its weight shard contributes;
 3. one all-to-all returns the contributions to their requesters (autograd-aware: its backward is the
    reverse all-to-all, so gradients reach the weight shard that produced each contribution). Its
@@ -21,6 +24,7 @@ import torch.distributed as dist
 
 from ...sharded_tensor import _state
 from ...sharded_tensor._movement import abort_and_raise
+from ...sharded_tensor.utils import _PlacementResolver
 from ..chunk_sharding_spec import ChunkShardingSpec
 
 _ops = torch.ops.torch_shard
@@ -62,6 +66,7 @@ class Bags:
         return self.offsets.numel()
 
     def bag_of_id(self) -> torch.Tensor:
+        """The bag of every id (needs at least one bag; offsets start at 0, as checked)."""
         n = self.ids.numel()
         ends = torch.cat([self.offsets[1:], torch.tensor([n], dtype=torch.int64, device=self.offsets.device)])
         return torch.repeat_interleave(torch.arange(self.num_bags, device=self.ids.device), ends - self.offsets)
@@ -81,7 +86,31 @@ def local_weight(weight, op_name: str):
     return shards[0].tensor, shards[0].metadata.shard_offsets[dim], dim
 
 
-def validate_common(input, weight, max_norm, scale_grad_by_freq, sparse, op_name: str) -> None:
+def check_index_dtype(tensor: torch.Tensor, arg: str, op_name: str) -> None:
+    """Ids and offsets are int64 or int32, as for the dense ops (and with their message)."""
+    if tensor.dtype not in (torch.int64, torch.int32):
+        raise RuntimeError(
+            f"Expected tensor for argument #1 '{arg}' to have one of the following scalar types: Long, Int; "
+            f"but got {tensor.type()} instead (while checking arguments for {op_name})"
+        )
+
+
+def check_device(local: torch.Tensor, tensor: torch.Tensor, arg: str) -> None:
+    """Every input lives where this rank's weight shard does (the dense ops' rule for their weight)."""
+    if tensor.device != local.device:
+        raise RuntimeError(
+            f"Expected all tensors to be on the same device, but found at least two devices, "
+            f"{local.device} and {tensor.device}! ({arg} is on {tensor.device}, this rank's weight shard "
+            f"on {local.device})"
+        )
+
+
+def validate_common(input, weight, max_norm, scale_grad_by_freq, sparse, op_name: str, fn_name: str):
+    """Checks shared by embedding and embedding_bag, on this rank's arguments, before any exchange.
+
+    Returns :func:`local_weight`'s (local shard, offset, sharded dim). ``op_name`` is the module's name
+    ("Embedding"), ``fn_name`` the function's ("embedding"), as they appear in the messages.
+    """
     from ...sharded_tensor import ShardedTensor
 
     if not isinstance(input, torch.Tensor):
@@ -90,17 +119,31 @@ def validate_common(input, weight, max_norm, scale_grad_by_freq, sparse, op_name
         raise TypeError("weight needs to be ShardedTensor")
     if len(weight.size()) != 2:
         raise ValueError("Weight needs to have exactly 2 dims")
-    if input.numel() and (int(torch.min(input).item()) < 0 or int(torch.max(input).item()) >= weight.size(0)):
-        raise ValueError(
-            f"Index out of range in Input {int(torch.min(input).item())} {int(torch.max(input).item())} "
-            f"{weight.size(1)}"
-        )
     if scale_grad_by_freq:
         raise RuntimeError(f'nn.{op_name} weight sharded with flag on "scale_grad_by_freq" not supported!')
     if sparse:
         raise RuntimeError(f'nn.{op_name} weight sharded with flag on "sparse" not supported!')
     if max_norm is not None and max_norm <= 0:
         raise ValueError('"max_norm" must be larger than zero!')
+    local, start, dim = local_weight(weight, fn_name)
+    check_index_dtype(input, "indices", fn_name)
+    check_device(local, input, "input")
+    if input.numel():
+        low, high = (int(v) for v in torch.aminmax(input))
+        if low < 0 or high >= weight.size(0):
+            raise ValueError(f"Index out of range in Input {low} {high} {weight.size(0)}")
+    return local, start, dim
+
+
+def owner_ranks(weight) -> list[int]:
+    """Group rank of the owner of each entry of ``weight.metadata().shards_metadata``.
+
+    Placements name global ranks or RPC workers; the exchanges index by rank of the weight's process
+    group, so every owner goes through the group's placement resolver (a sub-group's ranks 1 and 3
+    are its ranks 0 and 1; "worker1/cpu" is whichever group rank worker 1 is).
+    """
+    resolver = _PlacementResolver(weight._process_group)
+    return [resolver.owner(md.placement) for md in weight.metadata().shards_metadata]
 
 
 def share_bags(bags: Bags, weight, error: BaseException | None, op_name: str) -> list[Bags]:
@@ -126,11 +169,25 @@ def share_bags(bags: Bags, weight, error: BaseException | None, op_name: str) ->
 
 
 def column_order(weight) -> list[tuple[int, int, int]]:
-    """(column offset, column count, owner rank) of every column shard, by column offset."""
-    owners = []
-    for md in weight.metadata().shards_metadata:
-        owners.append((md.shard_offsets[1], md.shard_sizes[1], md.placement.rank()))
-    return sorted(owners)
+    """(column offset, column count, owner's group rank) of every column shard, by column offset."""
+    return sorted(
+        (md.shard_offsets[1], md.shard_sizes[1], owner)
+        for md, owner in zip(weight.metadata().shards_metadata, owner_ranks(weight))
+    )
+
+
+def row_ranges(weight) -> list[tuple[int, int]]:
+    """(first row, end row) held by each rank of the weight's group, by group rank (empty for none)."""
+    ranges = [(0, 0)] * dist.get_world_size(weight._process_group)
+    for md, owner in zip(weight.metadata().shards_metadata, owner_ranks(weight)):
+        if md.shard_sizes[0]:
+            ranges[owner] = (md.shard_offsets[0], md.shard_offsets[0] + md.shard_sizes[0])
+    return ranges
+
+
+def width_of(order: list[tuple[int, int, int]], rank: int) -> int:
+    """Columns group rank ``rank`` holds, from :func:`column_order`."""
+    return sum(count for _, count, owner in order if owner == rank)
 
 
 def renorm_rows_(local: torch.Tensor, rows: torch.Tensor, max_norm: float, norm_type: float, weight, dim: int) -> None:

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..api import custom_sharding_spec_op
 from ..chunk_sharding_spec import ChunkShardingSpec
-from ._common import Bags, column_order, exchange_chunks, local_weight, renorm_rows_, share_bags, validate_common
+from ._common import (
+    Bags,
+    column_order,
+    exchange_chunks,
+    renorm_rows_,
+    row_ranges,
+    share_bags,
+    validate_common,
+    width_of,
+)
 
 
 @custom_sharding_spec_op(ChunkShardingSpec, F.embedding)
@@ -28,12 +36,25 @@ def sharded_embedding(types, args, kwargs, pg):
     norm_type = kwargs.get("norm_type", 2.0)
     error = None
     try:
-        validate_common(input, weight, max_norm, kwargs.get("scale_grad_by_freq", False), kwargs.get("sparse", False), "Embedding")
-        local, start, dim = local_weight(weight, "embedding")
-        if padding_idx is not None and padding_idx < 0:
-            padding_idx += weight.size(0)
+        # Everything that can fail on this rank happens here, before the exchange (share_bags), so a
+        # failure raises on every rank instead of leaving the others in the exchange.
+        local, start, dim = validate_common(
+            input,
+            weight,
+            max_norm,
+            kwargs.get("scale_grad_by_freq", False),
+            kwargs.get("sparse", False),
+            "Embedding",
+            "embedding",
+        )
+        if padding_idx is not None:
+            if not -weight.size(0) <= padding_idx < weight.size(0):
+                raise AssertionError("Padding_idx must be within num_embeddings")
+            if padding_idx < 0:
+                padding_idx += weight.size(0)
         ids = input.reshape(-1).to(torch.int64)
         mine = Bags(ids=ids, offsets=torch.zeros(0, dtype=torch.int64, device=ids.device), per_sample_weights=None)
+        layout = row_ranges(weight) if dim == 0 else column_order(weight)
     except Exception as exc:  # noqa: BLE001 - raised on every rank by share_bags
         error, mine = exc, None
     everyone = share_bags(mine, weight, error, "embedding")
@@ -50,9 +71,8 @@ def sharded_embedding(types, args, kwargs, pg):
         for bags in everyone:
             owned = bags.ids[(bags.ids >= start) & (bags.ids < end)] - start
             send.append(F.embedding(owned, local, padding_idx=local_pad))
-        # What each owner holds of my ids, in my ids' order: I can tell by the row ranges alone.
-        row_ranges = _row_ranges(weight)
-        masks = [(mine.ids >= lo) & (mine.ids < hi) for lo, hi in row_ranges]
+        # What each owner (by group rank) holds of my ids, in my ids' order: the row ranges tell.
+        masks = [(mine.ids >= lo) & (mine.ids < hi) for lo, hi in layout]
         shapes = [(int(mask.sum()), local.size(1)) for mask in masks]
         received = exchange_chunks(send, shapes, group)
         out = torch.zeros(mine.ids.numel(), weight.size(1), dtype=dtype, device=local.device)
@@ -63,21 +83,7 @@ def sharded_embedding(types, args, kwargs, pg):
     if max_norm is not None:
         renorm_rows_(local, torch.cat([b.ids for b in everyone]), max_norm, norm_type, weight, dim)
     send = [F.embedding(bags.ids, local, padding_idx=padding_idx) for bags in everyone]
-    order = column_order(weight)
-    shapes = [(mine.ids.numel(), _width_of(order, rank)) for rank in range(len(everyone))]
+    shapes = [(mine.ids.numel(), width_of(layout, rank)) for rank in range(len(everyone))]
     received = exchange_chunks(send, shapes, group)
-    blocks = [received[rank] for _, _, rank in order]
+    blocks = [received[rank] for _, _, rank in layout]
     return torch.cat(blocks, dim=1).view(*input.shape, weight.size(1))
-
-
-def _row_ranges(weight) -> list[tuple[int, int]]:
-    """(first row, end row) held by each rank of the weight's group (empty range for none)."""
-    world = dist.get_world_size(weight._process_group)
-    ranges = [(0, 0)] * world
-    for md in weight.metadata().shards_metadata:
-        ranges[md.placement.rank()] = (md.shard_offsets[0], md.shard_offsets[0] + md.shard_sizes[0])
-    return ranges
-
-
-def _width_of(order, rank: int) -> int:
-    return sum(count for _, count, owner in order if owner == rank)

@@ -7,8 +7,17 @@ import torch.nn.functional as F
 
 from ..api import custom_sharding_spec_op
 from ..chunk_sharding_spec import ChunkShardingSpec
-from ._common import Bags, column_order, exchange_chunks, local_weight, renorm_rows_, share_bags, validate_common
-from .embedding import _width_of
+from ._common import (
+    Bags,
+    check_device,
+    check_index_dtype,
+    column_order,
+    exchange_chunks,
+    renorm_rows_,
+    share_bags,
+    validate_common,
+    width_of,
+)
 
 
 class _PartialPool(torch.autograd.Function):
@@ -34,12 +43,51 @@ class _PartialPool(torch.autograd.Function):
         return grad_weight, None, None, None, None, None, None
 
 
-def _as_bags(input, offsets, per_sample_weights, include_last_offset) -> Bags:
+def _check_offsets(offsets: torch.Tensor, n: int, include_last_offset: bool) -> None:
+    """Offsets of 1-D input: what the dense op requires (its exception types and messages where it
+    has them), plus non-decreasing, which the dense op does not check everywhere: bag b holds
+    ``ids[offsets[b]:offsets[b + 1]]``, the last one (without ``include_last_offset``) runs to the end.
+    """
+    if include_last_offset:
+        if offsets.numel() == 0:
+            raise RuntimeError("include_last_offset: number of offset should be at least 1")
+        if int(offsets[-1]) != n:
+            raise ValueError(
+                'offsets need to have the input size in the end when the flag "include_last_offset" is on!'
+            )
+    if offsets.numel() == 0:
+        return
+    # One host round trip for everything (offsets may live on a GPU).
+    # drop[b]: offsets[b] < offsets[b - 1] (never for b = 0).
+    drop = torch.cat([offsets.new_zeros(1, dtype=torch.bool), offsets[1:] < offsets[:-1]])
+    first, last, drops, where = torch.stack(
+        [offsets[0], offsets[-1], drop.sum(), torch.argmax(drop.to(torch.int8))]
+    ).tolist()
+    if first != 0:
+        raise RuntimeError(
+            "offsets[0] has to be 0, i.e., the first sequence in the mini-batch has to start from "
+            f"position 0. However, got {first}"
+        )
+    if last > n:
+        raise RuntimeError(f"offsets[-1] can not be greater than input's length {n} but got offsets[-1] of {last}")
+    if drops:
+        raise RuntimeError(
+            f"embedding_bag: offsets has to be non-decreasing, but offsets[{where}] = "
+            f"{int(offsets[where])} is less than offsets[{where - 1}] = {int(offsets[where - 1])}"
+        )
+
+
+def _as_bags(input, offsets, per_sample_weights, include_last_offset, mode, local) -> Bags:
+    """This rank's bags as flat int64 ids and offsets, after checking them (ids themselves were checked
+    by validate_common)."""
     if input.dim() > 2:
         raise ValueError("Input more than 2 dims not supported")
+    if input.dim() == 0:
+        raise ValueError("input has to be 1D or 2D Tensor, but got Tensor of dimension 0")
     if input.dim() == 2:
         if offsets is not None:
             raise ValueError("Input dimension needs to be exactly 1 dim")
+        # include_last_offset means nothing without offsets (as for the dense op).
         n_bags, length = input.shape
         ids = input.reshape(-1).to(torch.int64)
         bag_offsets = torch.arange(0, n_bags * length, length, dtype=torch.int64, device=input.device)
@@ -48,20 +96,35 @@ def _as_bags(input, offsets, per_sample_weights, include_last_offset) -> Bags:
             raise ValueError("offsets is required for 1D input")
         if not isinstance(offsets, torch.Tensor):
             raise TypeError("offsets need to be torch.Tensor")
+        if offsets.dim() != 1:
+            raise ValueError("offsets has to be a 1D Tensor")
+        check_index_dtype(offsets, "offsets", "embedding_bag")
+        check_device(local, offsets, "offsets")
+        _check_offsets(offsets, input.numel(), include_last_offset)
         ids = input.to(torch.int64)
         bag_offsets = offsets.to(torch.int64)
         if include_last_offset:
-            if bag_offsets.numel() == 0 or int(bag_offsets[-1]) != ids.numel():
-                raise ValueError("offsets' last value must equal the input length with include_last_offset")
             bag_offsets = bag_offsets[:-1]
     psw = None
     if per_sample_weights is not None:
         if not isinstance(per_sample_weights, torch.Tensor):
             raise TypeError("per_sample_weights need to be torch.Tensor")
+        if mode != "sum":
+            raise NotImplementedError(
+                "embedding_bag: per_sample_weights was not None. per_sample_weights is only supported "
+                f"for mode='sum' (got mode='{mode}'). Please open a feature request on GitHub."
+            )
         if per_sample_weights.shape != input.shape:
             raise ValueError(
                 f"per_sample_weights size {per_sample_weights.shape} not equal to input size {input.shape}"
             )
+        if per_sample_weights.dtype != local.dtype:
+            raise RuntimeError(
+                "Expected tensor for argument #1 'weight' to have the same type as tensor for argument #1 "
+                f"'per_sample_weights'; but type {local.type()} does not equal {per_sample_weights.type()} "
+                "(while checking arguments for embedding_bag)"
+            )
+        check_device(local, per_sample_weights, "per_sample_weights")
         if per_sample_weights.requires_grad:
             raise NotImplementedError("gradients with respect to per_sample_weights are not supported")
         psw = per_sample_weights.reshape(-1)
@@ -88,15 +151,37 @@ def sharded_embedding_bag(types, args, kwargs, pg):
     norm_type = kwargs.get("norm_type", 2.0)
     error = None
     try:
-        validate_common(input, weight, max_norm, kwargs.get("scale_grad_by_freq", False), kwargs.get("sparse", False), "EmbeddingBag")
+        # Everything that can fail on this rank happens here, before the exchange (share_bags), so a
+        # failure raises on every rank instead of leaving the others in the exchange.
+        local, start, dim = validate_common(
+            input,
+            weight,
+            max_norm,
+            kwargs.get("scale_grad_by_freq", False),
+            kwargs.get("sparse", False),
+            "EmbeddingBag",
+            "embedding_bag",
+        )
         if mode not in ("sum", "mean", "max"):
             raise ValueError(f"mode '{mode}' is not supported")
-        if kwargs.get("per_sample_weights") is not None and mode != "sum":
-            raise NotImplementedError("embedding_bag: per_sample_weights was not None. per_sample_weights is only supported for mode='sum'")
-        local, start, dim = local_weight(weight, "embedding_bag")
-        if padding_idx is not None and padding_idx < 0:
-            padding_idx += weight.size(0)
-        mine = _as_bags(input, offsets, kwargs.get("per_sample_weights"), kwargs.get("include_last_offset", False))
+        if not local.is_floating_point():
+            raise RuntimeError(
+                "Expected tensor for argument #1 'weight' to have one of the following scalar types: Half, "
+                f"BFloat16, Float, Double; but got {local.type()} instead (while checking arguments for "
+                "embedding_bag)"
+            )
+        if padding_idx is not None:
+            if not -weight.size(0) <= padding_idx < weight.size(0):
+                raise RuntimeError(
+                    f"padding_idx must be within the number of embeddings, -{weight.size(0)} through "
+                    f"{weight.size(0) - 1}, but got {padding_idx}"
+                )
+            if padding_idx < 0:
+                padding_idx += weight.size(0)
+        mine = _as_bags(
+            input, offsets, kwargs.get("per_sample_weights"), kwargs.get("include_last_offset", False), mode, local
+        )
+        order = column_order(weight) if dim == 1 else None
     except Exception as exc:  # noqa: BLE001 - raised on every rank by share_bags
         error, mine = exc, None
     everyone = share_bags(mine, weight, error, "embedding_bag")
@@ -106,27 +191,31 @@ def sharded_embedding_bag(types, args, kwargs, pg):
     if dim == 1:
         if max_norm is not None:
             renorm_rows_(local, torch.cat([b.ids for b in everyone]), max_norm, norm_type, weight, dim)
-        # One lookup over every requester's bags (offsets shifted), then split per requester.
-        shift = 0
-        all_offsets = []
-        for bags in everyone:
-            all_offsets.append(bags.offsets + shift)
-            shift += bags.ids.numel()
-        pooled = F.embedding_bag(
-            torch.cat([bags.ids for bags in everyone]),
-            local,
-            torch.cat(all_offsets),
-            mode=mode,
-            per_sample_weights=(
-                torch.cat([bags.per_sample_weights for bags in everyone])
-                if everyone[0].per_sample_weights is not None
-                else None
-            ),
-            padding_idx=padding_idx,
-        )
+        # One lookup over every requester's bags (offsets shifted), then split per requester. A
+        # requester without bags contributes no ids (they belong to no bag).
+        pooling = [bags for bags in everyone if bags.num_bags]
+        if pooling:
+            shift = 0
+            all_offsets = []
+            for bags in pooling:
+                all_offsets.append(bags.offsets + shift)
+                shift += bags.ids.numel()
+            pooled = F.embedding_bag(
+                torch.cat([bags.ids for bags in pooling]),
+                local,
+                torch.cat(all_offsets),
+                mode=mode,
+                per_sample_weights=(
+                    torch.cat([bags.per_sample_weights for bags in pooling])
+                    if pooling[0].per_sample_weights is not None
+                    else None
+                ),
+                padding_idx=padding_idx,
+            )
+        else:
+            pooled = local.new_zeros(0, local.size(1))
         send = list(pooled.split([bags.num_bags for bags in everyone]))
-        order = column_order(weight)
-        shapes = [(mine.num_bags, _width_of(order, rank)) for rank in range(len(everyone))]
+        shapes = [(mine.num_bags, width_of(order, rank)) for rank in range(len(everyone))]
         received = exchange_chunks(send, shapes, group)
         return torch.cat([received[rank] for _, _, rank in order], dim=1)
 
@@ -147,7 +236,7 @@ def sharded_embedding_bag(types, args, kwargs, pg):
         out = stacked.amax(dim=0)
         return torch.where(torch.isinf(out) & (out < 0), torch.zeros_like(out), out)
     out = stacked.sum(dim=0)
-    if mode == "mean":
+    if mode == "mean" and mine.num_bags:
         keep = mine.ids != padding_idx if padding_idx is not None else torch.ones_like(mine.ids, dtype=torch.bool)
         counts = torch.zeros(mine.num_bags, dtype=out.dtype, device=out.device).index_add(
             0, mine.bag_of_id(), keep.to(out.dtype)

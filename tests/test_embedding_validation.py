@@ -1,0 +1,298 @@
+"""Sharded embedding / embedding_bag reject bad inputs before any exchange, on every rank.
+
+Every rank passes its own input, and offsets and ids are shipped to every owner of the weight, so one
+rank's bad input would reach every rank's kernel. Each case here gives the bad input to ONE rank (the
+others pass good inputs) and checks that the bad rank raises the dense op's exception (type and
+message, where torch has one; upstream's sharded-op messages where upstream checks), and that every
+other rank raises the same class naming that rank instead of waiting for it. After all the cases the
+group is still in step: a valid call on every rank equals the dense op.
+"""
+
+import torch
+import torch.nn.functional as F
+
+from torch_shard import _shard_tensor
+from torch_shard.sharding_spec import ChunkShardingSpec
+from torch_shard.testing import ShardedTensorTestBase, placement, rank_device, run_tests, with_comms
+
+BAD_RANK = 1
+NUM_EMBEDDINGS, EMBEDDING_DIM = 10, 4
+
+
+def _long(*values, device="cpu"):
+    return torch.tensor(values, dtype=torch.int64, device=device)
+
+
+class TestEmbeddingInputValidation(ShardedTensorTestBase):
+    def _weights(self):
+        """(sharded dim, dense weight, sharded weight), row- and column-wise, placements out of rank order."""
+        torch.manual_seed(0)
+        dense = torch.randn(NUM_EMBEDDINGS, EMBEDDING_DIM, device=rank_device(self.rank))
+        for dim in (0, 1):
+            spec = ChunkShardingSpec(dim=dim, placements=[placement(r) for r in (2, 0, 3, 1)])
+            yield dim, dense, _shard_tensor(dense.clone(), spec)
+
+    def _check_case(self, fn, weight, dense, good, bad, cls, pattern, dense_pattern, peer_cls=None):
+        """Rank BAD_RANK calls ``fn(*bad[0], weight, **bad[1])``, the others the good arguments."""
+        if self.rank == BAD_RANK:
+            with self.assertRaisesRegex(cls, pattern):
+                fn(*bad[0], weight, **bad[1])
+            if dense_pattern is not None:  # the same exception as the dense op
+                with self.assertRaisesRegex(cls, dense_pattern):
+                    fn(*bad[0], dense, **bad[1])
+        else:
+            with self.assertRaisesRegex(
+                peer_cls or cls, f"rank {BAD_RANK} of the process group rejected its arguments"
+            ):
+                fn(*good[0], weight, **good[1])
+
+    def _embedding_bag_cases(self, device):
+        ids = _long(1, 2, 3, device=device)
+        good = ((ids,), {"offsets": _long(0, 1, device=device), "mode": "sum"})
+
+        def bag(input, **kwargs):
+            kwargs.setdefault("offsets", _long(0, 1, device=device))
+            kwargs.setdefault("mode", "sum")
+            return ((input,), kwargs)
+
+        past_end = r"offsets\[-1\] can not be greater than input's length 3 but got offsets\[-1\] of 7"
+        psw = torch.ones(3, device=device)
+        meta_ids = ids.to("meta")
+        return good, [
+            # (bad arguments, class, pattern, pattern the dense op raises with or None)
+            # The issue's example: the fused CPU max kernel read past the end of ids.
+            (bag(ids, offsets=_long(0, 7, device=device), mode="max"), RuntimeError, past_end, past_end),
+            (bag(ids, offsets=_long(0, 7, device=device)), RuntimeError, past_end, past_end),
+            (bag(ids, offsets=_long(0, 7, device=device), mode="mean"), RuntimeError, past_end, past_end),
+            # Dense max accepts decreasing offsets (and sum fails with an internal assertion).
+            (
+                bag(ids, offsets=_long(0, 2, 1, device=device), mode="max"),
+                RuntimeError,
+                r"offsets has to be non-decreasing, but offsets\[2\] = 1 is less than offsets\[1\] = 2",
+                None,
+            ),
+            (
+                bag(ids, offsets=_long(0, 3, 2, 3, device=device)),
+                RuntimeError,
+                r"offsets\[2\] = 2 is less than offsets\[1\] = 3",
+                None,
+            ),
+            (
+                bag(ids, offsets=_long(1, 2, device=device)),
+                RuntimeError,
+                r"offsets\[0\] has to be 0, i.e., the first sequence in the mini-batch has to start from "
+                r"position 0. However, got 1",
+                r"offsets\[0\] has to be 0",
+            ),
+            (
+                bag(ids, offsets=_long(-1, 2, device=device)),
+                RuntimeError,
+                r"offsets\[0\] has to be 0.*got -1",
+                None,
+            ),
+            (
+                bag(ids, offsets=_long(device=device), include_last_offset=True),
+                RuntimeError,
+                "include_last_offset: number of offset should be at least 1",
+                "include_last_offset: number of offset should be at least 1",
+            ),
+            # Upstream's sharded op requires the last offset to be the input length.
+            (
+                bag(ids, offsets=_long(0, 2, device=device), include_last_offset=True),
+                ValueError,
+                'offsets need to have the input size in the end when the flag "include_last_offset" is on!',
+                None,
+            ),
+            (
+                bag(ids, offsets=_long(0, 1, device=device).view(1, 2)),
+                ValueError,
+                "offsets has to be a 1D Tensor",
+                "offsets has to be a 1D Tensor",
+            ),
+            (
+                bag(ids, offsets=torch.tensor([0.0, 1.0], device=device)),
+                RuntimeError,
+                "Expected tensor for argument #1 'offsets' to have one of the following scalar types: Long, Int",
+                None,
+            ),
+            (bag(ids, offsets=[0, 1]), TypeError, "offsets need to be torch.Tensor", None),
+            (bag(ids, offsets=None), ValueError, "offsets is required for 1D input", None),
+            (
+                bag(ids.float()),
+                RuntimeError,
+                r"Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, "
+                r"Int; but got torch.FloatTensor instead \(while checking arguments for embedding_bag\)",
+                r"Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, "
+                r"Int; but got torch.FloatTensor instead \(while checking arguments for embedding_bag\)",
+            ),
+            # Inputs on another device than this rank's shard (the dense op does not check "meta").
+            (bag(meta_ids), RuntimeError, "Expected all tensors to be on the same device.*input is on meta", None),
+            (
+                bag(ids, offsets=_long(0, 1, device="meta")),
+                RuntimeError,
+                "Expected all tensors to be on the same device.*offsets is on meta",
+                None,
+            ),
+            (
+                bag(ids, per_sample_weights=psw.to("meta")),
+                RuntimeError,
+                "Expected all tensors to be on the same device.*per_sample_weights is on meta",
+                None,
+            ),
+            (
+                bag(ids, per_sample_weights=torch.ones(2, device=device)),
+                ValueError,
+                r"per_sample_weights size torch.Size\(\[2\]\) not equal to input size torch.Size\(\[3\]\)",
+                "must have the same shape as the input",
+            ),
+            (
+                bag(ids, per_sample_weights=psw.double()),
+                RuntimeError,
+                "Expected tensor for argument #1 'weight' to have the same type as tensor for argument #1 "
+                "'per_sample_weights'",
+                "Expected tensor for argument #1 'weight' to have the same type as tensor for argument #1 "
+                "'per_sample_weights'",
+            ),
+            (
+                bag(ids, per_sample_weights=psw, mode="mean"),
+                NotImplementedError,
+                r"per_sample_weights is only supported for mode='sum' \(got mode='mean'\)",
+                r"per_sample_weights is only supported for mode='sum' \(got mode='mean'\)",
+            ),
+            (bag(ids, per_sample_weights=[1.0] * 3), TypeError, "per_sample_weights need to be torch.Tensor", None),
+            (
+                bag(_long(1, 10, 3, device=device)),
+                ValueError,
+                "Index out of range in Input 1 10 10",
+                None,
+            ),
+            (bag(_long(-1, 2, 3, device=device)), ValueError, "Index out of range in Input -1 3", None),
+            (
+                bag(ids, padding_idx=10),
+                RuntimeError,
+                "padding_idx must be within the number of embeddings, -10 through 9, but got 10",
+                "padding_idx must be within the number of embeddings, -10 through 9, but got 10",
+            ),
+            (
+                bag(ids, padding_idx=-11),
+                RuntimeError,
+                "padding_idx must be within the number of embeddings, -10 through 9, but got -11",
+                "padding_idx must be within the number of embeddings, -10 through 9, but got -11",
+            ),
+            (
+                bag(torch.tensor(1, device=device)),
+                ValueError,
+                "input has to be 1D or 2D Tensor, but got Tensor of dimension 0",
+                "input has to be 1D or 2D Tensor, but got Tensor of dimension 0",
+            ),
+            (bag(ids.view(1, 1, 3), offsets=None), ValueError, "Input more than 2 dims not supported", None),
+            (bag(ids.view(1, 3)), ValueError, "Input dimension needs to be exactly 1 dim", None),
+            (bag(ids, mode="foo"), ValueError, "mode 'foo' is not supported", None),
+        ]
+
+    @with_comms(init_rpc=False)
+    def test_embedding_bag_bad_input_raises_on_every_rank(self):
+        device = rank_device(self.rank)
+        for dim, dense, weight in self._weights():
+            good, cases = self._embedding_bag_cases(device)
+            for bad, cls, pattern, dense_pattern in cases:
+                with self.subTest(dim=dim, pattern=pattern):
+                    self._check_case(F.embedding_bag, weight, dense, good, bad, cls, pattern, dense_pattern)
+            # Still in step: a valid call on every rank equals the dense op.
+            ids = torch.randint(0, NUM_EMBEDDINGS, (7,), generator=torch.Generator().manual_seed(self.rank))
+            offsets = _long(0, 2, 2, 5)
+            for mode in ("sum", "mean", "max"):
+                self.assertEqual(
+                    F.embedding_bag(ids.to(device), weight, offsets.to(device), mode=mode),
+                    F.embedding_bag(ids.to(device), dense, offsets.to(device), mode=mode),
+                )
+
+    @with_comms(init_rpc=False)
+    def test_embedding_bad_input_raises_on_every_rank(self):
+        device = rank_device(self.rank)
+        ids = _long(1, 2, 3, 4, device=device).view(2, 2)
+        good = ((ids,), {})
+        cases = [
+            (
+                ((ids.float(),), {}),
+                RuntimeError,
+                r"Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, "
+                r"Int; but got torch.FloatTensor instead \(while checking arguments for embedding\)",
+                r"Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, "
+                r"Int; but got torch.FloatTensor instead \(while checking arguments for embedding\)",
+                None,
+            ),
+            (
+                ((ids.to("meta"),), {}),
+                RuntimeError,
+                "Expected all tensors to be on the same device.*input is on meta",
+                None,
+                None,
+            ),
+            # The dense op asserts; the other ranks raise RuntimeError (an AssertionError is no class
+            # the agreement carries).
+            (
+                ((ids,), {"padding_idx": 10}),
+                AssertionError,
+                "Padding_idx must be within num_embeddings",
+                "Padding_idx must be within num_embeddings",
+                RuntimeError,
+            ),
+            (
+                ((ids,), {"padding_idx": -11}),
+                AssertionError,
+                "Padding_idx must be within num_embeddings",
+                "Padding_idx must be within num_embeddings",
+                RuntimeError,
+            ),
+            (((ids + 7,), {}), ValueError, "Index out of range in Input 8 11 10", None, None),
+            (((ids,), {"max_norm": -1.0}), ValueError, '"max_norm" must be larger than zero!', None, None),
+            (((ids,), {"sparse": True}), RuntimeError, 'flag on "sparse" not supported!', None, None),
+        ]
+        for dim, dense, weight in self._weights():
+            for bad, cls, pattern, dense_pattern, peer_cls in cases:
+                with self.subTest(dim=dim, pattern=pattern):
+                    self._check_case(F.embedding, weight, dense, good, bad, cls, pattern, dense_pattern, peer_cls)
+            mine = torch.randint(0, NUM_EMBEDDINGS, (3, 2), generator=torch.Generator().manual_seed(self.rank))
+            self.assertEqual(F.embedding(mine.to(device), weight), F.embedding(mine.to(device), dense))
+
+    @with_comms(init_rpc=False)
+    def test_embedding_bag_edge_inputs_match_dense(self):
+        """Valid inputs at the edges: no bags (on some ranks or all), trailing empty bags, int32 ids and
+        offsets, include_last_offset with no ids."""
+        device = rank_device(self.rank)
+        for dim, dense, weight in self._weights():
+            for mode in ("sum", "mean", "max"):
+                msg = f"dim {dim} mode {mode}"
+                # No bags on any rank, but ids (the dense CPU max kernel crashes on this one).
+                out = F.embedding_bag(_long(1, 2, device=device), weight, _long(device=device), mode=mode)
+                self.assertEqual(out, torch.zeros(0, EMBEDDING_DIM, device=device), msg)
+                # No bags on rank 0 only: its ids belong to no bag and must not land in another
+                # rank's bags.
+                if self.rank == 0:
+                    ids, offsets = _long(5, 6, 7, device=device), _long(device=device)
+                else:
+                    ids, offsets = _long(1, 2, self.rank, 9, device=device), _long(0, 1, 4, 4, device=device)
+                out = F.embedding_bag(ids, weight, offsets, mode=mode)
+                expected = (
+                    torch.zeros(0, EMBEDDING_DIM, device=device)
+                    if offsets.numel() == 0
+                    else F.embedding_bag(ids, dense, offsets, mode=mode)
+                )
+                self.assertEqual(out, expected, msg)
+                # int32 ids and offsets; include_last_offset with no ids at all.
+                ids32, off32 = _long(3, 1, 4, 1, 5, device=device).int(), _long(0, 2, 5, device=device).int()
+                self.assertEqual(
+                    F.embedding_bag(ids32, weight, off32, mode=mode, include_last_offset=True),
+                    F.embedding_bag(ids32, dense, off32, mode=mode, include_last_offset=True),
+                    msg,
+                )
+                self.assertEqual(
+                    F.embedding_bag(_long(device=device), weight, _long(0, device=device), mode=mode, include_last_offset=True),
+                    torch.zeros(0, EMBEDDING_DIM, device=device),
+                    msg,
+                )
+
+
+if __name__ == "__main__":
+    run_tests()

@@ -1,0 +1,194 @@
+"""Faults after the agreement round: the other ranks raise within the process group's timeout.
+
+The agreement round makes every argument error raise on every rank. What it cannot prevent is a rank
+that fails later, once every rank has agreed and the data moves: a bug, a lost device, a killed
+process. Then the other ranks must still raise (a timeout or a closed connection from the backend)
+instead of hanging. The test-only hook ``torch.ops.torch_shard._inject_fault(op, action)`` (NOTE
+[ Fault injection ] in csrc/comm/exchange.cpp) makes this process's next exchange of ``op`` fail right
+after the agreement: "raise" throws, "exit" ends the process on the spot (exit code 43).
+
+These tests start their own 4 processes (not the shared multi-process harness) because one scenario
+needs a rank that is EXPECTED to die, and all of them a short process-group timeout and a teardown
+without the final barrier a broken group could not pass. The processes are spawned (fresh
+interpreters): a fork of this test process could inherit a used OpenMP runtime, which is not
+fork-safe.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import tempfile
+import time
+import traceback
+import unittest
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import torch_shard
+from torch_shard.sharding_spec import ChunkShardingSpec
+from torch_shard.testing import TestCase, run_tests  # also sets GLOO_SOCKET_IFNAME=lo
+
+WORLD = 4
+FAULT_RANK = 2
+TIMEOUT = timedelta(seconds=10)
+INJECTED_EXIT_CODE = 43
+# A rank still running this long after the launch is taken to hang: it is killed and sends no report,
+# which fails the test. Far beyond the backend's 10 s timeout plus start-up on a loaded machine, so
+# only a hang reaches it.
+LAUNCH_DEADLINE_S = 240.0
+
+
+def _placements():
+    return [f"rank:{r}/cpu" for r in range(WORLD)]
+
+
+def _reshard_scenario(rank: int, action: str):
+    """Every rank reshards rows -> columns of a tensor large enough that every rank sends every peer
+    more than the agreement round's 16 KiB slot: the data moves in round 2, where everyone waits for
+    the faulty rank's messages."""
+    tensor = torch.arange(256 * 512, dtype=torch.float32).view(256, 512)
+    st = torch_shard._shard_tensor(tensor, ChunkShardingSpec(dim=0, placements=_placements()))
+    if rank == FAULT_RANK:
+        torch.ops.torch_shard._inject_fault("reshard", action)
+    st.reshard(ChunkShardingSpec(dim=1, placements=_placements()))
+
+
+def _embedding_scenario(rank: int, action: str):
+    """Sharded embedding_bag: the inputs are shared in ONE round (small), then the results travel in
+    an all-to-all derived from them. The faulty rank fails after agreeing on the inputs, so the
+    others complete the sharing and then wait for it in the all-to-all."""
+    weight = torch_shard._shard_tensor(
+        torch.randn(16, 8, generator=torch.Generator().manual_seed(0)),
+        ChunkShardingSpec(dim=0, placements=_placements()),
+    )
+    if rank == FAULT_RANK:
+        torch.ops.torch_shard._inject_fault("share_inputs", action)
+    F.embedding_bag(torch.tensor([1, 5, 9, 13]), weight, torch.tensor([0, 2]), mode="sum")
+
+
+SCENARIOS = {"reshard": _reshard_scenario, "embedding": _embedding_scenario}
+
+
+def _rank_main(rank: int, store_path: str, scenario: str, action: str, conn) -> None:
+    """One rank: run the scenario, report (outcome, exception class, message, seconds in the op)."""
+    try:
+        dist.init_process_group(
+            "gloo", rank=rank, world_size=WORLD, init_method=f"file://{store_path}", timeout=TIMEOUT
+        )
+        store = dist.distributed_c10d._get_default_store()
+        start = time.monotonic()
+        try:
+            SCENARIOS[scenario](rank, action)
+            report = ("ok", "", "", time.monotonic() - start)
+        except Exception as exc:  # noqa: BLE001 - reported to the parent
+            report = ("raised", type(exc).__name__, str(exc), time.monotonic() - start)
+            if not isinstance(exc, RuntimeError):
+                report = ("raised", type(exc).__name__, traceback.format_exc(), time.monotonic() - start)
+        # The faulty rank stays in the group until the others have finished (else they would see a
+        # closed connection instead of waiting for it): it waits for their marks in the store.
+        if rank == FAULT_RANK:
+            store.wait([f"done{r}" for r in range(WORLD) if r != FAULT_RANK], timedelta(seconds=LAUNCH_DEADLINE_S))
+        else:
+            store.set(f"done{rank}", "1")
+        conn.send(report)
+    except BaseException:  # noqa: BLE001
+        conn.send(("error", "", traceback.format_exc(), 0.0))
+    finally:
+        conn.close()
+    # No barrier: the group is broken by design. Leave without running the group's destructors.
+    os._exit(0)
+
+
+def _launch(scenario: str, action: str) -> tuple[dict[int, tuple], list[int | None]]:
+    """Run ``scenario`` on WORLD fresh processes; (reports by rank, exit codes). A rank that sent no
+    report (it died) has none; a rank still running at the deadline is killed (exit code < 0)."""
+    ctx = multiprocessing.get_context("spawn")
+    fd, store_path = tempfile.mkstemp(prefix="torch_shard_faults_")
+    os.close(fd)
+    procs, pipes = [], []
+    try:
+        for rank in range(WORLD):
+            parent, child = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_rank_main, args=(rank, store_path, scenario, action, child), daemon=True)
+            proc.start()
+            child.close()
+            procs.append(proc)
+            pipes.append(parent)
+        deadline = time.monotonic() + LAUNCH_DEADLINE_S
+        reports = {}
+        for rank, conn in enumerate(pipes):
+            if conn.poll(max(0.0, deadline - time.monotonic())):
+                try:
+                    reports[rank] = conn.recv()
+                except EOFError:
+                    pass  # died before reporting
+        for proc in procs:
+            proc.join(timeout=max(0.0, deadline - time.monotonic()) + 5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        return reports, [proc.exitcode for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+        os.remove(store_path)
+
+
+class TestFaultsAfterAgreement(TestCase):
+    def _check_peers_raised(self, reports, exit_codes):
+        for rank in range(WORLD):
+            if rank == FAULT_RANK:
+                continue
+            self.assertIn(rank, reports, f"rank {rank} sent no report (exit code {exit_codes[rank]})")
+            kind, cls, message, seconds = reports[rank]
+            self.assertEqual(kind, "raised", f"rank {rank} did not raise: {reports[rank]}")
+            # c10d's DistBackendError is a RuntimeError; the class name is all that crossed the pipe.
+            self.assertIn(cls, ("RuntimeError", "DistBackendError"), f"rank {rank}: {cls}: {message}")
+            self.assertEqual(exit_codes[rank], 0)
+
+    def _check_raise(self, scenario):
+        reports, exit_codes = _launch(scenario, "raise")
+        op = {"reshard": "reshard", "embedding": "share_inputs"}[scenario]
+        self.assertIn(FAULT_RANK, reports, f"exit codes {exit_codes}")
+        kind, cls, message, _ = reports[FAULT_RANK]
+        self.assertEqual((kind, cls), ("raised", "RuntimeError"), message)
+        self.assertIn(f"torch_shard.{op}: injected fault on rank {FAULT_RANK} after the agreement round", message)
+        self._check_peers_raised(reports, exit_codes)
+
+    def _check_exit(self, scenario):
+        reports, exit_codes = _launch(scenario, "exit")
+        self.assertNotIn(FAULT_RANK, reports)
+        self.assertEqual(exit_codes[FAULT_RANK], INJECTED_EXIT_CODE, f"reports {reports}")
+        self._check_peers_raised(reports, exit_codes)
+
+    def test_rank_raising_in_round_two(self):
+        self._check_raise("reshard")
+
+    def test_rank_exiting_in_round_two(self):
+        self._check_exit("reshard")
+
+    def test_rank_raising_after_sharing_embedding_inputs(self):
+        self._check_raise("embedding")
+
+    def test_rank_exiting_after_sharing_embedding_inputs(self):
+        self._check_exit("embedding")
+
+
+class TestFaultHook(unittest.TestCase):
+    """The hook's own argument checks (no process group needed)."""
+
+    def test_arguments(self):
+        with self.assertRaisesRegex(ValueError, "action must be 'raise', 'exit' or 'none'"):
+            torch.ops.torch_shard._inject_fault("reshard", "explode")
+        with self.assertRaisesRegex(ValueError, "unknown data op 'scatter'"):
+            torch.ops.torch_shard._inject_fault("scatter", "raise")
+        torch.ops.torch_shard._inject_fault("", "none")
+
+
+if __name__ == "__main__":
+    run_tests()
