@@ -7,6 +7,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 TORCH_VERSION ?= 2.13.0
+# Linters are pinned: a new release's new rules must not turn CI red by themselves.
+RUFF_VERSION := 0.17.6
+CLANG_FORMAT_VERSION := 23.1.5
 export MAX_JOBS ?= 2
 # The venv's tools (ninja for the extension build, torchrun) come first.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
@@ -16,11 +19,12 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # from the environment.
 RUN_ENV = OMP_NUM_THREADS=$(or $(OMP_NUM_THREADS),1) GLOO_SOCKET_IFNAME=$(or $(GLOO_SOCKET_IFNAME),lo)
 
-STAMP_DEPS := $(VENV)/.deps-$(TORCH_VERSION)-2
+STAMP_DEPS := $(VENV)/.deps-$(TORCH_VERSION)-3
 STAMP_BUILD := $(VENV)/.build
-CSRC := $(shell find csrc -name '*.cpp' -o -name '*.h') setup.py pyproject.toml
+CXX_SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h')
+CSRC := $(CXX_SOURCES) setup.py pyproject.toml
 
-.PHONY: all setup build demo test bench sanitize clean
+.PHONY: all setup build demo test lint format bench sanitize clean
 
 all: build
 
@@ -31,6 +35,7 @@ $(STAMP_DEPS): | $(PY)
 	$(PIP) install --quiet "setuptools>=77" wheel
 	$(PIP) install --quiet "torch==$(TORCH_VERSION)"
 	$(PIP) install --quiet pytest numpy ninja hypothesis expecttest
+	$(PIP) install --quiet "ruff==$(RUFF_VERSION)" "clang-format==$(CLANG_FORMAT_VERSION)"
 	touch $@
 
 setup: $(STAMP_DEPS)
@@ -44,8 +49,19 @@ build: $(STAMP_BUILD)
 demo: build
 	$(RUN_ENV) $(VENV)/bin/torchrun --standalone --nproc-per-node=4 examples/demo.py
 
-test: build
+# The whole suite, after the linters (CI runs `make test` only).
+test: build lint
 	$(PY) -m pytest tests -q
+
+# ruff (configured in pyproject.toml) and clang-format (.clang-format); both only check.
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/clang-format --dry-run -Werror $(CXX_SOURCES)
+
+# Rewrite the sources the way `make lint` wants them.
+format: setup
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/clang-format -i $(CXX_SOURCES)
 
 bench: build
 	$(RUN_ENV) $(PY) bench/bench_validation.py

@@ -28,12 +28,13 @@ import warnings
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from _timing import timed
 from torch.distributed._shard import sharded_tensor as up_sharded_tensor
 from torch.distributed._shard.sharding_spec import ChunkShardingSpec as UpChunkShardingSpec
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor, Shard, zeros as dtensor_zeros
+from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import zeros as dtensor_zeros
 
-from _timing import timed
 from torch_shard import sharded_tensor
 from torch_shard.checkpoint import ByteRangeFileSystemReader
 from torch_shard.sharding_spec import ChunkShardingSpec

@@ -26,12 +26,11 @@ import torch
 import torch.distributed as dist
 import torch.distributed._shard.api as up_api
 import torch.distributed._shard.sharding_spec as up_spec
+from _timing import timed_cases
+from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
 
 import torch_shard.api as ts_api
 import torch_shard.sharding_spec as ts_spec
-from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
-
-from _timing import timed_cases
 
 
 def _fixed_mmap_threshold() -> None:

@@ -17,11 +17,10 @@ import torch.distributed as dist
 import torch.distributed._shard.sharded_tensor as up_st
 import torch.distributed._shard.sharding_spec as up_spec
 import torch.nn.functional as F
+from _timing import timed
 
 import torch_shard.sharded_tensor as ts_st
 import torch_shard.sharding_spec as ts_spec
-from _timing import timed
-
 
 
 def main() -> None:

@@ -19,11 +19,10 @@ import torch
 import torch.distributed as dist
 import torch.distributed._shard.sharded_tensor as up_st
 import torch.distributed._shard.sharding_spec as up_spec
+from _timing import timed
 
 import torch_shard.sharded_tensor as ts_st
 import torch_shard.sharding_spec as ts_spec
-from _timing import timed
-
 
 
 def local_shards(lib_st, lib_spec, total: int, rank: int, world: int, rows: int = 2, cols: int = 8):

@@ -37,8 +37,8 @@ Py_ssize_t append_ints(PyObject* seq, std::string& out) {
 // Owns the references taken while packing, so every exit path releases them.
 struct Refs {
   PyObject* fast = nullptr;
-  PyObject* by_value = nullptr;  // placement -> index (uses the placement's own __eq__/__hash__)
-  PyObject* distinct = nullptr;  // list of distinct placements, in first-seen order
+  PyObject* by_value = nullptr; // placement -> index (uses the placement's own __eq__/__hash__)
+  PyObject* distinct = nullptr; // list of distinct placements, in first-seen order
   PyObject* offsets_name = nullptr;
   PyObject* sizes_name = nullptr;
   PyObject* placement_name = nullptr;
@@ -55,14 +55,14 @@ struct Refs {
 // Index of `placement` in refs.distinct (appending it if new); -1 on error.
 int64_t placement_index(Refs& refs, PyObject* placement, PyObject*& last, int64_t& last_index) {
   if (placement == last) {
-    return last_index;  // consecutive shards usually share one placement object
+    return last_index; // consecutive shards usually share one placement object
   }
   PyObject* found = PyDict_GetItemWithError(refs.by_value, placement);
   int64_t index;
   if (found != nullptr) {
     index = PyLong_AsLongLong(found);
   } else if (PyErr_Occurred()) {
-    return -1;  // unhashable placement
+    return -1; // unhashable placement
   } else {
     index = PyList_GET_SIZE(refs.distinct);
     PyObject* value = PyLong_FromLongLong(index);
@@ -102,7 +102,7 @@ PyObject* pack_layout(PyObject* /*self*/, PyObject* shards) {
   std::string offsets, sizes, index;
   Py_ssize_t ndim = -1;
   Py_ssize_t first_bad = -1;
-  PyObject* last = nullptr;  // borrowed; kept alive by the ShardMetadata that holds it
+  PyObject* last = nullptr; // borrowed; kept alive by the ShardMetadata that holds it
   int64_t last_index = -1;
   for (Py_ssize_t i = 0; i < n && first_bad < 0; ++i) {
     PyObject* off = PyObject_GetAttr(items[i], refs.offsets_name);
@@ -130,9 +130,9 @@ PyObject* pack_layout(PyObject* /*self*/, PyObject* shards) {
       first_bad = i;
     }
   }
-  return Py_BuildValue("(y#y#nny#O)", offsets.data(), static_cast<Py_ssize_t>(offsets.size()),
-                       sizes.data(), static_cast<Py_ssize_t>(sizes.size()), ndim < 0 ? 0 : ndim,
-                       first_bad, index.data(), static_cast<Py_ssize_t>(index.size()), refs.distinct);
+  return Py_BuildValue("(y#y#nny#O)", offsets.data(), static_cast<Py_ssize_t>(offsets.size()), sizes.data(),
+                       static_cast<Py_ssize_t>(sizes.size()), ndim < 0 ? 0 : ndim, first_bad, index.data(),
+                       static_cast<Py_ssize_t>(index.size()), refs.distinct);
 }
 
 PyMethodDef methods[] = {
@@ -142,7 +142,7 @@ PyMethodDef methods[] = {
     {nullptr, nullptr, 0, nullptr},
 };
 
-}  // namespace
+} // namespace
 
 // Called from PyInit__C (torch_shard.cpp).
 PyMethodDef* torch_shard_python_methods() {

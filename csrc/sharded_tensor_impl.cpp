@@ -35,7 +35,7 @@ int64_t next_version() {
   return ++counter;
 }
 
-}  // namespace
+} // namespace
 
 // NOTE [ ShardedTensor state ]
 // The impl is the single source of truth of a ShardedTensor: the layout (boxes, placements, owners)
@@ -46,22 +46,14 @@ int64_t next_version() {
 // through set_local_shards. Detached copies (detach(), nn.Parameter(st)) get their own impl sharing
 // the same shard tensors and layout; a later write to one does not change the other, as with
 // upstream's detach, which builds a new ShardedTensor over detached shards.
-ShardedTensorImpl::ShardedTensorImpl(caffe2::TypeMeta dtype,
-                                     c10::Device device,
+ShardedTensorImpl::ShardedTensorImpl(caffe2::TypeMeta dtype, c10::Device device,
                                      std::shared_ptr<const layout::Layout> layout,
                                      std::vector<at::Tensor> local_shards,
-                                     std::vector<int64_t> local_shard_indices,
-                                     std::string group_name,
-                                     int64_t rank,
-                                     bool pin_memory)
-    : c10::TensorImpl(keys_for(dtype.toScalarType(), device), dtype, device),
-      layout_(std::move(layout)),
-      local_shards_(std::move(local_shards)),
-      local_shard_indices_(std::move(local_shard_indices)),
-      group_name_(std::move(group_name)),
-      rank_(rank),
-      pin_memory_(pin_memory),
-      version_(next_version()) {
+                                     std::vector<int64_t> local_shard_indices, std::string group_name,
+                                     int64_t rank, bool pin_memory)
+    : c10::TensorImpl(keys_for(dtype.toScalarType(), device), dtype, device), layout_(std::move(layout)),
+      local_shards_(std::move(local_shards)), local_shard_indices_(std::move(local_shard_indices)),
+      group_name_(std::move(group_name)), rank_(rank), pin_memory_(pin_memory), version_(next_version()) {
   // Global sizes with contiguous strides, as DTensor reports; numel/is_contiguous follow from them.
   c10::TensorImpl::set_sizes_contiguous(layout_->global_size());
   release_storage_and_set_meta_custom_data_ptr_error_msg_(std::string(kNoStorageMessage));
@@ -79,26 +71,25 @@ void ShardedTensorImpl::copy_sharded_fields_from(const ShardedTensorImpl& src) {
 
 void ShardedTensorImpl::check_shards_against(const layout::Layout& layout,
                                              const std::vector<at::Tensor>& tensors,
-                                             const std::vector<int64_t>& indices,
-                                             const char* op) const {
+                                             const std::vector<int64_t>& indices, const char* op) const {
   TORCH_CHECK_VALUE(tensors.size() == indices.size(), "torch_shard.", op, ": ", tensors.size(),
                     " local shards but ", indices.size(), " shard indices");
   const auto dtype = this->dtype().toScalarType();
   for (size_t k = 0; k < tensors.size(); ++k) {
     const at::Tensor& t = tensors[k];
     const int64_t idx = indices[k];
-    TORCH_CHECK_INDEX(idx >= 0 && idx < static_cast<int64_t>(layout.num_shards()), "torch_shard.",
-                      op, ": local shard ", k, " claims shard ", idx, ", but the layout has ",
+    TORCH_CHECK_INDEX(idx >= 0 && idx < static_cast<int64_t>(layout.num_shards()), "torch_shard.", op,
+                      ": local shard ", k, " claims shard ", idx, ", but the layout has ",
                       layout.num_shards(), " shards");
     TORCH_CHECK_VALUE(t.defined(), "torch_shard.", op, ": local shard ", k, " is undefined");
     TORCH_CHECK_TYPE(!is_sharded_tensor(t), "torch_shard.", op, ": local shard ", k,
                      " is itself a ShardedTensor");
-    TORCH_CHECK_TYPE(t.scalar_type() == dtype, "torch_shard.", op, ": local shard ", k,
-                     " has dtype ", t.scalar_type(), ", but the ShardedTensor has dtype ", dtype);
+    TORCH_CHECK_TYPE(t.scalar_type() == dtype, "torch_shard.", op, ": local shard ", k, " has dtype ",
+                     t.scalar_type(), ", but the ShardedTensor has dtype ", dtype);
     const layout::Box& box = layout.box(static_cast<size_t>(idx));
-    TORCH_CHECK_VALUE(t.sizes().vec() == box.sizes, "torch_shard.", op, ": local shard ", k,
-                      " has size ", t.sizes(), ", but shard ", layout::describe_box(box, idx),
-                      " has size ", layout::dims_str(box.sizes));
+    TORCH_CHECK_VALUE(t.sizes().vec() == box.sizes, "torch_shard.", op, ": local shard ", k, " has size ",
+                      t.sizes(), ", but shard ", layout::describe_box(box, idx), " has size ",
+                      layout::dims_str(box.sizes));
     // A placement without a device index ("rank:0/cuda") accepts any device of its type. Tensors
     // without a group (ShardedTensorBase, e.g. a checkpoint loaded to another device) are not checked.
     const layout::Placement& placement = layout.placement(static_cast<size_t>(idx));
@@ -154,16 +145,19 @@ void ShardedTensorImpl::check_local_shards(const char* op) const {
   std::unordered_set<int64_t> expected(mine.begin(), mine.end());
   std::unordered_set<int64_t> seen;
   for (int64_t idx : local_shard_indices_) {
-    TORCH_CHECK_VALUE(seen.insert(idx).second, "torch_shard.", op, ": rank ", rank_,
-                      " holds shard ", layout::describe_box(layout_->box(idx), idx),
-                      " more than once among its local shards");
+    TORCH_CHECK_VALUE(seen.insert(idx).second, "torch_shard.", op, ": rank ", rank_, " holds shard ",
+                      layout::describe_box(layout_->box(idx), idx), " more than once among its local shards");
     TORCH_CHECK_VALUE(expected.count(idx), "torch_shard.", op, ": rank ", rank_, " holds shard ",
-                      layout::describe_box(layout_->box(idx), idx), ", which the metadata places on "
-                      "group rank ", layout_->owner(idx));
+                      layout::describe_box(layout_->box(idx), idx),
+                      ", which the metadata places on "
+                      "group rank ",
+                      layout_->owner(idx));
   }
   for (int64_t idx : mine) {
-    TORCH_CHECK_VALUE(seen.count(idx), "torch_shard.", op, ": rank ", rank_, " has no local tensor for "
-                      "its shard ", layout::describe_box(layout_->box(idx), idx));
+    TORCH_CHECK_VALUE(seen.count(idx), "torch_shard.", op, ": rank ", rank_,
+                      " has no local tensor for "
+                      "its shard ",
+                      layout::describe_box(layout_->box(idx), idx));
   }
 }
 
@@ -178,20 +172,18 @@ void ShardedTensorImpl::check_local_shards(const char* op) const {
 // here: same shards (shared, not cloned), same layout, no Python key (copy_tensor_metadata keeps the
 // destination's Python bits, and a fresh impl has none).
 template <typename VariableVersion>
-c10::intrusive_ptr<c10::TensorImpl> ShardedTensorImpl::shallow_copy_and_detach_core(
-    VariableVersion&& version_counter,
-    bool allow_tensor_metadata_change) const {
+c10::intrusive_ptr<c10::TensorImpl>
+ShardedTensorImpl::shallow_copy_and_detach_core(VariableVersion&& version_counter,
+                                                bool allow_tensor_metadata_change) const {
   const bool python_may_answer =
       !c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python) &&
-      (key_set_.has(c10::DispatchKey::Python) ||
-       c10::impl::TorchDispatchModeTLS::stack_len() > 0);
+      (key_set_.has(c10::DispatchKey::Python) || c10::impl::TorchDispatchModeTLS::stack_len() > 0);
   if (python_may_answer) {
-    return c10::TensorImpl::shallow_copy_and_detach(
-        std::forward<VariableVersion>(version_counter), allow_tensor_metadata_change);
+    return c10::TensorImpl::shallow_copy_and_detach(std::forward<VariableVersion>(version_counter),
+                                                    allow_tensor_metadata_change);
   }
   auto impl = c10::make_intrusive<ShardedTensorImpl>(dtype(), device(), layout_, local_shards_,
-                                                     local_shard_indices_, group_name_, rank_,
-                                                     pin_memory_);
+                                                     local_shard_indices_, group_name_, rank_, pin_memory_);
   copy_tensor_metadata(
       /*src_impl=*/this,
       /*dest_impl=*/impl.get(),
@@ -200,23 +192,22 @@ c10::intrusive_ptr<c10::TensorImpl> ShardedTensorImpl::shallow_copy_and_detach_c
   return impl;
 }
 
-c10::intrusive_ptr<c10::TensorImpl> ShardedTensorImpl::shallow_copy_and_detach(
-    const c10::VariableVersion& version_counter,
-    bool allow_tensor_metadata_change) const {
+c10::intrusive_ptr<c10::TensorImpl>
+ShardedTensorImpl::shallow_copy_and_detach(const c10::VariableVersion& version_counter,
+                                           bool allow_tensor_metadata_change) const {
   return shallow_copy_and_detach_core(version_counter, allow_tensor_metadata_change);
 }
 
-c10::intrusive_ptr<c10::TensorImpl> ShardedTensorImpl::shallow_copy_and_detach(
-    c10::VariableVersion&& version_counter,
-    bool allow_tensor_metadata_change) const {
+c10::intrusive_ptr<c10::TensorImpl>
+ShardedTensorImpl::shallow_copy_and_detach(c10::VariableVersion&& version_counter,
+                                           bool allow_tensor_metadata_change) const {
   return shallow_copy_and_detach_core(std::move(version_counter), allow_tensor_metadata_change);
 }
 
 void ShardedTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& impl) {
   // `st.data = dense` reaches here because any two dense CPU impls count as compatible.
   const auto* src = dynamic_cast<const ShardedTensorImpl*>(impl.get());
-  TORCH_CHECK_TYPE(src != nullptr,
-                   "torch_shard.ShardedTensor: cannot assign a ", impl->dtype(),
+  TORCH_CHECK_TYPE(src != nullptr, "torch_shard.ShardedTensor: cannot assign a ", impl->dtype(),
                    " dense tensor's data to a ShardedTensor; build a new ShardedTensor instead");
   copy_tensor_metadata(
       /*src_impl=*/src,
@@ -239,13 +230,11 @@ void ShardedTensorImpl::set_storage_offset(int64_t) {
 }
 
 bool is_sharded_tensor(const at::Tensor& tensor) {
-  return tensor.defined() &&
-         dynamic_cast<const ShardedTensorImpl*>(tensor.unsafeGetTensorImpl()) != nullptr;
+  return tensor.defined() && dynamic_cast<const ShardedTensorImpl*>(tensor.unsafeGetTensorImpl()) != nullptr;
 }
 
 ShardedTensorImpl* unsafe_get_sharded_impl(const at::Tensor& tensor, const char* op) {
-  auto* impl = tensor.defined() ? dynamic_cast<ShardedTensorImpl*>(tensor.unsafeGetTensorImpl())
-                                : nullptr;
+  auto* impl = tensor.defined() ? dynamic_cast<ShardedTensorImpl*>(tensor.unsafeGetTensorImpl()) : nullptr;
   TORCH_CHECK_TYPE(impl != nullptr, "torch_shard.", op,
                    ": expected a ShardedTensor, but got a tensor whose impl is ",
                    tensor.defined() ? "a dense TensorImpl" : "undefined");
@@ -253,13 +242,9 @@ ShardedTensorImpl* unsafe_get_sharded_impl(const at::Tensor& tensor, const char*
 }
 
 at::Tensor make_sharded_tensor(std::shared_ptr<const layout::Layout> layout,
-                               std::vector<at::Tensor> local_shards,
-                               std::vector<int64_t> local_shard_indices,
-                               c10::ScalarType dtype,
-                               std::optional<c10::Device> device,
-                               bool pin_memory,
-                               std::string group_name,
-                               int64_t rank) {
+                               std::vector<at::Tensor> local_shards, std::vector<int64_t> local_shard_indices,
+                               c10::ScalarType dtype, std::optional<c10::Device> device, bool pin_memory,
+                               std::string group_name, int64_t rank) {
   TORCH_INTERNAL_ASSERT(layout);
   const c10::Device where = !local_shards.empty() && local_shards.front().defined()
                                 ? local_shards.front().device()
@@ -273,4 +258,4 @@ at::Tensor make_sharded_tensor(std::shared_ptr<const layout::Layout> layout,
   return tensor;
 }
 
-}  // namespace torch_shard
+} // namespace torch_shard

@@ -21,15 +21,10 @@
 namespace torch_shard {
 
 class ShardedTensorImpl : public c10::TensorImpl {
- public:
-  ShardedTensorImpl(caffe2::TypeMeta dtype,
-                    c10::Device device,
-                    std::shared_ptr<const layout::Layout> layout,
-                    std::vector<at::Tensor> local_shards,
-                    std::vector<int64_t> local_shard_indices,
-                    std::string group_name,
-                    int64_t rank,
-                    bool pin_memory);
+public:
+  ShardedTensorImpl(caffe2::TypeMeta dtype, c10::Device device, std::shared_ptr<const layout::Layout> layout,
+                    std::vector<at::Tensor> local_shards, std::vector<int64_t> local_shard_indices,
+                    std::string group_name, int64_t rank, bool pin_memory);
 
   const std::shared_ptr<const layout::Layout>& layout() const { return layout_; }
   const layout::Dims& global_size() const { return layout_->global_size(); }
@@ -45,8 +40,7 @@ class ShardedTensorImpl : public c10::TensorImpl {
 
   // Replaces the layout and the local shards together (reshard). `local_shards` are checked against
   // the layout; the global size and dtype never change.
-  void set_layout(std::shared_ptr<const layout::Layout> layout,
-                  std::vector<at::Tensor> local_shards,
+  void set_layout(std::shared_ptr<const layout::Layout> layout, std::vector<at::Tensor> local_shards,
                   std::vector<int64_t> local_shard_indices);
 
   // The one setter of local shards: replaces them under the current layout. Each tensor must have its
@@ -60,12 +54,12 @@ class ShardedTensorImpl : public c10::TensorImpl {
   void check_local_shards(const char* op) const;
 
   // See NOTE [ ShardedTensorImpl detach ] in sharded_tensor_impl.cpp.
-  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
-      const c10::VariableVersion& version_counter,
-      bool allow_tensor_metadata_change) const override;
-  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
-      c10::VariableVersion&& version_counter,
-      bool allow_tensor_metadata_change) const override;
+  c10::intrusive_ptr<c10::TensorImpl>
+  shallow_copy_and_detach(const c10::VariableVersion& version_counter,
+                          bool allow_tensor_metadata_change) const override;
+  c10::intrusive_ptr<c10::TensorImpl>
+  shallow_copy_and_detach(c10::VariableVersion&& version_counter,
+                          bool allow_tensor_metadata_change) const override;
   void shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& impl) override;
 
   // The global shape is fixed by the shard layout; in-place metadata edits would desynchronise them.
@@ -73,20 +67,17 @@ class ShardedTensorImpl : public c10::TensorImpl {
   void set_stride(int64_t dim, int64_t new_stride) override;
   void set_storage_offset(int64_t storage_offset) override;
 
- protected:
+protected:
   const char* tensorimpl_type_name() const override { return "ShardedTensorImpl"; }
 
- private:
+private:
   template <typename VariableVersion>
-  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach_core(
-      VariableVersion&& version_counter,
-      bool allow_tensor_metadata_change) const;
+  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach_core(VariableVersion&& version_counter,
+                                                                   bool allow_tensor_metadata_change) const;
 
   void copy_sharded_fields_from(const ShardedTensorImpl& src);
-  void check_shards_against(const layout::Layout& layout,
-                            const std::vector<at::Tensor>& tensors,
-                            const std::vector<int64_t>& indices,
-                            const char* op) const;
+  void check_shards_against(const layout::Layout& layout, const std::vector<at::Tensor>& tensors,
+                            const std::vector<int64_t>& indices, const char* op) const;
   // Moves the impl's device (and its backend dispatch key) to where its local shards live.
   void follow_shard_device();
 
@@ -107,12 +98,8 @@ ShardedTensorImpl* unsafe_get_sharded_impl(const at::Tensor& tensor, const char*
 // Builds a ShardedTensor (a plain at::Tensor whose impl is a ShardedTensorImpl) after checking the
 // local shards against the layout. Python wraps the result with _make_subclass.
 at::Tensor make_sharded_tensor(std::shared_ptr<const layout::Layout> layout,
-                               std::vector<at::Tensor> local_shards,
-                               std::vector<int64_t> local_shard_indices,
-                               c10::ScalarType dtype,
-                               std::optional<c10::Device> device,
-                               bool pin_memory,
-                               std::string group_name,
-                               int64_t rank);
+                               std::vector<at::Tensor> local_shards, std::vector<int64_t> local_shard_indices,
+                               c10::ScalarType dtype, std::optional<c10::Device> device, bool pin_memory,
+                               std::string group_name, int64_t rank);
 
-}  // namespace torch_shard
+} // namespace torch_shard

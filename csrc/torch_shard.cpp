@@ -31,19 +31,17 @@ TORCH_LIBRARY(torch_shard, m) {
   // (elements sent to, elements received from) each rank, for group rank `me` moving data from the
   // source layout to the target layout (both validated; owners are ranks in [0, world)). The data
   // ops' plan, without a group: for tests.
-  m.def(
-      "_transfer_counts(int[] global_size, Tensor src_offsets, Tensor src_sizes, int[] src_owners, "
-      "Tensor dst_offsets, Tensor dst_sizes, int[] dst_owners, int me, int world) -> (int[], int[])");
+  m.def("_transfer_counts(int[] global_size, Tensor src_offsets, Tensor src_sizes, int[] src_owners, "
+        "Tensor dst_offsets, Tensor dst_sizes, int[] dst_owners, int me, int world) -> (int[], int[])");
 
   // --- ShardedTensorImpl construction, accessors and the one setter (csrc/sharded_tensor_impl.h) ---
   // `rank` and `world` are this process's rank in group `group_name` and its size ("" and -1/-1 for a
   // tensor without a group, whose owners are then global ranks). `device`: where the impl says it
   // lives when this rank holds no shard (None: the group's communication device).
-  m.def(
-      "_make_sharded(Tensor[] local_shards, int[] local_shard_indices, int[] global_size, int? chunk_dim, "
-      "Tensor? shard_offsets, Tensor? shard_sizes, Tensor? placement_index, str[] placements, "
-      "int[] placement_owners, ScalarType dtype, Device? device, bool pin_memory, str group_name, "
-      "int rank, int world, bool validate=True) -> Tensor");
+  m.def("_make_sharded(Tensor[] local_shards, int[] local_shard_indices, int[] global_size, int? chunk_dim, "
+        "Tensor? shard_offsets, Tensor? shard_sizes, Tensor? placement_index, str[] placements, "
+        "int[] placement_owners, ScalarType dtype, Device? device, bool pin_memory, str group_name, "
+        "int rank, int world, bool validate=True) -> Tensor");
   m.def("is_sharded(Tensor self) -> bool");
   m.def("_local_shards(Tensor self) -> Tensor[]");
   m.def("_local_shard_indices(Tensor self) -> int[]");
@@ -62,24 +60,21 @@ TORCH_LIBRARY(torch_shard, m) {
   // Every data op agrees first (one small all-to-all that also carries small payloads), so bad or
   // mismatched arguments raise on every rank. Ranks are ranks of the group.
   // Scatter `tensor` (read on rank `src` only) into the given layout; returns the new ShardedTensor.
-  m.def(
-      "shard(Tensor? tensor, int src, int[] global_size, ScalarType dtype, int? chunk_dim, "
-      "Tensor? shard_offsets, Tensor? shard_sizes, Tensor? placement_index, str[] placements, "
-      "int[] placement_owners, bool requires_grad, str group_name) -> Tensor");
+  m.def("shard(Tensor? tensor, int src, int[] global_size, ScalarType dtype, int? chunk_dim, "
+        "Tensor? shard_offsets, Tensor? shard_sizes, Tensor? placement_index, str[] placements, "
+        "int[] placement_owners, bool requires_grad, str group_name) -> Tensor");
   // Assemble the whole tensor into `out` on rank `dst` (None elsewhere); exact sizes on the wire.
   m.def("gather(Tensor self, int dst, Tensor(a!)? out) -> ()");
   // Move `self` to the given layout, in place, moving only the elements that change owner.
-  m.def(
-      "reshard(Tensor(a!) self, int? chunk_dim, Tensor? shard_offsets, Tensor? shard_sizes, "
-      "Tensor? placement_index, str[] placements, int[] placement_owners) -> ()");
+  m.def("reshard(Tensor(a!) self, int? chunk_dim, Tensor? shard_offsets, Tensor? shard_sizes, "
+        "Tensor? placement_index, str[] placements, int[] placement_owners) -> ()");
   // For a rank whose Python-side preparation of data op `op` failed with an `error_class` exception:
   // takes part in that op's agreement so every other rank raises too. Returns on this rank.
   m.def("_abort(str op, str error_class, str group_name) -> ()");
   // The agreement of `shard` alone (src rank, size, dtype, a fingerprint of the spec), for scatters by
   // specs that shard themselves (their shard() runs after it).
-  m.def(
-      "_agree_shard(int src, int[] global_size, ScalarType dtype, int spec_fingerprint, "
-      "str group_name) -> ()");
+  m.def("_agree_shard(int src, int[] global_size, ScalarType dtype, int spec_fingerprint, "
+        "str group_name) -> ()");
   // Every rank's `parts` (1-D tensors, same count and dtypes everywhere, any lengths) on every rank,
   // rank-major, after agreeing on `fingerprint` and `flags`. See NOTE [ Shared inputs ].
   m.def("_share_inputs(Tensor[] parts, int fingerprint, int flags, str group_name) -> Tensor[]");
@@ -97,13 +92,11 @@ TORCH_LIBRARY(torch_shard, m) {
   // composition other devices use, also on CPU (for tests). Bag b holds ids[offsets[b]:offsets[b+1]]
   // (the last to the end); both kernels check offsets (non-decreasing, within [0, numel(ids)]),
   // shapes, devices, row_start/rows and argmax, so no call reads or writes out of bounds.
-  m.def(
-      "_embedding_bag_partial(Tensor weight, Tensor ids, Tensor offsets, Tensor? per_sample_weights, "
-      "int row_start, str mode, int padding_idx, bool fused=True) -> (Tensor, Tensor)");
-  m.def(
-      "_embedding_bag_partial_backward(Tensor grad, Tensor ids, Tensor offsets, "
-      "Tensor? per_sample_weights, Tensor argmax, int row_start, int rows, str mode, "
-      "int padding_idx) -> Tensor");
+  m.def("_embedding_bag_partial(Tensor weight, Tensor ids, Tensor offsets, Tensor? per_sample_weights, "
+        "int row_start, str mode, int padding_idx, bool fused=True) -> (Tensor, Tensor)");
+  m.def("_embedding_bag_partial_backward(Tensor grad, Tensor ids, Tensor offsets, "
+        "Tensor? per_sample_weights, Tensor argmax, int row_start, int rows, str mode, "
+        "int padding_idx) -> Tensor");
   // [bytes sent to other ranks, bytes received from other ranks, communication rounds, plan cache
   // hits, plan cache misses, data ops done in a single round] since the last reset.
   m.def("_comm_stats(bool reset=False) -> int[]");
@@ -115,17 +108,17 @@ TORCH_LIBRARY(torch_shard, m) {
   m.def("_inject_fault(str op, str action) -> ()");
 }
 
-PyMethodDef* torch_shard_python_methods();  // csrc/bindings.cpp
+PyMethodDef* torch_shard_python_methods(); // csrc/bindings.cpp
 
 // Loading the extension as a Python module registers the ops (static initialisers above); the module
 // itself only carries the helpers of csrc/bindings.cpp.
 extern "C" PyObject* PyInit__C(void) {
   static struct PyModuleDef module_def = {
       PyModuleDef_HEAD_INIT,
-      "_C",  // name
-      "torch_shard native library: registers torch.ops.torch_shard.*",  // doc
-      -1,  // size
-      torch_shard_python_methods(),  // methods
+      "_C",                                                            // name
+      "torch_shard native library: registers torch.ops.torch_shard.*", // doc
+      -1,                                                              // size
+      torch_shard_python_methods(),                                    // methods
   };
   return PyModule_Create(&module_def);
 }

@@ -7,7 +7,6 @@ call on the same process group still works.
 """
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from torch_shard import _shard_tensor, sharded_tensor

@@ -12,9 +12,10 @@ accelerator; torch raises on a CPU-only machine), guarded with ``torch.accelerat
 import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _get_default_group
+
 from torch_shard import sharded_tensor
 from torch_shard.sharding_spec import ChunkShardingSpec
-from torch_shard.testing import placement, run_tests, ShardedTensorTestBase, with_comms
+from torch_shard.testing import ShardedTensorTestBase, placement, run_tests, with_comms
 
 
 class TestShardedTensorBinaryOps(ShardedTensorTestBase):

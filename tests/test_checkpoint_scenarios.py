@@ -34,11 +34,16 @@ from torch.distributed._shard import shard_parameter as up_shard_parameter
 from torch.distributed._shard import sharded_tensor as up_sharded_tensor
 from torch.distributed._shard.sharding_spec import (
     ChunkShardingSpec as UpChunkShardingSpec,
+)
+from torch.distributed._shard.sharding_spec import (
     EnumerableShardingSpec as UpEnumerableShardingSpec,
+)
+from torch.distributed._shard.sharding_spec import (
     ShardMetadata as UpShardMetadata,
 )
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor, Replicate, Shard as DShard, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+from torch.distributed.tensor import Shard as DShard
 from torch.distributed.tensor import zeros as dtensor_zeros
 from torch.testing._internal.distributed.checkpoint_utils import Rot13Example, get_test_extension_registry
 

@@ -14,15 +14,15 @@ the sharded op renormalises (in place, by the full row norm) every row any rank 
 
 import torch
 import torch.distributed as dist
+
 from torch_shard import shard_parameter
 from torch_shard.testing import (
+    TEST_WORLD_SIZE,
+    ShardedTensorTestBase,
     rank_device,
     run_tests,
-    ShardedTensorTestBase,
-    TEST_WORLD_SIZE,
     with_comms,
 )
-
 from torch_shard.testing._test_ops_common import (
     clone_module_parameter,
     generate_chunk_sharding_specs_for_test,

@@ -16,15 +16,15 @@ renormalising call start with 0, as torch's CPU embedding_bag requires.
 
 import torch
 import torch.distributed as dist
+
 from torch_shard import shard_parameter
 from torch_shard.testing import (
+    TEST_WORLD_SIZE,
+    ShardedTensorTestBase,
     rank_device,
     run_tests,
-    ShardedTensorTestBase,
-    TEST_WORLD_SIZE,
     with_comms,
 )
-
 from torch_shard.testing._test_ops_common import (
     clone_module_parameter,
     generate_chunk_sharding_specs_for_test,

@@ -19,12 +19,12 @@ import tempfile
 import textwrap
 import unittest
 
+# Only the module: its cases are meant to fail, so they must not become attributes of this one.
+import _harness_cases
 import torch
 import torch.distributed as dist
 
-# Only the module: its cases are meant to fail, so they must not become attributes of this one.
-import _harness_cases
-from torch_shard.testing import MultiProcessTestCase, run_tests, ShardedTensorTestBase, TestCase, with_comms
+from torch_shard.testing import MultiProcessTestCase, ShardedTensorTestBase, TestCase, run_tests, with_comms
 
 # Far above ATen's parallel grain size (32768 elements), so reductions and element-wise ops split
 # the work over the OpenMP threads.

@@ -8,13 +8,14 @@ CUDA-only here.
 """
 
 import torch
+
 from torch_shard import sharded_tensor
 from torch_shard.sharding_spec import ChunkShardingSpec
 from torch_shard.testing import (
+    ShardedTensorTestBase,
     placement,
     rank_device,
     run_tests,
-    ShardedTensorTestBase,
     with_comms,
 )
 

@@ -12,11 +12,16 @@ import torch.distributed as dist
 from torch.distributed._shard import sharded_tensor as up_sharded_tensor
 from torch.distributed._shard.sharding_spec import (
     ChunkShardingSpec as UpChunkShardingSpec,
+)
+from torch.distributed._shard.sharding_spec import (
     EnumerableShardingSpec as UpEnumerableShardingSpec,
+)
+from torch.distributed._shard.sharding_spec import (
     ShardMetadata as UpShardMetadata,
 )
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard as DShard, distribute_tensor
+from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_tensor
+from torch.distributed.tensor import Shard as DShard
 from torch.distributed.tensor._shards_wrapper import LocalShardsWrapper
 from torch.distributed.tensor.placement_types import _StridedShard
 

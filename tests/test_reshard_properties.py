@@ -26,9 +26,10 @@ import random
 
 import torch
 import torch.distributed as dist
+
 from torch_shard import _shard_tensor, sharded_tensor
 from torch_shard.sharding_spec import ChunkShardingSpec, EnumerableShardingSpec, ShardMetadata
-from torch_shard.testing import placement, rank_device, run_tests, ShardedTensorTestBase, with_comms
+from torch_shard.testing import ShardedTensorTestBase, placement, rank_device, run_tests, with_comms
 
 WORLD = 4
 SEED = 20240611

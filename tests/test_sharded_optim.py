@@ -13,17 +13,18 @@ from copy import deepcopy
 
 import torch
 import torch.optim as optim
+
 from torch_shard import shard_parameter, sharded_tensor
 from torch_shard.sharded_optim import (
-    named_params_with_sharded_tensor,
     ShardedOptimizer,
+    named_params_with_sharded_tensor,
 )
 from torch_shard.sharding_spec import ChunkShardingSpec
 from torch_shard.testing import (
+    ShardedTensorTestBase,
     placement,
     rank_device,
     run_tests,
-    ShardedTensorTestBase,
     with_comms,
 )
 

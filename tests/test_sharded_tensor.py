@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d, rpc
 from torch.distributed.remote_device import _remote_device
+
 from torch_shard import sharded_tensor
 from torch_shard.api import (
     _collect_local_shard,
@@ -46,15 +47,15 @@ from torch_shard.api import (
     shard_parameter,
 )
 from torch_shard.sharded_tensor import (
-    custom_sharded_op_impl,
-    pre_load_state_dict_hook,
     Shard,
     ShardedTensor,
     ShardedTensorBase,
     ShardedTensorMetadata,
+    custom_sharded_op_impl,
+    pre_load_state_dict_hook,
     state_dict_hook,
 )
-from torch_shard.sharded_tensor.api import _create_tensor_from_params, TensorProperties
+from torch_shard.sharded_tensor.api import TensorProperties, _create_tensor_from_params
 from torch_shard.sharded_tensor.utils import _parse_and_validate_remote_device
 from torch_shard.sharding_spec import (
     ChunkShardingSpec,
@@ -63,18 +64,18 @@ from torch_shard.sharding_spec import (
 )
 from torch_shard.testing import (
     DEVICE_TYPE,
+    ShardedTensorTestBase,
+    TestCase,
     placement,
     rank_device,
     requires_cuda,
     run_tests,
-    ShardedTensorTestBase,
-    TestCase,
     with_comms,
     worker_placement,
 )
 from torch_shard.testing._test_st_common import (
-    _chunk_sharding_specs_list_for_test,
     MyShardedModel1,
+    _chunk_sharding_specs_list_for_test,
 )
 
 # The 4-GPU/NCCL set-up: placement(r) is "rank:r/cuda:r" and each rank's current device is cuda:r.

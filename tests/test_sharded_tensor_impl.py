@@ -131,7 +131,8 @@ class TestShardedTensorImpl(ShardedTensorTestBase):
 
         self.assertEqual(torch.compile(numel_plus_one, backend="eager")(st), 33)
         torch._dynamo.reset()
-        with self.assertRaises(Exception):
+        # The graph-break error's class differs across the supported torch versions.
+        with self.assertRaises(Exception):  # noqa: B017
             torch.compile(numel_plus_one, backend="eager", fullgraph=True)(st)
 
     @with_comms(init_rpc=False)

@@ -19,9 +19,10 @@ from itertools import product
 
 import torch
 import torch.distributed as dist
+
 from torch_shard import _shard_tensor, sharded_tensor
 from torch_shard.sharding_spec import ChunkShardingSpec, EnumerableShardingSpec, ShardMetadata
-from torch_shard.testing import placement, rank_device, run_tests, ShardedTensorTestBase, with_comms
+from torch_shard.testing import ShardedTensorTestBase, placement, rank_device, run_tests, with_comms
 from torch_shard.testing._test_st_common import _chunk_sharding_specs_list_for_test
 
 

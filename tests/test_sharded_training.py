@@ -32,15 +32,16 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.optim as optim
+
 from torch_shard import shard_parameter
-from torch_shard.sharded_optim import named_params_with_sharded_tensor, ShardedOptimizer
+from torch_shard.sharded_optim import ShardedOptimizer, named_params_with_sharded_tensor
 from torch_shard.sharded_tensor import ShardedTensor
 from torch_shard.sharding_spec._internals import get_chunked_dim_size, get_split_size
 from torch_shard.testing import (
+    TEST_WORLD_SIZE,
+    ShardedTensorTestBase,
     rank_device,
     run_tests,
-    ShardedTensorTestBase,
-    TEST_WORLD_SIZE,
     with_comms,
 )
 from torch_shard.testing._test_ops_common import generate_chunk_sharding_specs_for_test

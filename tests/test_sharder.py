@@ -19,17 +19,18 @@ import copy
 
 import torch
 import torch.nn as nn
+
 from torch_shard import shard_module
 from torch_shard.sharded_tensor import ShardedTensor
 from torch_shard.sharder import Sharder
 from torch_shard.sharding_plan import ShardingPlan
 from torch_shard.sharding_spec import ChunkShardingSpec
 from torch_shard.testing import (
+    TEST_WORLD_SIZE,
+    ShardedTensorTestBase,
     placement,
     rank_device,
     run_tests,
-    ShardedTensorTestBase,
-    TEST_WORLD_SIZE,
     with_comms,
 )
 

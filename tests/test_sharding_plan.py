@@ -12,19 +12,19 @@ upstream's are marked "Added".
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+
 from torch_shard import shard_module
 from torch_shard.sharded_tensor import ShardedTensor
 from torch_shard.sharding_plan import ShardingPlan, ShardingPlanner
 from torch_shard.sharding_spec import ChunkShardingSpec
 from torch_shard.testing import (
+    TEST_WORLD_SIZE,
+    ShardedTensorTestBase,
     placement,
     rank_device,
     run_tests,
-    ShardedTensorTestBase,
-    TEST_WORLD_SIZE,
     with_comms,
 )
-
 from torch_shard.testing._test_ops_common import generate_chunk_sharding_specs_for_test
 
 TEST_GPU_NUM = TEST_WORLD_SIZE

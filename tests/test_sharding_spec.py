@@ -16,9 +16,9 @@ Adaptations:
 
 import copy
 from dataclasses import dataclass
-from typing import Union
 
 import torch
+
 from torch_shard import sharded_tensor
 from torch_shard.sharded_tensor import (
     ShardedTensor,
@@ -26,12 +26,12 @@ from torch_shard.sharded_tensor import (
     TensorProperties,
 )
 from torch_shard.sharding_spec import (
-    _infer_sharding_spec_from_shards_metadata,
     ChunkShardingSpec,
     DevicePlacementSpec,
     EnumerableShardingSpec,
     ShardingSpec,
     ShardMetadata,
+    _infer_sharding_spec_from_shards_metadata,
 )
 from torch_shard.sharding_spec._internals import (
     check_tensor,
@@ -41,11 +41,11 @@ from torch_shard.sharding_spec._internals import (
     validate_non_overlapping_shards_metadata,
 )
 from torch_shard.testing import (
+    ShardedTensorTestBase,
+    TestCase,
     placement,
     rank_device,
     run_tests,
-    ShardedTensorTestBase,
-    TestCase,
     with_comms,
 )
 from torch_shard.testing._test_st_common import _chunk_sharding_specs_list_for_test
@@ -560,7 +560,7 @@ class TestShardingSpec(TestCase):
 @dataclass
 class GridShardingSpec(ShardingSpec):
     grid_size: int
-    placements: list[Union[torch.distributed._remote_device, str]]
+    placements: list[torch.distributed._remote_device | str]
 
     def __post_init__(self):
         for i, remote_device in enumerate(self.placements):

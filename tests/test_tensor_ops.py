@@ -9,9 +9,10 @@ Same conventions as tests/test_sharded_tensor.py: imports change from ``torch.di
 import copy
 
 import torch
+
 from torch_shard import sharded_tensor
 from torch_shard.sharding_spec import ChunkShardingSpec
-from torch_shard.testing import placement, run_tests, ShardedTensorTestBase, with_comms
+from torch_shard.testing import ShardedTensorTestBase, placement, run_tests, with_comms
 
 
 class TestTensorOps(ShardedTensorTestBase):

@@ -7,8 +7,11 @@ only its imports (``torch.distributed._shard.X`` -> ``torch_shard.X``). The C++ 
 
 import torch  # noqa: F401  (loads libtorch before the extension)
 
-from . import _C  # noqa: F401  (registers torch.ops.torch_shard.*)
-from . import sharded_tensor, sharding_spec
+from . import (
+    _C,  # noqa: F401  (registers torch.ops.torch_shard.*)
+    sharded_tensor,
+    sharding_spec,
+)
 from .api import _shard_tensor, load_with_process_group, shard_module, shard_parameter
 from .metadata import ShardMetadata
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
-
 _ERROR_CLASSES: list[type[BaseException]] = [
     ValueError,
     TypeError,

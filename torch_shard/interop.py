@@ -61,7 +61,8 @@ def _is_empty(sizes: Sequence[int]) -> bool:
 
 def _normalize_placements(placements, mesh, ndim: int, op: str) -> list:
     """Placements with non-negative Shard dims; the errors a caller can act on for anything else."""
-    from torch.distributed.tensor import Partial, Replicate, Shard as DShard
+    from torch.distributed.tensor import Partial, Replicate
+    from torch.distributed.tensor import Shard as DShard
     from torch.distributed.tensor.placement_types import _StridedShard
 
     placements = list(placements)
@@ -199,7 +200,8 @@ def to_dtensor(st: ShardedTensor, device_mesh, placements: Sequence):
     the group must call it then); decided from the global metadata, identically on every rank. Ranks
     outside the mesh get a DTensor with an empty local tensor, as ``distribute_tensor`` gives them.
     """
-    from torch.distributed.tensor import DTensor, Shard as DShard
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import Shard as DShard
 
     _require_sharded_tensor(st, "to_dtensor")
     size = list(st.size())
@@ -317,7 +319,8 @@ def from_dtensor(dt, *, process_group=None, run_check: bool = False) -> ShardedT
     Returns:
         ShardedTensor: same global size and dtype.
     """
-    from torch.distributed.tensor import DTensor, Shard as DShard
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import Shard as DShard
     from torch.distributed.tensor._shards_wrapper import LocalShardsWrapper
 
     if not isinstance(dt, DTensor):

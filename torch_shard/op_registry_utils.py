@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from inspect import signature
-from typing import Callable
 
 from .common_op_utils import _basic_validation
 

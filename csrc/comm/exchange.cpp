@@ -142,8 +142,8 @@ at::Tensor whole_buffer(const std::vector<int64_t>& splits,
 // Unarmed, it costs one relaxed atomic load per data op.
 std::atomic<bool> fault_armed{false};
 std::mutex fault_mutex;
-std::string fault_op;      // guarded by fault_mutex
-std::string fault_action;  // guarded by fault_mutex
+std::string fault_op;     // guarded by fault_mutex
+std::string fault_action; // guarded by fault_mutex
 
 void fault_point(OpKind op, int64_t me) {
   if (C10_LIKELY(!fault_armed.load(std::memory_order_relaxed))) {
@@ -169,7 +169,7 @@ void inject_fault_op(c10::string_view op, c10::string_view action) {
   inject_fault(std::string(op), std::string(action));
 }
 
-}  // namespace
+} // namespace
 
 void inject_fault(const std::string& op, const std::string& action) {
   TORCH_CHECK_VALUE(action == "raise" || action == "exit" || action == "none",
@@ -226,17 +226,12 @@ ErrorCode classify(std::exception_ptr error) {
   }
 }
 
-std::vector<int64_t> exchange(c10d::ProcessGroup& pg,
-                              OpKind op,
-                              const Values& mine,
-                              std::exception_ptr error,
-                              ErrorCode error_code,
-                              Moves* moves,
-                              const Check& check) {
+std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& mine, std::exception_ptr error,
+                              ErrorCode error_code, Moves* moves, const Check& check) {
   const int64_t world = pg.getSize();
   const int64_t me = pg.getRank();
   TORCH_INTERNAL_ASSERT(error || (moves != nullptr && static_cast<int64_t>(moves->send.size()) == world &&
-                                   static_cast<int64_t>(moves->recv.size()) == world));
+                                  static_cast<int64_t>(moves->recv.size()) == world));
   if (error && error_code == ErrorCode::kNone) {
     error_code = classify(error);
   }
@@ -263,7 +258,7 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg,
       }
     }
   }
-  int64_t out_degree = 0;  // peers this rank messages in round 2
+  int64_t out_degree = 0; // peers this rank messages in round 2
   if (!error && !fits) {
     for (int64_t p = 0; p < world; ++p) {
       out_degree += (p != me && moves->send[p].bytes > 0) ? 1 : 0;
@@ -321,10 +316,10 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg,
     }
   }
   for (int64_t r = 0; r < world; ++r) {
-    TORCH_CHECK(field(r, kOp) == static_cast<int64_t>(op), "torch_shard.", op_name(op),
-                ": rank ", r, " is running torch_shard.",
-                op_name(static_cast<OpKind>(field(r, kOp))), " while this rank runs torch_shard.",
-                op_name(op), "; every rank of the group must call the same collective");
+    TORCH_CHECK(field(r, kOp) == static_cast<int64_t>(op), "torch_shard.", op_name(op), ": rank ", r,
+                " is running torch_shard.", op_name(static_cast<OpKind>(field(r, kOp))),
+                " while this rank runs torch_shard.", op_name(op),
+                "; every rank of the group must call the same collective");
   }
   std::vector<Values> all(world);
   for (int64_t r = 0; r < world; ++r) {
@@ -333,7 +328,7 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg,
     }
   }
   check(all, me);
-  fault_point(op, me);  // test-only; see NOTE [ Fault injection ]
+  fault_point(op, me); // test-only; see NOTE [ Fault injection ]
 
   // ---- Moves -----------------------------------------------------------------------------------------
   std::vector<int64_t> declared(world, 0);
@@ -354,7 +349,7 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg,
     received += declared[p];
   }
   round2 = round2 || !fits;
-  int64_t messages = 0;  // round-2 messages in the whole group: the same number on every rank
+  int64_t messages = 0; // round-2 messages in the whole group: the same number on every rank
   for (int64_t r = 0; r < world; ++r) {
     messages += field(r, kPeers);
   }
@@ -560,10 +555,10 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg,
   return declared;
 }
 
-}  // namespace comm
+} // namespace comm
 
 TORCH_LIBRARY_IMPL(torch_shard, CompositeImplicitAutograd, m) {
   m.impl("_inject_fault", TORCH_FN(comm::inject_fault_op));
 }
 
-}  // namespace torch_shard
+} // namespace torch_shard

@@ -85,13 +85,8 @@ ErrorCode classify(std::exception_ptr error);
 // with the same `op`. `error` is this rank's local failure (its `moves` are then ignored and it
 // rethrows `error` once the others know); `moves` may be null only when `error` is set. Returns the
 // bytes each peer declared it sends here (kDeclared receivers read their sizes from it).
-std::vector<int64_t> exchange(c10d::ProcessGroup& pg,
-                              OpKind op,
-                              const Values& mine,
-                              std::exception_ptr error,
-                              ErrorCode error_code,
-                              Moves* moves,
-                              const Check& check);
+std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& mine, std::exception_ptr error,
+                              ErrorCode error_code, Moves* moves, const Check& check);
 
 // TEST-ONLY: arms a failure of this process in its next exchange of data op `op` ("" for any op):
 // `action` "raise" or "exit", or "none" to disarm. See NOTE [ Fault injection ] in exchange.cpp.
@@ -100,5 +95,5 @@ void inject_fault(const std::string& op, const std::string& action);
 // The exit code of a process ended by an injected "exit" fault.
 constexpr int kInjectedExitCode = 43;
 
-}  // namespace comm
-}  // namespace torch_shard
+} // namespace comm
+} // namespace torch_shard

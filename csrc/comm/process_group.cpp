@@ -14,7 +14,7 @@ namespace {
 // the same group ("ts" in ASCII).
 constexpr int kTag = 0x7473;
 
-}  // namespace
+} // namespace
 
 c10::intrusive_ptr<c10d::ProcessGroup> resolve_group(const std::string& group_name, const char* op) {
   TORCH_CHECK_VALUE(!group_name.empty(), "torch_shard.", op,
@@ -59,11 +59,8 @@ CommStats& comm_stats() {
   return stats;
 }
 
-void all_to_all_bytes(c10d::ProcessGroup& pg,
-                      at::Tensor& recv,
-                      at::Tensor& send,
-                      std::vector<int64_t>& recv_splits,
-                      std::vector<int64_t>& send_splits) {
+void all_to_all_bytes(c10d::ProcessGroup& pg, at::Tensor& recv, at::Tensor& send,
+                      std::vector<int64_t>& recv_splits, std::vector<int64_t>& send_splits) {
   // alltoall_base is the spelling every supported torch (2.11-2.14) has; 2.13 deprecates it in favour
   // of all_to_all_single, which 2.11 lacks.
 #pragma GCC diagnostic push
@@ -107,5 +104,5 @@ at::Tensor workspace(int64_t bytes, c10::Device device, int slot) {
   return buffer.narrow(0, 0, bytes);
 }
 
-}  // namespace comm
-}  // namespace torch_shard
+} // namespace comm
+} // namespace torch_shard

@@ -26,20 +26,17 @@ c10::Device comm_device(c10d::ProcessGroup& pg);
 struct CommStats {
   std::atomic<int64_t> bytes_sent_to_peers{0};
   std::atomic<int64_t> bytes_received_from_peers{0};
-  std::atomic<int64_t> collectives{0};        // communication rounds issued (agreement, data)
+  std::atomic<int64_t> collectives{0}; // communication rounds issued (agreement, data)
   std::atomic<int64_t> plan_cache_hits{0};
   std::atomic<int64_t> plan_cache_misses{0};
-  std::atomic<int64_t> single_round_ops{0};   // data ops whose payload rode in the agreement round
+  std::atomic<int64_t> single_round_ops{0}; // data ops whose payload rode in the agreement round
 };
 
 CommStats& comm_stats();
 
 // One all-to-all of byte tensors with per-peer byte counts (the backends' alltoall_base).
-void all_to_all_bytes(c10d::ProcessGroup& pg,
-                      at::Tensor& recv,
-                      at::Tensor& send,
-                      std::vector<int64_t>& recv_splits,
-                      std::vector<int64_t>& send_splits);
+void all_to_all_bytes(c10d::ProcessGroup& pg, at::Tensor& recv, at::Tensor& send,
+                      std::vector<int64_t>& recv_splits, std::vector<int64_t>& send_splits);
 
 // Point-to-point messages (1-D uint8 tensors, contiguous) with torch_shard's tag.
 c10::intrusive_ptr<c10d::Work> send_bytes(c10d::ProcessGroup& pg, const at::Tensor& bytes, int64_t peer);
@@ -49,5 +46,5 @@ c10::intrusive_ptr<c10d::Work> recv_bytes(c10d::ProcessGroup& pg, const at::Tens
 // buffers per thread). See NOTE [ Pack workspace ].
 at::Tensor workspace(int64_t bytes, c10::Device device, int slot);
 
-}  // namespace comm
-}  // namespace torch_shard
+} // namespace comm
+} // namespace torch_shard

@@ -62,7 +62,7 @@ struct PlanEntry {
 
 struct PlanCache {
   std::mutex mutex;
-  std::list<PlanKey> lru;  // front: most recently used
+  std::list<PlanKey> lru; // front: most recently used
   std::unordered_map<PlanKey, PlanEntry, PlanKeyHash> entries;
 };
 
@@ -115,7 +115,7 @@ void copy_box_bytes(char* dst, const Box& dst_box, const char* src, const Box& s
     ss *= src_box.sizes[j];
     ds *= dst_box.sizes[j];
   }
-  const int64_t run_bytes = region.sizes[k] * src_stride[k] * itemsize;  // == dst_stride[k] * ...
+  const int64_t run_bytes = region.sizes[k] * src_stride[k] * itemsize; // == dst_stride[k] * ...
   int64_t src_base = 0, dst_base = 0;
   for (int64_t j = 0; j < d; ++j) {
     src_base += (region.offsets[j] - src_box.offsets[j]) * src_stride[j];
@@ -148,8 +148,9 @@ bool raw_copyable(const at::Tensor& t, c10::ScalarType dtype) {
 void copy_region(const at::Tensor& dst, const Box& dst_box, const at::Tensor& src, const Box& src_box,
                  const Box& region) {
   if (raw_copyable(dst, src.scalar_type()) && raw_copyable(src, src.scalar_type())) {
-    copy_box_bytes(static_cast<char*>(dst.data_ptr()), dst_box, static_cast<const char*>(src.const_data_ptr()),
-                   src_box, region, static_cast<int64_t>(src.element_size()));
+    copy_box_bytes(static_cast<char*>(dst.data_ptr()), dst_box,
+                   static_cast<const char*>(src.const_data_ptr()), src_box, region,
+                   static_cast<int64_t>(src.element_size()));
     return;
   }
   region_view(dst, dst_box, region).copy_(region_view(src, src_box, region));
@@ -189,7 +190,8 @@ std::function<void(const at::Tensor&)> packer(const std::vector<Region>& regions
       const at::Tensor& source = src_tensor(region.src);
       if (raw && raw_copyable(source, dtype)) {
         copy_box_bytes(static_cast<char*>(into.data_ptr()) + pos * itemsize, region.box,
-                       static_cast<const char*>(source.const_data_ptr()), src.box(region.src), region.box, itemsize);
+                       static_cast<const char*>(source.const_data_ptr()), src.box(region.src), region.box,
+                       itemsize);
       } else {
         (raw ? into.view(dtype) : typed)
             .narrow(0, pos, n)
@@ -213,8 +215,8 @@ std::function<void(const at::Tensor&)> unpacker(const std::vector<Region>& regio
       const at::Tensor& target = dst_tensor(region.dst);
       if (raw && raw_copyable(target, dtype)) {
         copy_box_bytes(static_cast<char*>(target.data_ptr()), dst.box(region.dst),
-                       static_cast<const char*>(from.const_data_ptr()) + pos * itemsize, region.box, region.box,
-                       itemsize);
+                       static_cast<const char*>(from.const_data_ptr()) + pos * itemsize, region.box,
+                       region.box, itemsize);
       } else {
         region_view(target, dst.box(region.dst), region.box)
             .copy_(from.view(dtype).narrow(0, pos, n).view(region.box.sizes));
@@ -224,11 +226,10 @@ std::function<void(const at::Tensor&)> unpacker(const std::vector<Region>& regio
   };
 }
 
-}  // namespace
+} // namespace
 
 std::shared_ptr<const TransferPlan> cached_plan(const std::shared_ptr<const Layout>& src,
-                                                const std::shared_ptr<const Layout>& dst,
-                                                int64_t me,
+                                                const std::shared_ptr<const Layout>& dst, int64_t me,
                                                 int64_t world) {
   auto& cache = plan_cache();
   auto& stats = comm_stats();
@@ -270,21 +271,15 @@ LocalTensors allocate_local(const Layout& layout, int64_t me, c10::ScalarType dt
   LocalTensors out;
   for (int64_t idx : layout.shards_of(me)) {
     const auto& box = layout.box(static_cast<size_t>(idx));
-    out.tensors.push_back(at::empty(box.sizes, at::TensorOptions()
-                                                   .dtype(dtype)
-                                                   .device(layout.placement(static_cast<size_t>(idx)).device)));
+    out.tensors.push_back(at::empty(box.sizes, at::TensorOptions().dtype(dtype).device(
+                                                   layout.placement(static_cast<size_t>(idx)).device)));
     out.indices.push_back(idx);
   }
   return out;
 }
 
-Moves transfer_moves(const TransferPlan& plan,
-                     const Layout& src,
-                     const LocalTensors& src_local,
-                     const Layout& dst,
-                     const LocalTensors& dst_local,
-                     int64_t me,
-                     c10::Device device,
+Moves transfer_moves(const TransferPlan& plan, const Layout& src, const LocalTensors& src_local,
+                     const Layout& dst, const LocalTensors& dst_local, int64_t me, c10::Device device,
                      c10::ScalarType dtype) {
   const auto world = static_cast<int64_t>(plan.send.size());
   // Shared by the pack/unpack closures (one map per side, not one copy per peer).
@@ -366,5 +361,5 @@ Moves transfer_moves(const TransferPlan& plan,
   return moves;
 }
 
-}  // namespace comm
-}  // namespace torch_shard
+} // namespace comm
+} // namespace torch_shard

@@ -28,8 +28,7 @@ struct LocalTensors {
 // the two layouts (fingerprint, then full comparison), `me` and `world`. See NOTE [ Plan cache ].
 std::shared_ptr<const layout::TransferPlan> cached_plan(const std::shared_ptr<const layout::Layout>& src,
                                                         const std::shared_ptr<const layout::Layout>& dst,
-                                                        int64_t me,
-                                                        int64_t world);
+                                                        int64_t me, int64_t world);
 
 // Empties the plan cache (tests).
 void clear_plan_cache();
@@ -38,18 +37,13 @@ void clear_plan_cache();
 // caller). Contiguous runs on the communication device are sent and received in place; everything
 // else is packed/unpacked. `dtype` is the tensor's dtype (dst tensors may have another one: values are
 // converted on unpack). All referenced objects must outlive the exchange.
-Moves transfer_moves(const layout::TransferPlan& plan,
-                     const layout::Layout& src,
-                     const LocalTensors& src_local,
-                     const layout::Layout& dst,
-                     const LocalTensors& dst_local,
-                     int64_t me,
-                     c10::Device device,
-                     c10::ScalarType dtype);
+Moves transfer_moves(const layout::TransferPlan& plan, const layout::Layout& src,
+                     const LocalTensors& src_local, const layout::Layout& dst, const LocalTensors& dst_local,
+                     int64_t me, c10::Device device, c10::ScalarType dtype);
 
 // Uninitialised tensors for the shards of `layout` owned by group rank `me`, each on its placement's
 // device, and their indices.
 LocalTensors allocate_local(const layout::Layout& layout, int64_t me, c10::ScalarType dtype);
 
-}  // namespace comm
-}  // namespace torch_shard
+} // namespace comm
+} // namespace torch_shard

@@ -26,17 +26,17 @@ void check_box(const Box& box, size_t index) {
                     box.offsets.size(), " and ", box.sizes.size(), " respectively");
   bool empty = false;
   for (size_t d = 0; d < box.ndim(); ++d) {
-    TORCH_CHECK_VALUE(box.offsets[d] >= 0, "shard_offsets should be >=0, but ",
-                      describe_box(box, index), " has a negative offset");
-    TORCH_CHECK_VALUE(box.sizes[d] >= 0, "shard_sizes should be >= 0, but ",
-                      describe_box(box, index), " has a negative size");
+    TORCH_CHECK_VALUE(box.offsets[d] >= 0, "shard_offsets should be >=0, but ", describe_box(box, index),
+                      " has a negative offset");
+    TORCH_CHECK_VALUE(box.sizes[d] >= 0, "shard_sizes should be >= 0, but ", describe_box(box, index),
+                      " has a negative size");
     int64_t end = 0;
     TORCH_CHECK_VALUE(!c10::add_overflows(box.offsets[d], box.sizes[d], &end), "shard ",
                       describe_box(box, index), ": offset + size overflows int64 on dim ", d);
     empty = empty || box.sizes[d] == 0;
   }
   if (empty) {
-    return;  // volume 0, whatever the other sizes are
+    return; // volume 0, whatever the other sizes are
   }
   int64_t volume = 1;
   for (int64_t s : box.sizes) {
@@ -74,5 +74,5 @@ int64_t checked_numel(const Dims& dims, const char* what) {
   return numel;
 }
 
-}  // namespace layout
-}  // namespace torch_shard
+} // namespace layout
+} // namespace torch_shard

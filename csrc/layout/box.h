@@ -53,9 +53,7 @@ struct Box {
   // Exact for boxes that passed check_box.
   int64_t end(size_t d) const { return offsets[d] + sizes[d]; }
 
-  bool operator==(const Box& other) const {
-    return offsets == other.offsets && sizes == other.sizes;
-  }
+  bool operator==(const Box& other) const { return offsets == other.offsets && sizes == other.sizes; }
 };
 
 // "[1, 2, 3]"
@@ -76,5 +74,5 @@ int64_t checked_mul(int64_t a, int64_t b, const char* what);
 // negative size.
 int64_t checked_numel(const Dims& dims, const char* what);
 
-}  // namespace layout
-}  // namespace torch_shard
+} // namespace layout
+} // namespace torch_shard

@@ -48,5 +48,5 @@ std::vector<Box> chunk_boxes(const Dims& global_size, int64_t dim, int64_t num_c
   return boxes;
 }
 
-}  // namespace layout
-}  // namespace torch_shard
+} // namespace layout
+} // namespace torch_shard

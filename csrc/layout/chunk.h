@@ -23,5 +23,5 @@ int64_t normalize_chunk_dim(int64_t dim, size_t ndim);
 // `dim` may be negative. ValueError when an offset would overflow int64.
 std::vector<Box> chunk_boxes(const Dims& global_size, int64_t dim, int64_t num_chunks);
 
-}  // namespace layout
-}  // namespace torch_shard
+} // namespace layout
+} // namespace torch_shard

@@ -19,11 +19,11 @@ uint64_t mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-}  // namespace
+} // namespace
 
 Fingerprint& Fingerprint::add(int64_t value) {
-  state_ = mix64(state_ ^ (static_cast<uint64_t>(value) + 0x9e3779b97f4a7c15ull + (state_ << 6) +
-                           (state_ >> 2)));
+  state_ =
+      mix64(state_ ^ (static_cast<uint64_t>(value) + 0x9e3779b97f4a7c15ull + (state_ << 6) + (state_ >> 2)));
   return *this;
 }
 
@@ -67,16 +67,13 @@ c10::Device placement_device(const std::string& name) {
   }
 }
 
-std::shared_ptr<const Layout> Layout::make(Dims global_size,
-                                           std::vector<Box> boxes,
+std::shared_ptr<const Layout> Layout::make(Dims global_size, std::vector<Box> boxes,
                                            std::vector<int64_t> placement_of,
-                                           std::vector<Placement> placements,
-                                           bool validate) {
-  TORCH_CHECK_VALUE(placement_of.size() == boxes.size(), "torch_shard: ", boxes.size(),
-                    " shards but ", placement_of.size(), " placement indices");
+                                           std::vector<Placement> placements, bool validate) {
+  TORCH_CHECK_VALUE(placement_of.size() == boxes.size(), "torch_shard: ", boxes.size(), " shards but ",
+                    placement_of.size(), " placement indices");
   for (size_t i = 0; i < placement_of.size(); ++i) {
-    TORCH_CHECK_INDEX(placement_of[i] >= 0 &&
-                          placement_of[i] < static_cast<int64_t>(placements.size()),
+    TORCH_CHECK_INDEX(placement_of[i] >= 0 && placement_of[i] < static_cast<int64_t>(placements.size()),
                       "torch_shard: shard ", i, " refers to placement ", placement_of[i], ", but there are ",
                       placements.size(), " placements");
   }
@@ -89,8 +86,7 @@ std::shared_ptr<const Layout> Layout::make(Dims global_size,
   return out;
 }
 
-std::shared_ptr<const Layout> Layout::chunked(Dims global_size,
-                                              int64_t dim,
+std::shared_ptr<const Layout> Layout::chunked(Dims global_size, int64_t dim,
                                               std::vector<Placement> placements) {
   TORCH_CHECK_VALUE(!placements.empty(), "torch_shard: a chunk layout needs at least one placement");
   std::shared_ptr<Layout> out(new Layout());
@@ -100,7 +96,7 @@ std::shared_ptr<const Layout> Layout::chunked(Dims global_size,
   out->placement_of_.resize(placements.size());
   std::iota(out->placement_of_.begin(), out->placement_of_.end(), 0);
   out->placements_ = std::move(placements);
-  out->finish(/*validate=*/false);  // a chunk split tiles the tensor by construction
+  out->finish(/*validate=*/false); // a chunk split tiles the tensor by construction
   return out;
 }
 
@@ -117,8 +113,8 @@ std::shared_ptr<const Layout> Layout::whole(Dims global_size, int64_t owner, c10
 void Layout::finish(bool validate) {
   numel_ = checked_numel(global_size_, "the tensor size");
   for (size_t i = 0; i < boxes_.size(); ++i) {
-    TORCH_CHECK_VALUE(boxes_[i].ndim() == global_size_.size(), "Rank of tensor is ",
-                      global_size_.size(), ", but shards rank is ", boxes_[i].ndim());
+    TORCH_CHECK_VALUE(boxes_[i].ndim() == global_size_.size(), "Rank of tensor is ", global_size_.size(),
+                      ", but shards rank is ", boxes_[i].ndim());
     check_box(boxes_[i], i);
   }
   for (const Placement& p : placements_) {
@@ -153,8 +149,8 @@ std::shared_ptr<const Layout> sorted_by_owner_impl(const Layout& layout) {
     boxes.push_back(layout.box(i));
     placement_of.push_back(layout.placement_of()[i]);
   }
-  return Layout::make(layout.global_size(), std::move(boxes), std::move(placement_of),
-                      layout.placements(), /*validate=*/false);
+  return Layout::make(layout.global_size(), std::move(boxes), std::move(placement_of), layout.placements(),
+                      /*validate=*/false);
 }
 
 std::shared_ptr<const Layout> Layout::sorted_by_owner() const {
@@ -197,5 +193,5 @@ bool Layout::same_as(const Layout& other) const {
   return true;
 }
 
-}  // namespace layout
-}  // namespace torch_shard
+} // namespace layout
+} // namespace torch_shard

@@ -20,25 +20,22 @@ namespace torch_shard {
 namespace layout {
 
 struct Placement {
-  std::string name;    // as written by the user; "" for a shard without placement
-  int64_t owner = -1;  // group rank that holds the shards placed here; -1 for none
+  std::string name;   // as written by the user; "" for a shard without placement
+  int64_t owner = -1; // group rank that holds the shards placed here; -1 for none
   c10::Device device = c10::Device(c10::kCPU);
 };
 
 class Layout {
- public:
+public:
   // A validated layout: the boxes tile `global_size` exactly (no overlap, nothing outside, no gap).
   // `placement_of[i]` indexes `placements` for shard i. Throws ValueError / IndexError on bad input.
-  static std::shared_ptr<const Layout> make(Dims global_size,
-                                            std::vector<Box> boxes,
+  static std::shared_ptr<const Layout> make(Dims global_size, std::vector<Box> boxes,
                                             std::vector<int64_t> placement_of,
-                                            std::vector<Placement> placements,
-                                            bool validate = true);
+                                            std::vector<Placement> placements, bool validate = true);
 
   // ChunkShardingSpec's layout: `global_size` split along `dim` (may be negative) into one chunk per
   // placement, chunk i on placements[i]. Valid by construction.
-  static std::shared_ptr<const Layout> chunked(Dims global_size,
-                                               int64_t dim,
+  static std::shared_ptr<const Layout> chunked(Dims global_size, int64_t dim,
                                                std::vector<Placement> placements);
 
   // The whole tensor as one shard owned by group rank `owner` (the source of a scatter and the
@@ -69,7 +66,7 @@ class Layout {
   // Same global size, boxes, placements and owners (pointer equality first).
   bool same_as(const Layout& other) const;
 
- private:
+private:
   Layout() = default;
   void finish(bool validate);
 
@@ -88,16 +85,16 @@ c10::Device placement_device(const std::string& name);
 // A 64-bit digest for agreement between ranks: equal inputs give equal digests on every process
 // (unlike std::hash); mixing per value makes accidental equality of different inputs negligible.
 class Fingerprint {
- public:
+public:
   Fingerprint& add(int64_t value);
   Fingerprint& add(const Dims& values);
   Fingerprint& add(const std::string& value);
   uint64_t value() const { return state_; }
   int64_t as_int64() const { return static_cast<int64_t>(state_); }
 
- private:
+private:
   uint64_t state_ = 0x6a09e667f3bcc909ull;
 };
 
-}  // namespace layout
-}  // namespace torch_shard
+} // namespace layout
+} // namespace torch_shard

@@ -39,9 +39,8 @@ struct SortedBoxes {
       }
     }
     if (!boxes.empty() && boxes[0].ndim() > 0) {
-      std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-        return boxes[a].offsets[0] < boxes[b].offsets[0];
-      });
+      std::stable_sort(order.begin(), order.end(),
+                       [&](size_t a, size_t b) { return boxes[a].offsets[0] < boxes[b].offsets[0]; });
       for (size_t i : order) {
         max_len0 = std::max(max_len0, boxes[i].sizes[0]);
       }
@@ -67,7 +66,7 @@ struct SortedBoxes {
   }
 };
 
-}  // namespace
+} // namespace
 
 namespace {
 
@@ -97,7 +96,7 @@ std::optional<Run> single_run(const std::vector<Region>& regions, const Layout& 
   return out;
 }
 
-}  // namespace
+} // namespace
 
 TransferPlan plan_transfer(const Layout& src, const Layout& dst, int64_t me, int64_t world) {
   TORCH_INTERNAL_ASSERT(src.global_size() == dst.global_size());
@@ -180,5 +179,5 @@ std::optional<std::pair<int64_t, int64_t>> contiguous_run(const Box& region, con
   return std::make_pair(start, region.volume());
 }
 
-}  // namespace layout
-}  // namespace torch_shard
+} // namespace layout
+} // namespace torch_shard

@@ -22,20 +22,20 @@ class Layout;
 std::optional<Box> intersect(const Box& a, const Box& b);
 
 struct Region {
-  size_t src;  // index of the source shard in the source layout
-  size_t dst;  // index of the target shard in the target layout
-  Box box;     // in global coordinates
+  size_t src; // index of the source shard in the source layout
+  size_t dst; // index of the target shard in the target layout
+  Box box;    // in global coordinates
 };
 
 // Where a message lies in one local shard's row-major memory, when it is one contiguous run of it.
 struct Run {
-  size_t shard;     // shard index (source shard for sends, target shard for receives)
-  int64_t start;    // first element
-  int64_t count;    // number of elements
+  size_t shard;  // shard index (source shard for sends, target shard for receives)
+  int64_t start; // first element
+  int64_t count; // number of elements
 };
 
 struct PeerTransfer {
-  std::vector<Region> regions;  // canonical order: (dst, src)
+  std::vector<Region> regions; // canonical order: (dst, src)
   int64_t elements = 0;
   // Set when the regions, in order, are one contiguous run of a single local shard: the message can
   // then be sent from (or received into) that shard's memory without a copy.
@@ -43,8 +43,8 @@ struct PeerTransfer {
 };
 
 struct TransferPlan {
-  std::vector<PeerTransfer> send;  // indexed by peer rank
-  std::vector<PeerTransfer> recv;  // indexed by peer rank
+  std::vector<PeerTransfer> send; // indexed by peer rank
+  std::vector<PeerTransfer> recv; // indexed by peer rank
   int64_t elements_sent_to_peers = 0;
   int64_t elements_received_from_peers = 0;
 };
@@ -57,5 +57,5 @@ TransferPlan plan_transfer(const Layout& src, const Layout& dst, int64_t me, int
 // element count) when the region is one contiguous run of that memory, else nullopt.
 std::optional<std::pair<int64_t, int64_t>> contiguous_run(const Box& region, const Box& shard);
 
-}  // namespace layout
-}  // namespace torch_shard
+} // namespace layout
+} // namespace torch_shard

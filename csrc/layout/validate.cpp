@@ -56,7 +56,7 @@ std::pair<size_t, size_t> ordered(size_t i, size_t j) {
   return i < j ? std::make_pair(i, j) : std::make_pair(j, i);
 }
 
-}  // namespace
+} // namespace
 
 // NOTE [ Tiling proof by corner cancellation ]
 // The indicator of a half-open box [a, b) in Z^d expands into 2^d signed "orthant" indicators,
@@ -121,7 +121,7 @@ std::optional<std::pair<size_t, size_t>> find_overlap(const std::vector<Box>& bo
   });
 
   if (d == 1) {
-    size_t reach = order[0];  // the box that extends furthest so far
+    size_t reach = order[0]; // the box that extends furthest so far
     for (size_t k = 1; k < order.size(); ++k) {
       const size_t cur = order[k];
       if (boxes[cur].offsets[0] < boxes[reach].end(0)) {
@@ -196,7 +196,7 @@ bool validate_one_varying_dim(const std::vector<Box>& boxes, const std::optional
     for (size_t i : live) {
       if (boxes[i].offsets[k] != first.offsets[k] || boxes[i].sizes[k] != first.sizes[k]) {
         if (varying.has_value()) {
-          return false;  // a second varying dim: not an interval layout
+          return false; // a second varying dim: not an interval layout
         }
         varying = k;
         break;
@@ -208,14 +208,13 @@ bool validate_one_varying_dim(const std::vector<Box>& boxes, const std::optional
     TORCH_CHECK_VALUE(live.size() < 2, "Shards ", describe_box(boxes[live[0]], live[0]), " and ",
                       describe_box(boxes[live[1]], live[1]), " overlap");
     if (d == 0) {
-      return true;  // one scalar shard covering the scalar
+      return true; // one scalar shard covering the scalar
     }
     varying = 0;
   }
   const size_t k = *varying;
   auto by_offset = [&](size_t a, size_t b) {
-    return boxes[a].offsets[k] != boxes[b].offsets[k] ? boxes[a].offsets[k] < boxes[b].offsets[k]
-                                                       : a < b;
+    return boxes[a].offsets[k] != boxes[b].offsets[k] ? boxes[a].offsets[k] < boxes[b].offsets[k] : a < b;
   };
   if (!std::is_sorted(live.begin(), live.end(), by_offset)) {
     std::sort(live.begin(), live.end(), by_offset);
@@ -236,9 +235,9 @@ bool validate_one_varying_dim(const std::vector<Box>& boxes, const std::optional
   // Bounds: the shared extents once, the varying dim at its furthest shard.
   for (size_t dim = 0; dim < d; ++dim) {
     const size_t i = dim == k ? reach : live[0];
-    TORCH_CHECK_VALUE(boxes[i].end(dim) <= (*global_size)[dim], "Shard offset ",
-                      boxes[i].offsets[dim], " and length ", boxes[i].sizes[dim],
-                      " exceeds tensor dim: ", (*global_size)[dim], " for ", describe_box(boxes[i], i));
+    TORCH_CHECK_VALUE(boxes[i].end(dim) <= (*global_size)[dim], "Shard offset ", boxes[i].offsets[dim],
+                      " and length ", boxes[i].sizes[dim], " exceeds tensor dim: ", (*global_size)[dim],
+                      " for ", describe_box(boxes[i], i));
   }
   int64_t shards_volume = 0;
   for (size_t i : live) {
@@ -251,27 +250,28 @@ bool validate_one_varying_dim(const std::vector<Box>& boxes, const std::optional
   return true;
 }
 
-}  // namespace
+} // namespace
 
 void validate_shards(const std::vector<Box>& boxes, const std::optional<Dims>& global_size) {
   for (size_t i = 0; i < boxes.size(); ++i) {
     const Box& box = boxes[i];
     TORCH_CHECK_VALUE(box.offsets.size() == box.sizes.size(),
                       "shard_offsets and shard_sizes should have the same number of elements, "
-                      "found ", box.offsets.size(), " and ", box.sizes.size(), " respectively");
-    TORCH_CHECK_VALUE(box.ndim() == boxes[0].ndim(), "Found inconsistent ranks for shards: ",
-                      describe_box(boxes[0], 0), " and ", describe_box(box, i));
-    check_box(box, i);  // negative values, and ends or volumes that overflow int64
+                      "found ",
+                      box.offsets.size(), " and ", box.sizes.size(), " respectively");
+    TORCH_CHECK_VALUE(box.ndim() == boxes[0].ndim(),
+                      "Found inconsistent ranks for shards: ", describe_box(boxes[0], 0), " and ",
+                      describe_box(box, i));
+    check_box(box, i); // negative values, and ends or volumes that overflow int64
   }
   if (global_size.has_value()) {
     for (const Box& box : boxes) {
-      TORCH_CHECK_VALUE(box.ndim() == global_size->size(), "Rank of tensor is ",
-                        global_size->size(), ", but shards rank is ", box.ndim());
+      TORCH_CHECK_VALUE(box.ndim() == global_size->size(), "Rank of tensor is ", global_size->size(),
+                        ", but shards rank is ", box.ndim());
     }
   }
   // The tensor's own volume must be countable before any volume is compared with it.
-  const int64_t tensor_volume =
-      global_size.has_value() ? checked_numel(*global_size, "the tensor size") : 0;
+  const int64_t tensor_volume = global_size.has_value() ? checked_numel(*global_size, "the tensor size") : 0;
   if (boxes.empty()) {
     if (global_size.has_value()) {
       TORCH_CHECK_VALUE(tensor_volume == 0,
@@ -308,7 +308,7 @@ void validate_shards(const std::vector<Box>& boxes, const std::optional<Dims>& g
       whole.sizes[k] = hi[k] - whole.offsets[k];
     }
     if (!any) {
-      return;  // only empty shards: nothing can overlap
+      return; // only empty shards: nothing can overlap
     }
   }
   if (tiles_exactly(boxes, whole).value_or(false)) {
@@ -331,9 +331,9 @@ void validate_shards(const std::vector<Box>& boxes, const std::optional<Dims>& g
       continue;
     }
     for (size_t k = 0; k < d; ++k) {
-      TORCH_CHECK_VALUE(box.end(k) <= (*global_size)[k], "Shard offset ", box.offsets[k],
-                        " and length ", box.sizes[k], " exceeds tensor dim: ", (*global_size)[k],
-                        " for ", describe_box(box, i));
+      TORCH_CHECK_VALUE(box.end(k) <= (*global_size)[k], "Shard offset ", box.offsets[k], " and length ",
+                        box.sizes[k], " exceeds tensor dim: ", (*global_size)[k], " for ",
+                        describe_box(box, i));
     }
     shards_volume = checked_add(shards_volume, box.volume(), "the total volume of the shards");
   }
@@ -344,5 +344,5 @@ void validate_shards(const std::vector<Box>& boxes, const std::optional<Dims>& g
   // have passed. Reaching here means that proof was skipped (too many dims), which is fine.
 }
 
-}  // namespace layout
-}  // namespace torch_shard
+} // namespace layout
+} // namespace torch_shard

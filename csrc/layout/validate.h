@@ -26,5 +26,5 @@ std::optional<std::pair<size_t, size_t>> find_overlap(const std::vector<Box>& bo
 // checks apply (EnumerableShardingSpec's own validation).
 void validate_shards(const std::vector<Box>& boxes, const std::optional<Dims>& global_size);
 
-}  // namespace layout
-}  // namespace torch_shard
+} // namespace layout
+} // namespace torch_shard

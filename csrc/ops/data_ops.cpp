@@ -53,9 +53,9 @@ int64_t first_mismatch(const std::vector<Values>& all, int64_t me, int k) {
 void check_owned(const Layout& layout, int64_t world, const char* op) {
   for (size_t i = 0; i < layout.num_shards(); ++i) {
     const int64_t owner = layout.owner(i);
-    TORCH_CHECK_VALUE(layout.box(i).empty() || (owner >= 0 && owner < world), "torch_shard.", op,
-                      ": shard ", layout::describe_box(layout.box(i), i), " (placement '",
-                      layout.placement(i).name, "') has no owner in the process group");
+    TORCH_CHECK_VALUE(layout.box(i).empty() || (owner >= 0 && owner < world), "torch_shard.", op, ": shard ",
+                      layout::describe_box(layout.box(i), i), " (placement '", layout.placement(i).name,
+                      "') has no owner in the process group");
   }
 }
 
@@ -63,8 +63,8 @@ void check_owned(const Layout& layout, int64_t world, const char* op) {
 // (upstream's messages for the first and last).
 void check_shard(const std::vector<Values>& all, int64_t me) {
   if (const int64_t r = first_mismatch(all, me, 0); r >= 0) {
-    TORCH_CHECK_VALUE(false, "src_rank=", all[me][0], " on rank: ", me, " does not match with src_rank=",
-                      all[r][0], " on rank: ", r);
+    TORCH_CHECK_VALUE(false, "src_rank=", all[me][0], " on rank: ", me,
+                      " does not match with src_rank=", all[r][0], " on rank: ", r);
   }
   if (const int64_t r = first_mismatch(all, me, 1); r >= 0) {
     TORCH_CHECK_VALUE(false, "torch_shard.shard: the tensor on rank ", me,
@@ -72,23 +72,16 @@ void check_shard(const std::vector<Values>& all, int64_t me) {
                       "; every rank must pass a tensor of the same size and dtype");
   }
   if (const int64_t r = first_mismatch(all, me, 2); r >= 0) {
-    TORCH_CHECK_VALUE(false, "sharding_spec on rank: ", me, " does not match with sharding_spec on rank: ",
-                      r, " (their layouts differ: boxes or placements)");
+    TORCH_CHECK_VALUE(false, "sharding_spec on rank: ", me, " does not match with sharding_spec on rank: ", r,
+                      " (their layouts differ: boxes or placements)");
   }
 }
 
-at::Tensor shard(const std::optional<at::Tensor>& tensor,
-                 int64_t src,
-                 c10::IntArrayRef global_size,
-                 c10::ScalarType dtype,
-                 std::optional<int64_t> chunk_dim,
-                 const std::optional<at::Tensor>& shard_offsets,
-                 const std::optional<at::Tensor>& shard_sizes,
-                 const std::optional<at::Tensor>& placement_index,
-                 std::vector<std::string> placements,
-                 c10::IntArrayRef placement_owners,
-                 bool requires_grad,
-                 c10::string_view group_name) {
+at::Tensor shard(const std::optional<at::Tensor>& tensor, int64_t src, c10::IntArrayRef global_size,
+                 c10::ScalarType dtype, std::optional<int64_t> chunk_dim,
+                 const std::optional<at::Tensor>& shard_offsets, const std::optional<at::Tensor>& shard_sizes,
+                 const std::optional<at::Tensor>& placement_index, std::vector<std::string> placements,
+                 c10::IntArrayRef placement_owners, bool requires_grad, c10::string_view group_name) {
   // The kernel writes shards and `out` in place; a direct call with tensors that require grad must not
   // record it.
   at::NoGradGuard no_grad;
@@ -107,17 +100,16 @@ at::Tensor shard(const std::optional<at::Tensor>& tensor,
   try {
     TORCH_CHECK_INDEX(src >= 0 && src < world, "torch_shard.shard: src_rank ", src,
                       " is not a rank of a group of size ", world);
-    target = layout_from_args(global_size, chunk_dim, shard_offsets, shard_sizes, placement_index,
-                              placements, placement_owners, world, /*validate=*/true, "shard");
+    target = layout_from_args(global_size, chunk_dim, shard_offsets, shard_sizes, placement_index, placements,
+                              placement_owners, world, /*validate=*/true, "shard");
     check_owned(*target, world, "shard");
     if (me == src) {
       TORCH_CHECK_VALUE(tensor.has_value() && tensor->defined(),
                         "torch_shard.shard: the source rank must pass the tensor to shard");
       TORCH_CHECK_TYPE(!is_sharded_tensor(*tensor),
                        "torch_shard.shard: the tensor to shard is already a ShardedTensor");
-      TORCH_CHECK_VALUE(tensor->sizes() == global_size, "torch_shard.shard: tensor of size ",
-                        tensor->sizes(), " on the source rank, but the layout is for ",
-                        layout::dims_str(global_size.vec()));
+      TORCH_CHECK_VALUE(tensor->sizes() == global_size, "torch_shard.shard: tensor of size ", tensor->sizes(),
+                        " on the source rank, but the layout is for ", layout::dims_str(global_size.vec()));
       TORCH_CHECK_TYPE(tensor->scalar_type() == dtype, "torch_shard.shard: tensor has dtype ",
                        tensor->scalar_type(), ", expected ", dtype);
       src_local = LocalTensors{{*tensor}, {0}};
@@ -126,8 +118,7 @@ at::Tensor shard(const std::optional<at::Tensor>& tensor,
     plan = comm::cached_plan(source, target, me, world);
     out = comm::allocate_local(*target, me, dtype);
     moves = comm::transfer_moves(*plan, *source, src_local, *target, out, me, device, dtype);
-    mine = {src, size_and_dtype_fp(global_size.vec(), dtype),
-            static_cast<int64_t>(target->fingerprint()), 0};
+    mine = {src, size_and_dtype_fp(global_size.vec(), dtype), static_cast<int64_t>(target->fingerprint()), 0};
   } catch (...) {
     error = std::current_exception();
   }
@@ -165,8 +156,7 @@ void gather(const at::Tensor& self, int64_t dst, const std::optional<at::Tensor>
                         out->sizes(), ",but should be ", layout::dims_str(impl->global_size()));
       dst_local = LocalTensors{{*out}, {0}};
     } else {
-      TORCH_CHECK_VALUE(!has_out,
-                        "Argument ``dst_tensor`` must NOT be specified on non-destination ranks.");
+      TORCH_CHECK_VALUE(!has_out, "Argument ``dst_tensor`` must NOT be specified on non-destination ranks.");
     }
     impl->check_local_shards("gather");
     check_owned(*source, world, "gather");
@@ -192,12 +182,9 @@ void gather(const at::Tensor& self, int64_t dst, const std::optional<at::Tensor>
                  });
 }
 
-void reshard(const at::Tensor& self,
-             std::optional<int64_t> chunk_dim,
-             const std::optional<at::Tensor>& shard_offsets,
-             const std::optional<at::Tensor>& shard_sizes,
-             const std::optional<at::Tensor>& placement_index,
-             std::vector<std::string> placements,
+void reshard(const at::Tensor& self, std::optional<int64_t> chunk_dim,
+             const std::optional<at::Tensor>& shard_offsets, const std::optional<at::Tensor>& shard_sizes,
+             const std::optional<at::Tensor>& placement_index, std::vector<std::string> placements,
              c10::IntArrayRef placement_owners) {
   at::NoGradGuard no_grad;
   auto* impl = unsafe_get_sharded_impl(self, "reshard");
@@ -216,8 +203,8 @@ void reshard(const at::Tensor& self,
   std::exception_ptr error;
   try {
     // Upstream keeps resharded metadata in rank order (stable for several shards per rank).
-    target = layout_from_args(impl->global_size(), chunk_dim, shard_offsets, shard_sizes,
-                              placement_index, placements, placement_owners, world,
+    target = layout_from_args(impl->global_size(), chunk_dim, shard_offsets, shard_sizes, placement_index,
+                              placements, placement_owners, world,
                               /*validate=*/true, "reshard")
                  ->sorted_by_owner();
     check_owned(*target, world, "reshard");
@@ -322,7 +309,6 @@ void abort_op(c10::string_view op, c10::string_view error_class, c10::string_vie
     // Expected: the exchange rethrows this rank's own failure once every rank knows of it.
   }
 }
-
 
 // NOTE [ Shared inputs ]
 // Sharded compute (the embedding ops) needs every rank's input on every rank. _share_inputs is that
@@ -440,8 +426,8 @@ std::vector<int64_t> gather_values(int64_t value, c10::string_view group_name) {
   moves.send.resize(pg->getSize());
   moves.recv.resize(pg->getSize());
   std::vector<int64_t> out;
-  comm::exchange(*pg, comm::OpKind::kCompare, Values{value, 0, 0, 0}, nullptr, comm::ErrorCode::kNone,
-                 &moves, [&out](const std::vector<Values>& values, int64_t) {
+  comm::exchange(*pg, comm::OpKind::kCompare, Values{value, 0, 0, 0}, nullptr, comm::ErrorCode::kNone, &moves,
+                 [&out](const std::vector<Values>& values, int64_t) {
                    for (const auto& v : values) {
                      out.push_back(v[0]);
                    }
@@ -467,9 +453,9 @@ bool all_ranks_true(bool value, c10::string_view group_name) {
 
 std::vector<int64_t> get_comm_stats(bool reset) {
   auto& s = comm::comm_stats();
-  std::vector<int64_t> out{s.bytes_sent_to_peers.load(),  s.bytes_received_from_peers.load(),
-                           s.collectives.load(),          s.plan_cache_hits.load(),
-                           s.plan_cache_misses.load(),    s.single_round_ops.load()};
+  std::vector<int64_t> out{s.bytes_sent_to_peers.load(), s.bytes_received_from_peers.load(),
+                           s.collectives.load(),         s.plan_cache_hits.load(),
+                           s.plan_cache_misses.load(),   s.single_round_ops.load()};
   if (reset) {
     s.bytes_sent_to_peers = 0;
     s.bytes_received_from_peers = 0;
@@ -488,8 +474,8 @@ void clear_plan_cache() {
 // Unchecked all-to-all of a flat tensor: rank p receives send_counts[p] elements from this rank and
 // recv_counts[p] must equal what rank p sends here. Internal (underscore): callers derive the counts
 // from data every rank already agreed on (the sharded embedding ops); mismatched counts abort gloo.
-at::Tensor all_to_all(const at::Tensor& input, c10::IntArrayRef send_counts,
-                      c10::IntArrayRef recv_counts, c10::string_view group_name) {
+at::Tensor all_to_all(const at::Tensor& input, c10::IntArrayRef send_counts, c10::IntArrayRef recv_counts,
+                      c10::string_view group_name) {
   auto pg = comm::resolve_group(std::string(group_name), "_all_to_all");
   const int64_t world = pg->getSize();
   const int64_t me = pg->getRank();
@@ -499,8 +485,7 @@ at::Tensor all_to_all(const at::Tensor& input, c10::IntArrayRef send_counts,
                     send_counts.size(), " and ", recv_counts.size());
   int64_t send_total = 0, recv_total = 0;
   for (int64_t p = 0; p < world; ++p) {
-    TORCH_CHECK_VALUE(send_counts[p] >= 0 && recv_counts[p] >= 0,
-                      "torch_shard._all_to_all: negative count");
+    TORCH_CHECK_VALUE(send_counts[p] >= 0 && recv_counts[p] >= 0, "torch_shard._all_to_all: negative count");
     send_total = layout::checked_add(send_total, send_counts[p], "torch_shard._all_to_all: send total");
     recv_total = layout::checked_add(recv_total, recv_counts[p], "torch_shard._all_to_all: receive total");
   }
@@ -524,7 +509,7 @@ at::Tensor all_to_all(const at::Tensor& input, c10::IntArrayRef send_counts,
   return recv;
 }
 
-}  // namespace
+} // namespace
 
 TORCH_LIBRARY_IMPL(torch_shard, CompositeImplicitAutograd, m) {
   m.impl("shard", TORCH_FN(shard));
@@ -540,4 +525,4 @@ TORCH_LIBRARY_IMPL(torch_shard, CompositeImplicitAutograd, m) {
   m.impl("_gather_values", TORCH_FN(gather_values));
 }
 
-}  // namespace torch_shard
+} // namespace torch_shard

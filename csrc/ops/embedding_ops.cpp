@@ -48,11 +48,10 @@ bool is_max(const char* op, c10::string_view mode) {
 // subtracted from. Ids before offsets[0] belong to no bag and are ignored (the sharded ops always
 // pass offsets[0] == 0). Returns offsets[0], or the number of ids when there are no bags: the
 // first id that belongs to a bag.
-int64_t check_bags(const char* op, const at::Tensor& values, const char* values_name,
-                   const at::Tensor& ids, const at::Tensor& offsets,
-                   const std::optional<at::Tensor>& psw, int64_t row_start, int64_t rows) {
-  TORCH_CHECK_VALUE(values.dim() == 2, op, ": ", values_name, " must be 2-D, got shape ",
-                    values.sizes());
+int64_t check_bags(const char* op, const at::Tensor& values, const char* values_name, const at::Tensor& ids,
+                   const at::Tensor& offsets, const std::optional<at::Tensor>& psw, int64_t row_start,
+                   int64_t rows) {
+  TORCH_CHECK_VALUE(values.dim() == 2, op, ": ", values_name, " must be 2-D, got shape ", values.sizes());
   TORCH_CHECK_TYPE(at::isFloatingType(values.scalar_type()), op, ": ", values_name,
                    " must be a floating point tensor, got ", values.scalar_type());
   TORCH_CHECK_TYPE(ids.scalar_type() == at::kLong && offsets.scalar_type() == at::kLong, op,
@@ -96,9 +95,9 @@ int64_t check_bags(const char* op, const at::Tensor& values, const char* values_
 
 // Bag b holds ids[offsets[b] : offsets[b + 1]] (the last bag runs to the end).
 template <typename F>
-void for_each_owned(const int64_t* ids, const int64_t* offsets, int64_t n, int64_t bags,
-                    int64_t row_start, int64_t rows, int64_t padding_idx, F&& f) {
-  const int64_t row_end = row_start + rows;  // checked by check_bags
+void for_each_owned(const int64_t* ids, const int64_t* offsets, int64_t n, int64_t bags, int64_t row_start,
+                    int64_t rows, int64_t padding_idx, F&& f) {
+  const int64_t row_end = row_start + rows; // checked by check_bags
   for (int64_t b = 0; b < bags; ++b) {
     const int64_t end = b + 1 < bags ? offsets[b + 1] : n;
     for (int64_t i = offsets[b]; i < end; ++i) {
@@ -118,8 +117,8 @@ struct IndexedBags {
   std::optional<at::Tensor> psw;
 };
 
-IndexedBags index_bags(const at::Tensor& ids, const at::Tensor& offsets,
-                       const std::optional<at::Tensor>& psw, int64_t first) {
+IndexedBags index_bags(const at::Tensor& ids, const at::Tensor& offsets, const std::optional<at::Tensor>& psw,
+                       int64_t first) {
   const int64_t n = ids.numel(), bags = offsets.numel();
   IndexedBags out;
   out.ids = ids.slice(0, first, n);
@@ -137,9 +136,8 @@ IndexedBags index_bags(const at::Tensor& ids, const at::Tensor& offsets,
 
 std::tuple<at::Tensor, at::Tensor> partial_cpu(const at::Tensor& weight, const at::Tensor& ids,
                                                const at::Tensor& offsets,
-                                               const std::optional<at::Tensor>& psw,
-                                               int64_t row_start, bool max_mode,
-                                               int64_t padding_idx) {
+                                               const std::optional<at::Tensor>& psw, int64_t row_start,
+                                               bool max_mode, int64_t padding_idx) {
   const at::Tensor w = weight.contiguous();
   const at::Tensor id = ids.contiguous();
   const at::Tensor off = offsets.contiguous();
@@ -176,7 +174,7 @@ std::tuple<at::Tensor, at::Tensor> partial_cpu(const at::Tensor& weight, const a
     std::vector<acc_t> buffer;
     acc_t* acc = nullptr;
     if constexpr (std::is_same_v<acc_t, scalar_t>) {
-      acc = reinterpret_cast<acc_t*>(out.mutable_data_ptr<scalar_t>());  // same type here
+      acc = reinterpret_cast<acc_t*>(out.mutable_data_ptr<scalar_t>()); // same type here
     } else {
       buffer.assign(static_cast<size_t>(bags * dim), acc_t(0));
       acc = buffer.data();
@@ -234,8 +232,8 @@ std::tuple<at::Tensor, at::Tensor> partial_generic(const at::Tensor& weight, con
   at::Tensor out = at::full({num_bags, dim}, -std::numeric_limits<double>::infinity(), weight.options())
                        .index_reduce(0, which, values, "amax", /*include_self=*/true);
   at::Tensor winner = values.eq(out.index_select(0, which));
-  at::Tensor candidate = at::where(winner, local_rows.unsqueeze(1).expand_as(values),
-                                   at::full({}, -1, bags.ids.options()));
+  at::Tensor candidate =
+      at::where(winner, local_rows.unsqueeze(1).expand_as(values), at::full({}, -1, bags.ids.options()));
   at::Tensor arg = at::full({num_bags, dim}, -1, bags.ids.options())
                        .index_reduce(0, which, candidate, "amax", /*include_self=*/true);
   return {out, arg};
@@ -247,8 +245,8 @@ std::tuple<at::Tensor, at::Tensor> embedding_bag_partial(const at::Tensor& weigh
                                                          int64_t row_start, c10::string_view mode,
                                                          int64_t padding_idx, bool fused) {
   const bool max_mode = is_max(kForward, mode);
-  const int64_t first = check_bags(kForward, weight, "weight", ids, offsets, per_sample_weights,
-                                   row_start, weight.size(0));
+  const int64_t first =
+      check_bags(kForward, weight, "weight", ids, offsets, per_sample_weights, row_start, weight.size(0));
   // Measured on CPU (250k x 128 float32 shard, 164k ids): the fused loop wins for max (2x over the
   // composition, which needs two index_reduce passes) but loses for sum to ATen's vectorised
   // index_select + index_add, so sums always take the composition.
@@ -268,16 +266,15 @@ at::Tensor embedding_bag_partial_backward(const at::Tensor& grad, const at::Tens
   const int64_t first =
       check_bags(kBackward, grad, "grad", ids, offsets, per_sample_weights, row_start, rows);
   const int64_t num_bags = offsets.numel(), dim = grad.size(1);
-  TORCH_CHECK_VALUE(grad.size(0) == num_bags, kBackward, ": grad must have one row per bag (",
-                    num_bags, "), got shape ", grad.sizes());
+  TORCH_CHECK_VALUE(grad.size(0) == num_bags, kBackward, ": grad must have one row per bag (", num_bags,
+                    "), got shape ", grad.sizes());
   layout::checked_mul(rows, dim, "torch_shard._embedding_bag_partial_backward: rows * dim");
   at::Tensor grad_weight = at::zeros({rows, dim}, grad.options());
   if (max_mode) {
     TORCH_CHECK_TYPE(argmax.scalar_type() == at::kLong, kBackward, ": argmax must be int64, got ",
                      argmax.scalar_type());
-    TORCH_CHECK_VALUE(argmax.dim() == 2 && argmax.size(0) == num_bags && argmax.size(1) == dim,
-                      kBackward, ": argmax must have the shape of grad ", grad.sizes(), ", got ",
-                      argmax.sizes());
+    TORCH_CHECK_VALUE(argmax.dim() == 2 && argmax.size(0) == num_bags && argmax.size(1) == dim, kBackward,
+                      ": argmax must have the shape of grad ", grad.sizes(), ", got ", argmax.sizes());
     TORCH_CHECK(argmax.device() == grad.device(), kBackward,
                 ": expected all tensors to be on the same device, but found at least two devices, ",
                 grad.device(), " and ", argmax.device(), "!");
@@ -304,11 +301,11 @@ at::Tensor embedding_bag_partial_backward(const at::Tensor& grad, const at::Tens
   return grad_weight;
 }
 
-}  // namespace
+} // namespace
 
 TORCH_LIBRARY_IMPL(torch_shard, CompositeImplicitAutograd, m) {
   m.impl("_embedding_bag_partial", TORCH_FN(embedding_bag_partial));
   m.impl("_embedding_bag_partial_backward", TORCH_FN(embedding_bag_partial_backward));
 }
 
-}  // namespace torch_shard
+} // namespace torch_shard

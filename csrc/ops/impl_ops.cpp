@@ -16,25 +16,16 @@
 namespace torch_shard {
 namespace {
 
-at::Tensor make_sharded(at::TensorList local_shards,
-                        c10::IntArrayRef local_shard_indices,
-                        c10::IntArrayRef global_size,
-                        std::optional<int64_t> chunk_dim,
+at::Tensor make_sharded(at::TensorList local_shards, c10::IntArrayRef local_shard_indices,
+                        c10::IntArrayRef global_size, std::optional<int64_t> chunk_dim,
                         const std::optional<at::Tensor>& shard_offsets,
                         const std::optional<at::Tensor>& shard_sizes,
-                        const std::optional<at::Tensor>& placement_index,
-                        std::vector<std::string> placements,
-                        c10::IntArrayRef placement_owners,
-                        c10::ScalarType dtype,
-                        std::optional<c10::Device> device,
-                        bool pin_memory,
-                        c10::string_view group_name,
-                        int64_t rank,
-                        int64_t world,
-                        bool validate) {
+                        const std::optional<at::Tensor>& placement_index, std::vector<std::string> placements,
+                        c10::IntArrayRef placement_owners, c10::ScalarType dtype,
+                        std::optional<c10::Device> device, bool pin_memory, c10::string_view group_name,
+                        int64_t rank, int64_t world, bool validate) {
   TORCH_CHECK_VALUE(group_name.empty() || (world > 0 && rank >= 0 && rank < world),
-                    "torch_shard._make_sharded: rank ", rank, " is not a rank of a group of size ",
-                    world);
+                    "torch_shard._make_sharded: rank ", rank, " is not a rank of a group of size ", world);
   // A named group must exist now (ValueError otherwise), and be the group the rank and size describe:
   // every later data op resolves it by this name.
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
@@ -44,15 +35,15 @@ at::Tensor make_sharded(at::TensorList local_shards,
                       rank, " of a group of size ", world, " does not match process group '", group_name,
                       "', where this process is rank ", pg->getRank(), " of ", pg->getSize());
   }
-  auto layout = layout_from_args(global_size, chunk_dim, shard_offsets, shard_sizes, placement_index,
-                                 placements, placement_owners, group_name.empty() ? -1 : world,
-                                 validate, "_make_sharded");
+  auto layout =
+      layout_from_args(global_size, chunk_dim, shard_offsets, shard_sizes, placement_index, placements,
+                       placement_owners, group_name.empty() ? -1 : world, validate, "_make_sharded");
   // A rank without local shards still has a device: the group's communication device.
   if (!device.has_value() && local_shards.empty() && !group_name.empty()) {
     device = comm::comm_device(*pg);
   }
-  return make_sharded_tensor(std::move(layout), local_shards.vec(), local_shard_indices.vec(), dtype,
-                             device, pin_memory, std::string(group_name), rank);
+  return make_sharded_tensor(std::move(layout), local_shards.vec(), local_shard_indices.vec(), dtype, device,
+                             pin_memory, std::string(group_name), rank);
 }
 
 bool is_sharded(const at::Tensor& self) {
@@ -74,8 +65,8 @@ int64_t version(const at::Tensor& self) {
 // Everything Python caches about a ShardedTensor, in one call: its version stamp, local shards and
 // their indices in the layout, pin_memory, and the layout's fingerprint (which changes only when the
 // layout does, so Python knows whether the spec it keeps still describes the tensor).
-std::tuple<int64_t, std::vector<at::Tensor>, std::vector<int64_t>, bool, int64_t> state(
-    const at::Tensor& self) {
+std::tuple<int64_t, std::vector<at::Tensor>, std::vector<int64_t>, bool, int64_t>
+state(const at::Tensor& self) {
   const auto* impl = unsafe_get_sharded_impl(self, "_state");
   return {impl->version(), impl->local_shards(), impl->local_shard_indices(), impl->pin_memory(),
           static_cast<int64_t>(impl->layout()->fingerprint())};
@@ -109,8 +100,8 @@ layout_of(const at::Tensor& self) {
     names.push_back(p.name);
     owners.push_back(p.owner);
   }
-  return {std::move(offsets), std::move(sizes), std::move(index), std::move(names),
-          std::move(owners), layout.chunk_dim()};
+  return {std::move(offsets), std::move(sizes),  std::move(index),
+          std::move(names),   std::move(owners), layout.chunk_dim()};
 }
 
 std::string group_name(const at::Tensor& self) {
@@ -123,7 +114,7 @@ void set_local_shards(const at::Tensor& self, at::TensorList local_shards,
       ->set_local_shards(local_shards.vec(), local_shard_indices.vec());
 }
 
-}  // namespace
+} // namespace
 
 TORCH_LIBRARY_IMPL(torch_shard, CompositeImplicitAutograd, m) {
   m.impl("_make_sharded", TORCH_FN(make_sharded));
@@ -137,4 +128,4 @@ TORCH_LIBRARY_IMPL(torch_shard, CompositeImplicitAutograd, m) {
   m.impl("_set_local_shards", TORCH_FN(set_local_shards));
 }
 
-}  // namespace torch_shard
+} // namespace torch_shard

@@ -25,17 +25,16 @@
 
 namespace torch_shard {
 
-inline std::vector<layout::Box> boxes_from_tensors(const at::Tensor& offsets,
-                                                   const at::Tensor& sizes,
+inline std::vector<layout::Box> boxes_from_tensors(const at::Tensor& offsets, const at::Tensor& sizes,
                                                    const char* op) {
   TORCH_CHECK_VALUE(offsets.dim() == 2 && sizes.dim() == 2, "torch_shard.", op,
-                    ": expected (N, ndim) offset and size tensors, but got shapes ", offsets.sizes(),
-                    " and ", sizes.sizes());
+                    ": expected (N, ndim) offset and size tensors, but got shapes ", offsets.sizes(), " and ",
+                    sizes.sizes());
   TORCH_CHECK_VALUE(offsets.sizes() == sizes.sizes(), "torch_shard.", op,
                     ": shard_offsets and shard_sizes should have the same number of elements, found ",
                     offsets.sizes(), " and ", sizes.sizes(), " respectively");
-  TORCH_CHECK_TYPE(offsets.scalar_type() == at::kLong && sizes.scalar_type() == at::kLong,
-                   "torch_shard.", op, ": expected int64 offset and size tensors");
+  TORCH_CHECK_TYPE(offsets.scalar_type() == at::kLong && sizes.scalar_type() == at::kLong, "torch_shard.", op,
+                   ": expected int64 offset and size tensors");
   TORCH_CHECK_VALUE(offsets.device().is_cpu() && sizes.device().is_cpu(), "torch_shard.", op,
                     ": expected CPU offset and size tensors");
   const at::Tensor off = offsets.contiguous();
@@ -53,32 +52,25 @@ inline std::vector<layout::Box> boxes_from_tensors(const at::Tensor& offsets,
 }
 
 // `world` bounds the owners (pass -1 when the tensor has no group: owners are then global ranks).
-inline std::shared_ptr<const layout::Layout> layout_from_args(
-    c10::IntArrayRef global_size,
-    std::optional<int64_t> chunk_dim,
-    const std::optional<at::Tensor>& shard_offsets,
-    const std::optional<at::Tensor>& shard_sizes,
-    const std::optional<at::Tensor>& placement_index,
-    const std::vector<std::string>& placements,
-    c10::IntArrayRef placement_owners,
-    int64_t world,
-    bool validate,
-    const char* op) {
-  TORCH_CHECK_VALUE(placements.size() == placement_owners.size(), "torch_shard.", op, ": ",
-                    placements.size(), " placements but ", placement_owners.size(), " owners");
+inline std::shared_ptr<const layout::Layout>
+layout_from_args(c10::IntArrayRef global_size, std::optional<int64_t> chunk_dim,
+                 const std::optional<at::Tensor>& shard_offsets, const std::optional<at::Tensor>& shard_sizes,
+                 const std::optional<at::Tensor>& placement_index, const std::vector<std::string>& placements,
+                 c10::IntArrayRef placement_owners, int64_t world, bool validate, const char* op) {
+  TORCH_CHECK_VALUE(placements.size() == placement_owners.size(), "torch_shard.", op, ": ", placements.size(),
+                    " placements but ", placement_owners.size(), " owners");
   std::vector<layout::Placement> table;
   table.reserve(placements.size());
   for (size_t i = 0; i < placements.size(); ++i) {
     const int64_t owner = placement_owners[i];
-    TORCH_CHECK_INDEX(owner >= -1 && (world < 0 || owner < world), "torch_shard.", op,
-                      ": placement '", placements[i], "' resolves to rank ", owner,
+    TORCH_CHECK_INDEX(owner >= -1 && (world < 0 || owner < world), "torch_shard.", op, ": placement '",
+                      placements[i], "' resolves to rank ", owner,
                       ", which is not a rank of a group of size ", world);
     table.push_back(layout::Placement{placements[i], owner, layout::placement_device(placements[i])});
   }
   const auto size = global_size.vec();
   if (chunk_dim.has_value()) {
-    TORCH_CHECK_VALUE(!shard_offsets.has_value() && !shard_sizes.has_value() &&
-                          !placement_index.has_value(),
+    TORCH_CHECK_VALUE(!shard_offsets.has_value() && !shard_sizes.has_value() && !placement_index.has_value(),
                       "torch_shard.", op, ": a chunk layout (chunk_dim) takes no shard boxes");
     return layout::Layout::chunked(size, *chunk_dim, std::move(table));
   }
@@ -90,14 +82,16 @@ inline std::shared_ptr<const layout::Layout> layout_from_args(
     const at::Tensor& idx = *placement_index;
     TORCH_CHECK_VALUE(idx.dim() == 1 && idx.numel() == static_cast<int64_t>(boxes.size()) &&
                           idx.scalar_type() == at::kLong && idx.device().is_cpu(),
-                      "torch_shard.", op, ": placement_index must be a 1-D int64 CPU tensor with one "
-                      "entry per shard (", boxes.size(), "), but got ", idx.sizes(), " ", idx.scalar_type());
+                      "torch_shard.", op,
+                      ": placement_index must be a 1-D int64 CPU tensor with one "
+                      "entry per shard (",
+                      boxes.size(), "), but got ", idx.sizes(), " ", idx.scalar_type());
     const at::Tensor c = idx.contiguous();
     const int64_t* p = c.const_data_ptr<int64_t>();
     placement_of.assign(p, p + c.numel());
   } else {
-    TORCH_CHECK_VALUE(boxes.size() == table.size(), "torch_shard.", op, ": ", boxes.size(),
-                      " shards but ", table.size(), " placements (give placement_index)");
+    TORCH_CHECK_VALUE(boxes.size() == table.size(), "torch_shard.", op, ": ", boxes.size(), " shards but ",
+                      table.size(), " placements (give placement_index)");
     placement_of.resize(boxes.size());
     for (size_t i = 0; i < boxes.size(); ++i) {
       placement_of[i] = static_cast<int64_t>(i);
@@ -106,4 +100,4 @@ inline std::shared_ptr<const layout::Layout> layout_from_args(
   return layout::Layout::make(size, std::move(boxes), std::move(placement_of), std::move(table), validate);
 }
 
-}  // namespace torch_shard
+} // namespace torch_shard

@@ -17,8 +17,7 @@
 namespace torch_shard {
 namespace {
 
-std::tuple<std::vector<int64_t>, std::vector<int64_t>> chunk_layout(int64_t dim_size,
-                                                                    int64_t num_chunks) {
+std::tuple<std::vector<int64_t>, std::vector<int64_t>> chunk_layout(int64_t dim_size, int64_t num_chunks) {
   const int64_t split = layout::chunk_split_size(dim_size, num_chunks);
   std::vector<int64_t> offsets(num_chunks), lengths(num_chunks);
   for (int64_t i = 0; i < num_chunks; ++i) {
@@ -50,8 +49,7 @@ std::tuple<at::Tensor, at::Tensor> chunk_boxes(c10::IntArrayRef global_size, int
   return {std::move(offsets), std::move(sizes)};
 }
 
-void validate_shards(const at::Tensor& shard_offsets,
-                     const at::Tensor& shard_sizes,
+void validate_shards(const at::Tensor& shard_offsets, const at::Tensor& shard_sizes,
                      c10::OptionalIntArrayRef global_size) {
   const auto boxes = boxes_from_tensors(shard_offsets, shard_sizes, "validate_shards");
   std::optional<layout::Dims> global;
@@ -82,10 +80,10 @@ std::shared_ptr<const layout::Layout> owned_layout(c10::IntArrayRef global_size,
 
 // Elements group rank `me` sends to / receives from each rank (itself included) when data moves from
 // the source layout to the target layout: the plan the data ops use, without a process group.
-std::tuple<std::vector<int64_t>, std::vector<int64_t>> transfer_counts(
-    c10::IntArrayRef global_size, const at::Tensor& src_offsets, const at::Tensor& src_sizes,
-    c10::IntArrayRef src_owners, const at::Tensor& dst_offsets, const at::Tensor& dst_sizes,
-    c10::IntArrayRef dst_owners, int64_t me, int64_t world) {
+std::tuple<std::vector<int64_t>, std::vector<int64_t>>
+transfer_counts(c10::IntArrayRef global_size, const at::Tensor& src_offsets, const at::Tensor& src_sizes,
+                c10::IntArrayRef src_owners, const at::Tensor& dst_offsets, const at::Tensor& dst_sizes,
+                c10::IntArrayRef dst_owners, int64_t me, int64_t world) {
   TORCH_CHECK_VALUE(world > 0 && me >= 0 && me < world, "torch_shard._transfer_counts: rank ", me,
                     " is not a rank of a group of size ", world);
   const auto src = owned_layout(global_size, src_offsets, src_sizes, src_owners, world, "_transfer_counts");
@@ -99,7 +97,7 @@ std::tuple<std::vector<int64_t>, std::vector<int64_t>> transfer_counts(
   return {std::move(send), std::move(recv)};
 }
 
-}  // namespace
+} // namespace
 
 TORCH_LIBRARY_IMPL(torch_shard, CompositeImplicitAutograd, m) {
   m.impl("_transfer_counts", TORCH_FN(transfer_counts));
@@ -110,4 +108,4 @@ TORCH_LIBRARY_IMPL(torch_shard, CompositeImplicitAutograd, m) {
   m.impl("_find_overlap", TORCH_FN(find_overlap));
 }
 
-}  // namespace torch_shard
+} // namespace torch_shard

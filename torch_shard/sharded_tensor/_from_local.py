@@ -24,7 +24,6 @@ from .metadata import ShardedTensorMetadata, TensorProperties
 from .shard import Shard
 from .utils import _PlacementResolver
 
-
 # Agreed with the other ranks by _share_inputs, so a rank in init_from_local_shards and a rank in a
 # sharded embedding op raise instead of exchanging each other's data ("init" in ASCII).
 _INIT_FLAGS = 0x696E6974

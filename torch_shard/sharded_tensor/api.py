@@ -14,21 +14,21 @@ The class is assembled from one module per concern:
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch.utils import _pytree as pytree
 
 from .. import _C  # noqa: F401  (registers torch.ops.torch_shard)
+from ..metadata import ShardMetadata  # noqa: F401  (upstream's api module exports it)
 from ..sharding_spec.api import ShardingSpec, _dispatch_custom_op, _has_custom_op
 from . import _construction, _movement, _state
 from ._checkpoint import _DCPCheckpointable
 from ._construction import _create_tensor_from_params, _flatten_tensor_size  # noqa: F401  (upstream names)
 from ._device import _DeviceMoves
 from ._pickling import ProcessGroupState, _Pickling, _rebuild_sharded_tensor  # noqa: F401
-from ._rpc import _RemoteShards, _register_remote_shards, _sharded_tensor_map  # noqa: F401
-from ..metadata import ShardMetadata  # noqa: F401  (upstream's api module exports it)
-from .metadata import ShardedTensorMetadata, TensorProperties  # noqa: F401
+from ._rpc import _register_remote_shards, _RemoteShards, _sharded_tensor_map  # noqa: F401
+from .metadata import ShardedTensorMetadata, TensorProperties
 from .shard import Shard
 
 __all__ = ["ShardedTensor", "ShardedTensorBase"]
@@ -52,8 +52,6 @@ class ShardedTensorBase(torch.Tensor):
     """
 
     def __new__(cls, sharding_spec: ShardingSpec, *size, **kwargs):
-        from .metadata import TensorProperties
-
         if not isinstance(sharding_spec, ShardingSpec):
             raise ValueError(f"Expecting ShardingSpec but got: {type(sharding_spec)}")
         sizes = _flatten_tensor_size(size)

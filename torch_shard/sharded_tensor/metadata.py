@@ -12,7 +12,7 @@ from ..metadata import ShardMetadata
 __all__ = ["MEM_FORMAT_ENCODING", "ShardedTensorMetadata", "TensorProperties"]
 
 
-class MEM_FORMAT_ENCODING(Enum):
+class MEM_FORMAT_ENCODING(Enum):  # noqa: N801 - upstream's name, kept for drop-in use
     # torch.memory_format objects do not pickle; TensorProperties stores one of these instead.
     TORCH_CONTIGUOUS_FORMAT = 0
     TORCH_CHANNELS_LAST = 1

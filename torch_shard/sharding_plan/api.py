@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Union
 
 import torch.nn as nn
 
@@ -27,7 +26,7 @@ class ShardingPlan:
             turned into the local tensor (``""`` is the root module).
     """
 
-    plan: dict[str, Union[ShardingSpec, Sharder]]
+    plan: dict[str, ShardingSpec | Sharder]
     output_plan: dict[str, ShardingSpec] | None = None
     return_local_tensor: list[str] | None = None
 

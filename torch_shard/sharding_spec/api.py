@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import abc
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch.distributed.remote_device import _remote_device

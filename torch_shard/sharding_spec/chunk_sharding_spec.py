@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING
 
 import torch
 from torch.distributed.remote_device import _remote_device
@@ -34,10 +34,10 @@ class ChunkShardingSpec(ShardingSpec):
             ``"rank:1/cpu"``. Strings are converted to ``_remote_device`` in place.
     """
 
-    ShardingDim = Union[int, str]
+    ShardingDim = int | str
 
     dim: ShardingDim
-    placements: list[Union[_remote_device, str]]
+    placements: list[_remote_device | str]
 
     def __post_init__(self):
         self._verify_dim(self.dim)

@@ -37,7 +37,7 @@ _SEQUENCE_TYPES = (Sequence, torch.nn.ModuleList, torch.nn.ParameterList, torch.
 _MAPPING_TYPES = (Mapping, torch.nn.ModuleDict, torch.nn.ParameterDict)
 
 
-class _Mismatch(Exception):
+class _Mismatch(Exception):  # noqa: N818 - internal control flow, never reaches users
     """Internal: the two values differ (the message says how)."""
 
 

@@ -145,7 +145,7 @@ class MultiProcessTestCase(TestCase):
     def world_size(self) -> int:
         return 4
 
-    def __init__(self, methodName: str = "runTest") -> None:
+    def __init__(self, methodName: str = "runTest") -> None:  # noqa: N803 - unittest's name
         super().__init__(methodName)
         self.rank = self.MAIN_PROCESS_RANK
         self.file_name = ""
@@ -244,7 +244,7 @@ class MultiProcessTestCase(TestCase):
                     outcomes[rank] = ("error", f"process exited with code {proc.exitcode} before reporting")
             if any(kind == "error" for kind, _ in outcomes.values()):
                 deadline = min(deadline, time.monotonic() + self.failure_grace_s)
-        for conn, rank in pending.items():
+        for rank in pending.values():
             outcomes[rank] = ("error", "timed out (killed); it was probably waiting on a failed peer")
         for proc in self._processes:
             if proc.is_alive():

@@ -1,6 +1,5 @@
 """Built-in ShardedTensor op implementations; importing this package registers them."""
 
-from . import _common, binary_cmp, init, tensor_ops  # noqa: F401
-
 # ChunkShardingSpec's embedding / embedding_bag register into that spec's op table.
-from ...sharding_spec import chunk_sharding_spec_ops  # noqa: E402,F401
+from ...sharding_spec import chunk_sharding_spec_ops  # noqa: F401
+from . import _common, binary_cmp, init, tensor_ops  # noqa: F401
