@@ -275,6 +275,49 @@ class TestPlanCacheAndRounds(ShardedTensorTestBase):
             self.assertEqual(st.local_tensor(), full[self.rank * n // 4 : (self.rank + 1) * n // 4])
 
     @with_comms(init_rpc=False)
+    def test_repeated_dense_reshards_take_one_round(self):
+        """NOTE [ Slot size from the group's history ]: after one dense reshard of medium messages the
+        group's next round 1 is big enough to carry the next one; a sparse op resets it, and messages
+        above the cap keep two rounds."""
+        n = 512  # 64 KiB per peer: above the minimum slot, below the cap
+        full = torch.rand(n, n, generator=torch.Generator().manual_seed(1))
+        rows = full[self.rank * n // 4 : (self.rank + 1) * n // 4]
+        cols = full[:, self.rank * n // 4 : (self.rank + 1) * n // 4]
+        st = _shard_tensor(full, _rows())
+
+        def rounds_of(step):
+            _ops._comm_stats(True)
+            step()
+            stats = _ops._comm_stats(False)
+            collectives, single_round = stats[2], stats[5]
+            self.assertEqual(collectives, 1 if single_round else 2)
+            return collectives
+
+        self.assertEqual(rounds_of(lambda: st.reshard(_cols())), 2)
+        self.assertEqual(st.local_tensor(), cols)
+        for spec, expected in ((_rows(), rows), (_cols(), cols), (_rows(), rows)):
+            self.assertEqual(rounds_of(lambda spec=spec: st.reshard(spec)), 1)
+            self.assertEqual(st.local_tensor(), expected)
+        out = torch.empty(n, n) if self.rank == 0 else None
+        self.assertEqual(rounds_of(lambda: st.gather(0, out)), 2)  # sparse, 256 KiB per sender
+        if self.rank == 0:
+            self.assertEqual(out, full)
+        self.assertEqual(rounds_of(lambda: st.reshard(_cols())), 2)  # the gather reset the slot
+        self.assertEqual(st.local_tensor(), cols)
+        # A failed op resets it too, on every rank alike.
+        self.assertEqual(rounds_of(lambda: st.reshard(_rows())), 1)
+        with self.assertRaises(IndexError):  # rank 1's dst is out of range
+            st.gather(4 if self.rank == 1 else 0, out)
+        self.assertEqual(rounds_of(lambda: st.reshard(_cols())), 2)
+        self.assertEqual(st.local_tensor(), cols)
+        # 512 KiB per peer: above the cap, every time.
+        big = torch.rand(1024, 1024, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+        st = _shard_tensor(big, _rows())
+        for spec in (_cols(), _rows(), _cols()):
+            self.assertEqual(rounds_of(lambda spec=spec: st.reshard(spec)), 2)
+        self.assertEqual(st.local_tensor(), big[:, self.rank * 256 : (self.rank + 1) * 256])
+
+    @with_comms(init_rpc=False)
     def test_gather_converts_into_out_and_fills_non_contiguous_out(self):
         full = torch.arange(48, dtype=torch.int64).view(6, 8)
         st = _shard_tensor(full, _cols())

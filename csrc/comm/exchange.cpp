@@ -1,9 +1,12 @@
 #include "comm/exchange.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
 #include <sstream>
+#include <string>
+#include <unordered_map>
 
 #include <ATen/ops/as_strided.h>
 
@@ -23,7 +26,7 @@ namespace comm {
 // in a collective hangs them. So every op starts with an agreement round, and the same round carries
 // the data when it is small:
 //
-//   Round 1 (always): one all-to-all with a FIXED size per peer, kHeaderBytes + kSlotBytes, which
+//   Round 1 (always): one all-to-all with a FIXED size per peer, kHeaderBytes + the slot, which
 //   every rank computes without looking at its arguments, so the round is safe whatever they are.
 //   The header tells the peer: the op being run, this rank's error code (0: its local checks
 //   passed), whether this rank's payloads fit their slots, how many payload bytes it sends to THAT
@@ -47,16 +50,84 @@ namespace comm {
 //
 // Measured here (4 gloo ranks, 2 cores): an all-to-all costs the same up to ~16 KiB per peer, about
 // 3x less than an all-gather of the same header, so the slot makes small ops single-round for free.
+// The slot grows for dense patterns that repeat: see NOTE [ Slot size from the group's history ].
 constexpr int64_t kHeaderWords = 10;
 constexpr int64_t kHeaderBytes = kHeaderWords * static_cast<int64_t>(sizeof(int64_t));
-constexpr int64_t kSlotBytes = 16384;
-constexpr int64_t kBlockBytes = kHeaderBytes + kSlotBytes;
+
+// NOTE [ Slot size from the group's history ]
+// Round 1's size per peer must be the same on every rank and must not depend on the arguments (they
+// may disagree), so it cannot be taken from the op at hand. It can be taken from the group's PAST:
+// every header carries its sender's largest message to a peer, so after round 1 every rank of the
+// group holds the same table and derives the same slot size for the group's NEXT op. A dense op (an
+// all-to-all-like reshard: more messages than a one-to-many or many-to-one pattern has) sets the
+// next slot to its largest message, rounded up, between kMinSlotBytes and kMaxSlotBytes; any other
+// op, or one that failed, sets it back to kMinSlotBytes. So a training loop that reshards the same
+// medium-sized tensor every step moves it in ONE all-to-all from the second step on, and a sparse op
+// (a gather) never pays for a big slot twice. The state is keyed by the group's name, which every
+// member knows by the same name, and is updated before any verdict can raise; groups without a name
+// keep the minimum. The cap stays where packing into the slot still beats a second round (above it
+// the whole-buffer all-to-all of round 2 sends from and into the shards without copies).
+constexpr int64_t kMinSlotBytes = 16384;
+constexpr int64_t kMaxSlotBytes = int64_t{256} << 10;
 
 namespace {
 
-enum HeaderField : int64_t { kOp = 0, kError = 1, kFits = 2, kBytes = 3, kPeers = 4, kValue0 = 6 };
+// kPeers: how many peers the sender has a message for; kMaxMessage: its largest message to a peer.
+enum HeaderField : int64_t {
+  kOp = 0,
+  kError = 1,
+  kFits = 2,
+  kBytes = 3,
+  kPeers = 4,
+  kMaxMessage = 5,
+  kValue0 = 6
+};
 static_assert(kValue0 + kAgreedValues == kHeaderWords, "header layout");
 static_assert(kHeaderBytes % 16 == 0, "slots must stay aligned for every dtype");
+
+// See NOTE [ Slot size from the group's history ].
+class SlotHistory {
+public:
+  int64_t slot_for(const std::string& group) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = next_.find(group);
+    return it == next_.end() ? kMinSlotBytes : it->second;
+  }
+  void record(const std::string& group, int64_t slot) {
+    if (group.empty()) {
+      return;
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    next_[group] = slot;
+  }
+
+private:
+  std::mutex mutex_;
+  std::unordered_map<std::string, int64_t> next_;
+};
+
+SlotHistory& slot_history() {
+  static SlotHistory history;
+  return history;
+}
+
+// The slot size of the group's next op, from the header table every rank of the group received.
+template <typename Field>
+int64_t next_slot_size(const Field& field, int64_t world) {
+  int64_t messages = 0, largest = 0;
+  for (int64_t r = 0; r < world; ++r) {
+    if (field(r, kError) != 0 || field(r, kOp) != field(0, kOp)) {
+      return kMinSlotBytes;
+    }
+    messages += field(r, kPeers);
+    largest = std::max(largest, field(r, kMaxMessage));
+  }
+  if (messages <= 2 * (world - 1) || largest <= kMinSlotBytes || largest > kMaxSlotBytes) {
+    return kMinSlotBytes;
+  }
+  constexpr int64_t kAlign = 4096;
+  return std::min((largest + kAlign - 1) / kAlign * kAlign, kMaxSlotBytes);
+}
 
 const char* error_class_name(ErrorCode code) {
   switch (code) {
@@ -250,22 +321,22 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
 
   // ---- Round 1: header + slot to every peer --------------------------------------------------------
   const c10::Device device = comm_device(pg);
+  const std::string& group_name = pg.getGroupName();
+  const int64_t slot_bytes = slot_history().slot_for(group_name);
+  const int64_t block_bytes = kHeaderBytes + slot_bytes;
   bool fits = !error;
+  int64_t out_degree = 0;  // peers this rank has a message for
+  int64_t max_message = 0; // this rank's largest message to a peer
   if (!error) {
     for (int64_t p = 0; p < world; ++p) {
-      if (p != me && moves->send[p].bytes > kSlotBytes) {
-        fits = false;
-      }
+      const int64_t bytes = p == me ? 0 : moves->send[p].bytes;
+      fits = fits && bytes <= slot_bytes;
+      out_degree += bytes > 0 ? 1 : 0;
+      max_message = std::max(max_message, bytes);
     }
   }
-  int64_t out_degree = 0; // peers this rank messages in round 2
-  if (!error && !fits) {
-    for (int64_t p = 0; p < world; ++p) {
-      out_degree += (p != me && moves->send[p].bytes > 0) ? 1 : 0;
-    }
-  }
-  at::Tensor send1 = workspace(world * kBlockBytes, device, 0);
-  at::Tensor recv1 = workspace(world * kBlockBytes, device, 1);
+  at::Tensor send1 = workspace(world * block_bytes, device, 0);
+  at::Tensor recv1 = workspace(world * block_bytes, device, 1);
   {
     // Headers are written on the host and copied once when the buffers live on a GPU.
     at::Tensor headers = at::empty({world, kHeaderWords}, at::TensorOptions().dtype(at::kLong));
@@ -277,12 +348,12 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
       row[kFits] = fits ? 1 : 0;
       row[kBytes] = (error || p == me) ? 0 : moves->send[p].bytes;
       row[kPeers] = out_degree;
-      row[kPeers + 1] = 0;
+      row[kMaxMessage] = max_message;
       for (int k = 0; k < kAgreedValues; ++k) {
         row[kValue0 + k] = error ? 0 : mine[k];
       }
     }
-    at::Tensor blocks = send1.view({world, kBlockBytes});
+    at::Tensor blocks = send1.view({world, block_bytes});
     blocks.narrow(1, 0, kHeaderBytes).copy_(headers.view(at::kByte).view({world, kHeaderBytes}));
     if (fits) {
       for (int64_t p = 0; p < world; ++p) {
@@ -299,14 +370,16 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
       }
     }
   }
-  std::vector<int64_t> splits(world, kBlockBytes);
+  std::vector<int64_t> splits(world, block_bytes);
   std::vector<int64_t> recv_splits = splits;
   all_to_all_bytes(pg, recv1, send1, recv_splits, splits);
 
   // ---- Verdict ---------------------------------------------------------------------------------------
-  at::Tensor table = recv1.view({world, kBlockBytes}).narrow(1, 0, kHeaderBytes).cpu().contiguous();
+  at::Tensor table = recv1.view({world, block_bytes}).narrow(1, 0, kHeaderBytes).cpu().contiguous();
   const int64_t* t = table.view(at::kLong).const_data_ptr<int64_t>();
   auto field = [&](int64_t rank, int64_t f) { return t[rank * kHeaderWords + f]; };
+  // Before anything can raise: every rank of the group records the same next slot size.
+  slot_history().record(group_name, next_slot_size(field, world));
   if (error) {
     std::rethrow_exception(error);
   }
@@ -351,7 +424,7 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
   round2 = round2 || !fits;
   int64_t messages = 0; // round-2 messages in the whole group: the same number on every rank
   for (int64_t r = 0; r < world; ++r) {
-    messages += field(r, kPeers);
+    messages += field(r, kFits) == 0 ? field(r, kPeers) : 0;
   }
   const bool point_to_point = device.is_cpu() && messages <= 2 * (world - 1);
   stats.bytes_sent_to_peers += sent;
@@ -376,7 +449,7 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
     if (moves->local) {
       moves->local();
     }
-    at::Tensor blocks = recv1.view({world, kBlockBytes});
+    at::Tensor blocks = recv1.view({world, block_bytes});
     for (int64_t p = 0; p < world; ++p) {
       if (p != me && declared[p] > 0) {
         deliver(p, blocks.select(0, p).narrow(0, kHeaderBytes, declared[p]));
@@ -437,7 +510,7 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
       moves->local();
     }
     // Slots of the senders that fit arrived in round 1.
-    at::Tensor blocks = recv1.view({world, kBlockBytes});
+    at::Tensor blocks = recv1.view({world, block_bytes});
     for (int64_t p = 0; p < world; ++p) {
       if (p != me && field(p, kFits) != 0 && declared[p] > 0) {
         deliver(p, blocks.select(0, p).narrow(0, kHeaderBytes, declared[p]));
@@ -522,7 +595,7 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
     if (!include_self && moves->local) {
       moves->local();
     }
-    at::Tensor blocks = recv1.view({world, kBlockBytes});
+    at::Tensor blocks = recv1.view({world, block_bytes});
     int64_t pos = 0;
     for (int64_t p = 0; p < world; ++p) {
       if (p == me) {
