@@ -216,6 +216,41 @@ class TestImplIsTheTruth(ShardedTensorTestBase):
         self.assertEqual(spec.dim, 1)
 
 
+class TestInitFromLocalShardsRecalc(ShardedTensorTestBase):
+    """``init_from_local_shards`` with None in the global size: one shard per rank, laid out row-wise
+    in rank order (the global metadata is built from the impl on demand)."""
+
+    @with_comms(init_rpc=False)
+    def test_rows_laid_out_in_rank_order(self):
+        rows = [3, 1, 0, 2][self.rank]
+        start = sum([3, 1, 0, 2][: self.rank])
+        full = torch.arange(6 * 4, dtype=torch.float32).view(6, 4)
+        # The offsets given are ignored: they are recomputed from the rows every rank holds.
+        md = ShardMetadata([0, 0], [rows, 4], placement(self.rank))
+        st = sharded_tensor.init_from_local_shards([Shard(full[start : start + rows].clone(), md)], None, 4)
+        self.assertEqual(st.size(), torch.Size([6, 4]))
+        self.assertEqual(st.local_shards()[0].metadata.shard_offsets, [start, 0])
+        shards = st.metadata().shards_metadata
+        self.assertEqual([m.shard_offsets for m in shards], [[0, 0], [3, 0], [4, 0], [4, 0]])
+        self.assertEqual([m.shard_sizes for m in shards], [[3, 4], [1, 4], [0, 4], [2, 4]])
+        self.assertEqual([m.placement.rank() for m in shards], [0, 1, 2, 3])
+        out = torch.empty(6, 4) if self.rank == 1 else None
+        st.gather(1, out)
+        if self.rank == 1:
+            self.assertEqual(out, full)
+
+    @with_comms(init_rpc=False)
+    def test_two_shards_on_one_rank_raise_on_every_rank(self):
+        count = 2 if self.rank == 3 else 1
+        shards = [
+            Shard(torch.zeros(1, 4), ShardMetadata([0, 0], [1, 4], placement(self.rank))) for _ in range(count)
+        ]
+        if count == 2:
+            shards[1].metadata.shard_offsets = [1, 0]
+        with self.assertRaisesRegex(ValueError, "exactly one local shard per rank; rank 3 has 2"):
+            sharded_tensor.init_from_local_shards(shards, None, 4)
+
+
 class TestPlanCacheAndRounds(ShardedTensorTestBase):
     @with_comms(init_rpc=False)
     def test_repeated_reshards_hit_the_plan_cache(self):

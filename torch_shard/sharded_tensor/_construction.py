@@ -84,29 +84,35 @@ def build(
     cls,
     local_shards: list[Shard],
     local_indices: list[int] | None,
-    metadata: ShardedTensorMetadata,
+    metadata: ShardedTensorMetadata | None,
     sharding_spec: ShardingSpec | None,
     process_group,
     *,
     layout_args: _native.LayoutArgs | None = None,
     validate: bool = True,
+    size: torch.Size | None = None,
+    properties: TensorProperties | None = None,
 ):
     """Make the C++ impl from the layout in ``metadata`` and this rank's ``local_shards`` (at
     ``local_indices`` of the metadata, matched by box when None), wrap it as ``cls``, and seed the
     Python views with what is already at hand. ``validate=False`` skips the layout validation the
-    caller already did."""
-    shards_md = metadata.shards_metadata
+    caller already did. ``metadata`` may be None when ``layout_args``, ``local_indices``, ``size`` and
+    ``properties`` are given; metadata() then builds it from the impl when first asked."""
     group_name, rank, world = _group_args(process_group)
-    if layout_args is None:
-        resolve = _PlacementResolver(process_group) if group_name else None
-        layout_args = _native.layout_args_for_shards(shards_md, resolve)
-    if local_indices is None:
-        local_indices = _match_local_indices(local_shards, shards_md)
-    props = metadata.tensor_properties
+    if metadata is not None:
+        size, properties = metadata.size, metadata.tensor_properties
+        if layout_args is None:
+            resolve = _PlacementResolver(process_group) if group_name else None
+            layout_args = _native.layout_args_for_shards(metadata.shards_metadata, resolve)
+        if local_indices is None:
+            local_indices = _match_local_indices(local_shards, metadata.shards_metadata)
+    if layout_args is None or local_indices is None or size is None or properties is None:
+        raise TypeError("build: without metadata, layout_args, local_indices, size and properties are needed")
+    props = properties
     raw = _ops._make_sharded(
         [shard.tensor for shard in local_shards],
         local_indices,
-        list(metadata.size),
+        list(size),
         *layout_args,
         props.dtype,
         None if local_shards or group_name else torch.device("cpu"),

@@ -19,7 +19,8 @@ from torch.distributed.remote_device import _remote_device
 
 from .. import _native
 from .._agreement import _error_class, _error_code
-from ._packing import pack_shards, unpack_shards
+from ..metadata import ShardMetadata
+from ._packing import pack_shards
 from .metadata import ShardedTensorMetadata, TensorProperties
 from .shard import Shard
 from .utils import _PlacementResolver
@@ -107,14 +108,21 @@ def _record(local_md: ShardedTensorMetadata | None, error: BaseException | None)
 
 
 def build_global_metadata(records: list, recalc_metadata: bool, me: int):
-    """Check the gathered records against each other and assemble (metadata, box offsets, box sizes,
-    index of this rank's first shard). Every rank computes the same result or raises the same error."""
+    """Check the gathered records against each other and assemble the global layout: (global size,
+    tensor properties, box offsets, box sizes, placement index per box, distinct placements, index of
+    this rank's first shard). Every rank computes the same result or raises the same error.
+
+    No ShardMetadata objects are built: the layout goes to the C++ impl as int64 buffers, and
+    ``metadata()`` builds the Python objects from it only when asked (16384 shards: most of the
+    time this call took went into creating them, and the garbage collector's passes over them)."""
     for rank, (code, text, _) in enumerate(records):
         if code != 0 and rank != me:
             raise _error_class(code)(f"init_from_local_shards failed on rank {rank}: {text}")
     reference = None
     reference_rank = 0
-    offsets_parts, sizes_parts, shards = [], [], []
+    offsets_parts, sizes_parts = [], []
+    count = 0  # boxes so far, over all ranks
+    counts = []  # (rank, number of shards) of every rank that has shards
     name_index: dict[str, int] = {}  # distinct placements over all ranks, in first-seen order
     placement_of = array("q")
     my_first = 0
@@ -138,10 +146,11 @@ def build_global_metadata(records: list, recalc_metadata: bool, me: int):
                     f"and {packed[1]}-dim shards on rank:{rank}"
                 )
         if rank == me:
-            my_first = len(shards)
+            my_first = count
         offsets_parts.append(packed[2])
         sizes_parts.append(packed[3])
-        shards.extend(unpack_shards(packed))
+        count += packed[0]
+        counts.append((rank, packed[0]))
         remap = [name_index.setdefault(name, len(name_index)) for name in packed[4]]
         which = array("q")
         which.frombytes(packed[5])
@@ -149,18 +158,23 @@ def build_global_metadata(records: list, recalc_metadata: bool, me: int):
     if reference is None:
         raise ValueError("ShardedTensor have no local shards on all ranks!")
     size, _, props = reference
-    offsets = _native._as_box_tensor(array("q", b"".join(offsets_parts)), len(shards), ndim).clone()
-    sizes = _native._as_box_tensor(array("q", b"".join(sizes_parts)), len(shards), ndim).clone()
+    offsets = _native._as_box_tensor(array("q", b"".join(offsets_parts)), count, ndim).clone()
+    sizes = _native._as_box_tensor(array("q", b"".join(sizes_parts)), count, ndim).clone()
     global_size = torch.Size(size)
     if recalc_metadata:
+        # Every rank holds exactly one shard, so the rows can be laid out in rank order.
+        for rank, n in counts:
+            if n != 1 or len(counts) != len(records):
+                bad = rank if n != 1 else next(r for r, (_, _, d) in enumerate(records) if d is None)
+                raise ValueError(
+                    "init_from_local_shards with None in the global size (row-wise recalculation) needs "
+                    f"exactly one local shard per rank; rank {bad} has {n if n != 1 else 0}"
+                )
         # Row-wise, in the gathered (rank) order: each shard starts where the previous one ends.
         offsets.zero_()
-        if len(shards):
-            rows = sizes[:, 0]
-            offsets[:, 0] = torch.cumsum(rows, 0) - rows
-            global_size = torch.Size([int(rows.sum())] + sizes[0, 1:].tolist())
-        for md, off in zip(shards, offsets.tolist()):
-            md.shard_offsets = off
+        rows = sizes[:, 0]
+        offsets[:, 0] = torch.cumsum(rows, 0) - rows
+        global_size = torch.Size([int(rows.sum())] + sizes[0, 1:].tolist())
     _native.validate_boxes(offsets, sizes, global_size)
     properties = TensorProperties(
         dtype=props[0],
@@ -171,7 +185,7 @@ def build_global_metadata(records: list, recalc_metadata: bool, me: int):
     )
     names = list(name_index)
     index = torch.frombuffer(placement_of, dtype=torch.int64).clone() if len(placement_of) else torch.empty(0, dtype=torch.int64)
-    return ShardedTensorMetadata(shards, global_size, properties), offsets, sizes, index, names, my_first
+    return global_size, properties, offsets, sizes, index, names, my_first
 
 
 def gather_global_metadata(local_shards: list[Shard], global_size, process_group):
@@ -197,16 +211,12 @@ def gather_global_metadata(local_shards: list[Shard], global_size, process_group
     me = dist.get_rank(process_group)
     if error is not None:
         raise error
-    metadata, offsets, sizes, index, names, my_first = build_global_metadata(records, recalc, me)
+    global_size, properties, offsets, sizes, index, names, my_first = build_global_metadata(records, recalc, me)
     if recalc:
-        mine = [md for md in metadata.shards_metadata if md.placement.rank() == current_rank]
-        if not (len(local_shards) > 0 and len(mine) == 1):
-            raise ValueError(
-                "init_from_local_shards with None in the global size (row-wise recalculation) needs "
-                f"exactly one local shard per rank; rank {current_rank} has {len(local_shards)}"
-            )
-        local_shards[0].metadata = mine[0]
+        local_shards[0].metadata = ShardMetadata(
+            offsets[my_first].tolist(), sizes[my_first].tolist(), local_shards[0].metadata.placement
+        )
     local_indices = list(range(my_first, my_first + len(local_shards)))
     resolve = _PlacementResolver(process_group)
     owners = [resolve.owner(_remote_device(name)) if name else -1 for name in names]
-    return metadata, local_indices, _native.LayoutArgs(None, offsets, sizes, index, names, owners)
+    return global_size, properties, local_indices, _native.LayoutArgs(None, offsets, sizes, index, names, owners)

@@ -287,9 +287,21 @@ class ShardedTensor(_RemoteShards, _Pickling, _DeviceMoves, _DCPCheckpointable, 
         from . import _from_local
 
         pg = _construction.group_of(process_group)
-        metadata, local_indices, layout_args = _from_local.gather_global_metadata(local_shards, global_size, pg)
+        size, properties, local_indices, layout_args = _from_local.gather_global_metadata(
+            local_shards, global_size, pg
+        )
+        # No global ShardedTensorMetadata is built here: metadata() derives it from the impl on demand.
         st = _construction.build(
-            cls, local_shards, local_indices, metadata, None, pg, layout_args=layout_args, validate=False
+            cls,
+            local_shards,
+            local_indices,
+            None,
+            None,
+            pg,
+            layout_args=layout_args,
+            validate=False,
+            size=size,
+            properties=properties,
         )
         st._post_init(init_rrefs)
         return st
