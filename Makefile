@@ -49,9 +49,10 @@ build: $(STAMP_BUILD)
 demo: build
 	$(RUN_ENV) $(VENV)/bin/torchrun --standalone --nproc-per-node=4 examples/demo.py
 
-# The whole suite, after the linters (CI runs `make test` only).
+# The linters, the whole suite, then the sanitizer run (CI runs `make test` only).
 test: build lint
 	$(PY) -m pytest tests -q
+	bash scripts/sanitize.sh $(PY)
 
 # ruff (configured in pyproject.toml) and clang-format (.clang-format); both only check.
 lint: setup
