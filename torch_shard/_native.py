@@ -82,9 +82,12 @@ def pack_shards(shards: Sequence[ShardMetadata]) -> PackedShards:
 
 
 def shard_box_tensors(shards: Sequence[ShardMetadata]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(offsets, sizes) of ``shards`` as (N, ndim) int64 tensors."""
-    packed = pack_shards(shards)
-    return packed.offsets, packed.sizes
+    """(offsets, sizes) of ``shards`` as (N, ndim) int64 tensors (placements are not read)."""
+    offsets, sizes, ndim, first_bad, _, _ = _C.pack_boxes(shards)
+    if first_bad >= 0:
+        raise ValueError(f"Found inconsistent ranks for shards: {shards[0]} and {shards[first_bad]}")
+    n = len(shards)
+    return _as_box_tensor(array("q", offsets), n, ndim), _as_box_tensor(array("q", sizes), n, ndim)
 
 
 def validate_shards(shards: Sequence[ShardMetadata], global_size: Sequence[int] | None = None) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from array import array
 
+import torch
 from torch.distributed.remote_device import _remote_device
 
 from .. import _C
@@ -24,6 +25,37 @@ def pack_shards(shards: list[ShardMetadata]) -> PackedShards:
         raise ValueError(f"Found inconsistent ranks for shards: {shards[0]} and {shards[first_bad]}")
     names = ["" if p is None else str(p) for p in placements]
     return (len(shards), ndim, offsets, sizes, names, which)
+
+
+def pack_layout_of(st) -> PackedShards:
+    """The layout of ``st``'s impl in the encoding of :func:`pack_shards`, read from the impl's buffers
+    (no ShardMetadata objects)."""
+    from . import _state
+
+    with _state._plain():
+        offsets, sizes, index, names, _owners, _chunk_dim = torch.ops.torch_shard._layout(st)
+    count, ndim = offsets.shape
+    return (
+        count,
+        ndim,
+        offsets.contiguous().numpy().tobytes(),
+        sizes.contiguous().numpy().tobytes(),
+        list(names),
+        index.contiguous().numpy().tobytes(),
+    )
+
+
+def unpack_boxes(packed: PackedShards) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[str]]:
+    """(offsets, sizes, placement index, distinct placement names) of a packed layout as the int64
+    tensors the op schemas take, without building ShardMetadata objects."""
+    count, ndim, offsets_bytes, sizes_bytes, placements, which_bytes = packed
+    tensors = []
+    for data, shape in ((offsets_bytes, (count, ndim)), (sizes_bytes, (count, ndim)), (which_bytes, (count,))):
+        if len(data) != 8 * count * (ndim if len(shape) == 2 else 1):
+            raise ValueError("corrupt packed shard layout: buffer sizes do not match the shard count")
+        values = torch.frombuffer(bytearray(data), dtype=torch.int64) if data else torch.empty(0, dtype=torch.int64)
+        tensors.append(values.view(shape))
+    return tensors[0], tensors[1], tensors[2], list(placements)
 
 
 def _new_shard_metadata(offsets: list[int], sizes: list[int], placement) -> ShardMetadata:

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
+from torch.distributed.remote_device import _remote_device
 
 from . import _packing, _state
-from .metadata import ShardedTensorMetadata, TensorProperties
+from .metadata import TensorProperties
 from .shard import Shard
 
 
@@ -62,12 +63,34 @@ def _rebuild_sharded_tensor(
         saved, current = getattr(pg_state, field), getattr(now, field)
         if saved != current:
             raise RuntimeError(f"{label} at save time was {saved}, but at load time was {current}")
+    from .._native import LayoutArgs
     from ._construction import build
+    from .utils import _PlacementResolver
 
-    shards_md = _packing.unpack_shards(packed_shards)
-    metadata = ShardedTensorMetadata(shards_md, torch.Size(size), properties)
-    local_shards = [Shard(tensor, shards_md[idx]) for tensor, idx in zip(local_tensors, local_indices)]
-    st = build(cls, local_shards, list(local_indices), metadata, sharding_spec, pg)
+    # The layout goes to the impl as buffers (validated there); ShardMetadata objects are made for
+    # the local shards only (metadata() builds the rest from the impl when asked).
+    offsets, sizes, index, names = _packing.unpack_boxes(packed_shards)
+    parsed = [_remote_device(name) if name else None for name in names]
+    if len(local_tensors) != len(local_indices) or any(not 0 <= i < len(index) for i in local_indices):
+        raise ValueError("corrupt ShardedTensor pickle: local shard indices do not match the layout")
+    which = index.tolist()
+    local_shards = [
+        Shard(tensor, _packing._new_shard_metadata(offsets[i].tolist(), sizes[i].tolist(), parsed[which[i]]))
+        for tensor, i in zip(local_tensors, local_indices)
+    ]
+    resolve = _PlacementResolver(pg)
+    owners = [resolve.owner(p) if p is not None else -1 for p in parsed]
+    st = build(
+        cls,
+        local_shards,
+        list(local_indices),
+        None,
+        sharding_spec,
+        pg,
+        layout_args=LayoutArgs(None, offsets, sizes, index, names, owners),
+        size=torch.Size(size),
+        properties=properties,
+    )
     st._post_init(init_rrefs)
     return st
 
@@ -81,16 +104,23 @@ class _Pickling:
             dist.get_rank(pg), dist.get_rank(), dist.get_world_size(pg), dist.get_world_size()
         )
         view = _state.read_state(self)
-        metadata = self.metadata()
+        dtype, requires_grad, size = _state._tensor_facts(self)
+        properties = TensorProperties(
+            dtype=dtype,
+            layout=torch.strided,
+            requires_grad=requires_grad,
+            memory_format=torch.contiguous_format,
+            pin_memory=view.pin_memory,
+        )
         return (
             _rebuild_sharded_tensor,
             (
                 type(self),
                 list(view.tensors),
                 list(view.indices),
-                _packing.pack_shards(metadata.shards_metadata),
-                tuple(metadata.size),
-                metadata.tensor_properties,
+                _packing.pack_layout_of(self),
+                tuple(size),
+                properties,
                 pg_state,
                 self.sharding_spec(),
                 self._init_rrefs,
