@@ -178,6 +178,25 @@ class TestImplIsTheTruth(ShardedTensorTestBase):
             self.assertEqual(out, expected)
 
     @with_comms(init_rpc=False)
+    def test_corrupt_pickles_raise(self):
+        st = _shard_tensor(torch.rand(8, 4), _rows())
+        rebuild, args = st.__reduce_ex__(2)
+        self.assertEqual(rebuild(*args).local_tensor(), st.local_tensor())
+        bad_index = list(args)
+        bad_index[2] = [99]
+        with self.assertRaisesRegex(ValueError, "local shard indices do not match the layout"):
+            rebuild(*bad_index)
+        count, ndim, offsets, sizes, names, which = args[3]
+        truncated = list(args)
+        truncated[3] = (count, ndim, offsets[:-8], sizes, names, which)
+        with self.assertRaisesRegex(ValueError, "buffer sizes do not match the shard count"):
+            rebuild(*truncated)
+        overlapping = list(args)
+        overlapping[3] = (count, ndim, bytes(len(offsets)), sizes, names, which)  # every box at 0
+        with self.assertRaises(ValueError):
+            rebuild(*overlapping)
+
+    @with_comms(init_rpc=False)
     def test_assigning_the_local_shard_list(self):
         st = sharded_tensor.zeros(_rows(8), 16, 4)
         first, second = st.local_shards()
