@@ -372,6 +372,25 @@ class TestPlanCacheAndRounds(ShardedTensorTestBase):
         self.assertEqual(st.local_tensor(), big[:, self.rank * 256 : (self.rank + 1) * 256])
 
     @with_comms(init_rpc=False)
+    def test_slot_history_is_per_group_object(self):
+        """Every new group starts from the minimum slot, also one created after another was destroyed,
+        and builds its own history."""
+        n = 512
+        full = torch.rand(n, n, generator=torch.Generator().manual_seed(3))
+        for _ in range(2):
+            group = dist.new_group(list(range(WORLD)))
+            st = _shard_tensor(full, _rows(), process_group=group)
+            rounds = []
+            for spec in (_cols(), _rows(), _cols()):
+                _ops._comm_stats(True)
+                st.reshard(spec)
+                rounds.append(_ops._comm_stats(False)[2])
+            self.assertEqual(rounds, [2, 1, 1])
+            self.assertEqual(st.local_tensor(), full[:, self.rank * n // 4 : (self.rank + 1) * n // 4])
+            del st
+            dist.destroy_process_group(group)
+
+    @with_comms(init_rpc=False)
     def test_gather_converts_into_out_and_fills_non_contiguous_out(self):
         full = torch.arange(48, dtype=torch.int64).view(6, 8)
         st = _shard_tensor(full, _cols())

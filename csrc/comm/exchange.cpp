@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <iterator>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -63,10 +64,10 @@ constexpr int64_t kHeaderBytes = kHeaderWords * static_cast<int64_t>(sizeof(int6
 // next slot to its largest message, rounded up, between kMinSlotBytes and kMaxSlotBytes; any other
 // op, or one that failed, sets it back to kMinSlotBytes. So a training loop that reshards the same
 // medium-sized tensor every step moves it in ONE all-to-all from the second step on, and a sparse op
-// (a gather) never pays for a big slot twice. The state is keyed by the group's name, which every
-// member knows by the same name, and is updated before any verdict can raise; groups without a name
-// keep the minimum. The cap stays where packing into the slot still beats a second round (above it
-// the whole-buffer all-to-all of round 2 sends from and into the shards without copies).
+// (a gather) never pays for a big slot twice. The state is kept per process-group object (see
+// SlotHistory) and updated before any verdict can raise. The cap stays where packing into the slot
+// still beats a second round (above it the whole-buffer all-to-all of round 2 sends from and into the
+// shards without copies).
 constexpr int64_t kMinSlotBytes = 16384;
 constexpr int64_t kMaxSlotBytes = int64_t{256} << 10;
 
@@ -86,24 +87,36 @@ static_assert(kValue0 + kAgreedValues == kHeaderWords, "header layout");
 static_assert(kHeaderBytes % 16 == 0, "slots must stay aligned for every dtype");
 
 // See NOTE [ Slot size from the group's history ].
+// Entries are per group OBJECT: a group destroyed and created again under the same name (in a process
+// that lives on, beside processes that start fresh) starts from the minimum on every member. An entry
+// holds a weak reference, which keeps the object's memory (not the group) reserved, so no other group
+// can appear at that address while the entry exists; entries of destroyed groups are dropped.
 class SlotHistory {
 public:
-  int64_t slot_for(const std::string& group) {
+  int64_t slot_for(c10d::ProcessGroup& group) {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto it = next_.find(group);
-    return it == next_.end() ? kMinSlotBytes : it->second;
-  }
-  void record(const std::string& group, int64_t slot) {
-    if (group.empty()) {
-      return;
+    auto it = next_.find(&group);
+    if (it == next_.end() || it->second.group.lock().get() != &group) {
+      return kMinSlotBytes;
     }
+    return it->second.slot;
+  }
+  void record(c10d::ProcessGroup& group, int64_t slot) {
     std::lock_guard<std::mutex> lock(mutex_);
-    next_[group] = slot;
+    for (auto it = next_.begin(); it != next_.end();) {
+      it = it->second.group.expired() ? next_.erase(it) : std::next(it);
+    }
+    auto strong = c10::intrusive_ptr<c10d::ProcessGroup>::reclaim_copy(&group);
+    next_.insert_or_assign(&group, Entry{c10::weak_intrusive_ptr<c10d::ProcessGroup>(strong), slot});
   }
 
 private:
+  struct Entry {
+    c10::weak_intrusive_ptr<c10d::ProcessGroup> group;
+    int64_t slot;
+  };
   std::mutex mutex_;
-  std::unordered_map<std::string, int64_t> next_;
+  std::unordered_map<const c10d::ProcessGroup*, Entry> next_;
 };
 
 SlotHistory& slot_history() {
@@ -321,8 +334,7 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
 
   // ---- Round 1: header + slot to every peer --------------------------------------------------------
   const c10::Device device = comm_device(pg);
-  const std::string& group_name = pg.getGroupName();
-  const int64_t slot_bytes = slot_history().slot_for(group_name);
+  const int64_t slot_bytes = slot_history().slot_for(pg);
   const int64_t block_bytes = kHeaderBytes + slot_bytes;
   bool fits = !error;
   int64_t out_degree = 0;  // peers this rank has a message for
@@ -379,7 +391,7 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
   const int64_t* t = table.view(at::kLong).const_data_ptr<int64_t>();
   auto field = [&](int64_t rank, int64_t f) { return t[rank * kHeaderWords + f]; };
   // Before anything can raise: every rank of the group records the same next slot size.
-  slot_history().record(group_name, next_slot_size(field, world));
+  slot_history().record(pg, next_slot_size(field, world));
   if (error) {
     std::rethrow_exception(error);
   }
