@@ -108,21 +108,20 @@ def build(
             local_indices = _match_local_indices(local_shards, metadata.shards_metadata)
     if layout_args is None or local_indices is None or size is None or properties is None:
         raise TypeError("build: without metadata, layout_args, local_indices, size and properties are needed")
-    props = properties
     raw = _ops._make_sharded(
         [shard.tensor for shard in local_shards],
         local_indices,
         list(size),
         *layout_args,
-        props.dtype,
+        properties.dtype,
         None if local_shards or group_name else torch.device("cpu"),
-        props.pin_memory,
+        properties.pin_memory,
         group_name,
         rank,
         world,
         validate,
     )
-    obj = torch.Tensor._make_subclass(cls, raw, props.requires_grad)
+    obj = torch.Tensor._make_subclass(cls, raw, properties.requires_grad)
     obj._init_python_state(process_group)
     _state.seed(obj, metadata, local_shards, local_indices)
     _state.set_spec(obj, sharding_spec)

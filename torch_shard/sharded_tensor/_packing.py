@@ -1,17 +1,14 @@
 """Compact encoding of shard metadata lists for the wire and for pickles.
 
-N ShardMetadata objects become two int64 buffers (offsets, sizes), the distinct placement strings,
-and one index per shard into them. Encoding and decoding cost O(N) with no per-shard Python objects
-beyond the decoded ShardMetadata, and each distinct placement is parsed once. Only plain types
-(bytes, str, int, tuples, lists) appear, so pickles stay loadable with ``weights_only=True``.
+N shards (ShardMetadata objects, or the impl's layout) become two int64 buffers (offsets, sizes),
+the distinct placement strings, and one index per shard into them; decoding gives back the int64
+tensors the op schemas take, with no per-shard Python objects. Only plain types (bytes, str, int,
+tuples, lists) appear, so pickles stay loadable with ``weights_only=True``.
 """
 
 from __future__ import annotations
 
-from array import array
-
 import torch
-from torch.distributed.remote_device import _remote_device
 
 from .. import _C
 from ..metadata import ShardMetadata
@@ -58,25 +55,3 @@ def unpack_boxes(packed: PackedShards) -> tuple[torch.Tensor, torch.Tensor, torc
     return tensors[0], tensors[1], tensors[2], list(placements)
 
 
-def _new_shard_metadata(offsets: list[int], sizes: list[int], placement) -> ShardMetadata:
-    # The values were validated when they were first built; skip __init__'s per-field checks.
-    md = ShardMetadata.__new__(ShardMetadata)
-    md.shard_offsets = offsets
-    md.shard_sizes = sizes
-    md.placement = placement
-    return md
-
-
-def unpack_shards(packed: PackedShards) -> list[ShardMetadata]:
-    count, ndim, offsets_bytes, sizes_bytes, placements, which_bytes = packed
-    offsets, sizes, which = array("q"), array("q"), array("q")
-    offsets.frombytes(offsets_bytes)
-    sizes.frombytes(sizes_bytes)
-    which.frombytes(which_bytes)
-    parsed = [None if p == "" else _remote_device(p) for p in placements]
-    return [
-        _new_shard_metadata(
-            list(offsets[i * ndim : (i + 1) * ndim]), list(sizes[i * ndim : (i + 1) * ndim]), parsed[which[i]]
-        )
-        for i in range(count)
-    ]

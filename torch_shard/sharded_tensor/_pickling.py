@@ -75,7 +75,7 @@ def _rebuild_sharded_tensor(
         raise ValueError("corrupt ShardedTensor pickle: local shard indices do not match the layout")
     which = index.tolist()
     local_shards = [
-        Shard(tensor, _packing._new_shard_metadata(offsets[i].tolist(), sizes[i].tolist(), parsed[which[i]]))
+        Shard(tensor, _state._new_shard_metadata(offsets[i].tolist(), sizes[i].tolist(), parsed[which[i]]))
         for tensor, i in zip(local_tensors, local_indices)
     ]
     resolve = _PlacementResolver(pg)
@@ -104,14 +104,6 @@ class _Pickling:
             dist.get_rank(pg), dist.get_rank(), dist.get_world_size(pg), dist.get_world_size()
         )
         view = _state.read_state(self)
-        dtype, requires_grad, size = _state._tensor_facts(self)
-        properties = TensorProperties(
-            dtype=dtype,
-            layout=torch.strided,
-            requires_grad=requires_grad,
-            memory_format=torch.contiguous_format,
-            pin_memory=view.pin_memory,
-        )
         return (
             _rebuild_sharded_tensor,
             (
@@ -119,8 +111,8 @@ class _Pickling:
                 list(view.tensors),
                 list(view.indices),
                 _packing.pack_layout_of(self),
-                tuple(size),
-                properties,
+                tuple(_state._tensor_facts(self)[2]),
+                _state.properties_of(self, view.pin_memory),
                 pg_state,
                 self.sharding_spec(),
                 self._init_rrefs,

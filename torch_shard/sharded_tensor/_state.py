@@ -132,15 +132,19 @@ def metadata_from_impl(st, pin_memory: bool) -> ShardedTensorMetadata:
         _new_shard_metadata(off, size, parsed[i])
         for off, size, i in zip(offsets.tolist(), sizes.tolist(), index.tolist())
     ]
-    dtype, requires_grad, size = _tensor_facts(st)
-    properties = TensorProperties(
+    return ShardedTensorMetadata(shards, _tensor_facts(st)[2], properties_of(st, pin_memory))
+
+
+def properties_of(st, pin_memory: bool) -> TensorProperties:
+    """The TensorProperties of ``st``'s impl (strided, contiguous, as every shard is)."""
+    dtype, requires_grad, _size = _tensor_facts(st)
+    return TensorProperties(
         dtype=dtype,
         layout=torch.strided,
         requires_grad=requires_grad,
         memory_format=torch.contiguous_format,
         pin_memory=pin_memory,
     )
-    return ShardedTensorMetadata(shards, size, properties)
 
 
 def _fresh_view(st) -> StateView:
