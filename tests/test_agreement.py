@@ -8,6 +8,7 @@ call on the same process group still works.
 
 import torch
 import torch.nn.functional as F
+from _shared import assert_group_still_works
 
 from torch_shard import _shard_tensor, sharded_tensor
 from torch_shard.sharded_tensor import Shard, init_from_local_shards
@@ -24,21 +25,13 @@ def _cols():
 
 
 class TestOneBadRank(ShardedTensorTestBase):
-    def _group_still_works(self):
-        full = torch.arange(32.0).view(8, 4)
-        st = _shard_tensor(full, _rows())
-        out = torch.zeros(8, 4) if self.rank == 0 else None
-        st.gather(0, out)
-        if self.rank == 0:
-            self.assertEqual(out, full)
-
     @with_comms(init_rpc=False)
     def test_reshard_with_a_different_spec_on_one_rank(self):
         st = sharded_tensor.rand(_rows(), 8, 8)
         target = _rows() if self.rank == 2 else _cols()
         with self.assertRaisesRegex(ValueError, "does not match"):
             st.reshard(target)
-        self._group_still_works()
+        assert_group_still_works(self)
 
     @with_comms(init_rpc=False)
     def test_reshard_to_an_invalid_spec_on_one_rank(self):
@@ -48,7 +41,7 @@ class TestOneBadRank(ShardedTensorTestBase):
             st.reshard(target)
         # The tensor is untouched on every rank.
         self.assertEqual(st.metadata().shards_metadata[1].shard_offsets, [2, 0])
-        self._group_still_works()
+        assert_group_still_works(self)
 
     @with_comms(init_rpc=False)
     def test_gather_with_out_on_a_non_destination_rank(self):
@@ -56,7 +49,7 @@ class TestOneBadRank(ShardedTensorTestBase):
         out = torch.zeros(8, 4) if self.rank in (0, 3) else None
         with self.assertRaises(ValueError):
             st.gather(0, out)
-        self._group_still_works()
+        assert_group_still_works(self)
 
     @with_comms(init_rpc=False)
     def test_gather_with_different_destinations(self):
@@ -65,14 +58,14 @@ class TestOneBadRank(ShardedTensorTestBase):
         out = torch.zeros(8, 4) if self.rank == dst else None
         with self.assertRaisesRegex(ValueError, "does not match"):
             st.gather(dst, out)
-        self._group_still_works()
+        assert_group_still_works(self)
 
     @with_comms(init_rpc=False)
     def test_shard_tensor_of_a_different_size_on_one_rank(self):
         full = torch.rand(10, 4) if self.rank == 1 else torch.rand(8, 4)
         with self.assertRaises(ValueError):
             _shard_tensor(full, _rows())
-        self._group_still_works()
+        assert_group_still_works(self)
 
     @with_comms(init_rpc=False)
     def test_init_from_local_shards_with_a_bad_shard_on_one_rank(self):
@@ -80,7 +73,7 @@ class TestOneBadRank(ShardedTensorTestBase):
         shards = [Shard(torch.zeros(rows, 4), ShardMetadata([2 * self.rank, 0], [rows, 4], placement(self.rank)))]
         with self.assertRaises(ValueError):
             init_from_local_shards(shards, 8, 4)
-        self._group_still_works()
+        assert_group_still_works(self)
 
     @with_comms(init_rpc=False)
     def test_embedding_bag_with_an_out_of_range_id_on_one_rank(self):
@@ -92,7 +85,7 @@ class TestOneBadRank(ShardedTensorTestBase):
         expected = "Index out of range" if self.rank == 3 else "rank 3 of the process group rejected"
         with self.assertRaisesRegex(ValueError, expected):
             F.embedding_bag(ids, weight, mode="sum")
-        self._group_still_works()
+        assert_group_still_works(self)
 
 
 if __name__ == "__main__":

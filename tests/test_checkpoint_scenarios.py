@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from _shared import grid_spec
 from torch import nn
 from torch.distributed._shard import shard_parameter as up_shard_parameter
 from torch.distributed._shard import sharded_tensor as up_sharded_tensor
@@ -78,20 +79,6 @@ def _rows_plan(plan, ncols: int = 1):
     """EnumerableShardingSpec of (offset, length) row blocks, block i on rank i (upstream's plans)."""
     return EnumerableShardingSpec(
         [ShardMetadata([o, 0], [n, ncols], placement(rank)) for rank, (o, n) in enumerate(plan)]
-    )
-
-
-def _grid(rows: int, cols: int, order=(0, 1, 2, 3)):
-    """A 2 x 2 grid of blocks (torch.chunk split of each dim), block (i, j) on rank order[2 * i + j]."""
-    r0, c0 = -(-rows // 2), -(-cols // 2)
-    boxes = [
-        ([0, 0], [r0, c0]),
-        ([0, c0], [r0, cols - c0]),
-        ([r0, 0], [rows - r0, c0]),
-        ([r0, c0], [rows - r0, cols - c0]),
-    ]
-    return EnumerableShardingSpec(
-        [ShardMetadata(o, s, placement(rank)) for (o, s), rank in zip(boxes, order)]
     )
 
 
@@ -223,7 +210,7 @@ class TestCheckpointScenarios(ShardedTensorTestBase):
         for load_spec in (_chunks(0, (3, 1)), _chunks(1, (1, 3))):
             self._save_load(full, _chunks(0, range(4)), load_spec, "4 ranks -> group {1, 3}", load_pg=sub)
         # The group {1, 3} saves; all 4 ranks load, into rows and into a 2 x 2 grid.
-        for load_spec in (_chunks(0, range(4)), _grid(9, 6)):
+        for load_spec in (_chunks(0, range(4)), grid_spec(9, 6)):
             self._save_load(full, _chunks(1, (3, 1)), load_spec, "group {1, 3} -> 4 ranks", save_pg=sub)
         # A subset of the default group's ranks (0 and 2) holds the tensor; 1 and 3 hold nothing.
         subset = _chunks(0, (2, 0))
@@ -236,8 +223,8 @@ class TestCheckpointScenarios(ShardedTensorTestBase):
     def test_2d_grid_to_rows_and_cols(self):
         full = (torch.arange(7 * 5) - 17).to(torch.int32).view(7, 5)
         specs = {
-            "grid": _grid(7, 5),
-            "grid_transposed": _grid(7, 5, order=(0, 2, 1, 3)),
+            "grid": grid_spec(7, 5),
+            "grid_transposed": grid_spec(7, 5, order=(0, 2, 1, 3)),
             "rows": _chunks(0, range(4)),
             "cols": _chunks(1, (1, 2, 3, 0)),
         }
@@ -276,11 +263,11 @@ class TestCheckpointScenarios(ShardedTensorTestBase):
         path = self._tmp_dir()
         dcp.save({"w": _make(full, _chunks(1, range(4)))}, checkpoint_id=path)
         self._assert_metadata_in_bounds(path, "w", [7, 5])
-        target = sharded_tensor.zeros(_grid(7, 5), 7, 5, dtype=torch.int64)
+        target = sharded_tensor.zeros(grid_spec(7, 5), 7, 5, dtype=torch.int64)
         self._load({"w": target}, path)
         self._assert_holds(target, full, "trailing empty chunk")
         # ... and loaded into a layout with trailing empty chunks (3 rows over 4 ranks, 6 over 4).
-        self._save_load(full, _grid(7, 5), _chunks(1, (3, 2, 1, 0)), "load into empty chunks")
+        self._save_load(full, grid_spec(7, 5), _chunks(1, (3, 2, 1, 0)), "load into empty chunks")
         short = full[:3]
         self._save_load(short, _chunks(1, range(4)), _chunks(0, range(4)), "empty chunks both sides")
 
@@ -354,7 +341,7 @@ def _linear(seed: int) -> nn.Linear:
 
 
 def _upstream_grid(rows: int, cols: int):
-    spec = _grid(rows, cols)
+    spec = grid_spec(rows, cols)
     return UpEnumerableShardingSpec(
         [UpShardMetadata(m.shard_offsets, m.shard_sizes, str(m.placement)) for m in spec.shards]
     )
@@ -387,7 +374,7 @@ class TestCrossLibraryCheckpoints(ShardedTensorTestBase):
         ours = {
             "rows_permuted": _chunks(0, (2, 0, 3, 1)),
             "cols": _chunks(1, range(4)),  # trailing empty chunk past the end
-            "grid": _grid(7, 5),
+            "grid": grid_spec(7, 5),
         }
         for mesh, placements in dtensor_layouts:
             # DTensor saves, torch_shard loads.
@@ -418,7 +405,7 @@ class TestCrossLibraryCheckpoints(ShardedTensorTestBase):
         ours = {
             "rows": _chunks(0, range(4)),
             "cols": _chunks(1, (1, 0, 3, 2)),  # trailing empty chunk past the end
-            "grid_transposed": _grid(7, 5, order=(0, 2, 1, 3)),
+            "grid_transposed": grid_spec(7, 5, order=(0, 2, 1, 3)),
         }
         for up_name, up_spec in theirs.items():
             # Upstream saves, torch_shard loads.
@@ -481,8 +468,8 @@ class TestCrossLibraryCheckpoints(ShardedTensorTestBase):
         up_rows = UpChunkShardingSpec(dim=0, placements=[placement(r) for r in range(4)])
         pairs = [
             ("torch_shard -> DTensor", ours(1, _chunks(0, (3, 2, 1, 0))), dtensor(2, [DShard(1)])),
-            ("DTensor -> torch_shard", dtensor(1, [DShard(0)]), ours(2, _grid(10, 12))),
-            ("torch_shard -> upstream", ours(1, _grid(10, 12)), upstream(2, up_rows)),
+            ("DTensor -> torch_shard", dtensor(1, [DShard(0)]), ours(2, grid_spec(10, 12))),
+            ("torch_shard -> upstream", ours(1, grid_spec(10, 12)), upstream(2, up_rows)),
             ("upstream -> torch_shard", upstream(1, up_rows), ours(2, _chunks(1, (1, 3, 0, 2)))),
         ]
         for msg, source, target in pairs:

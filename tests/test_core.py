@@ -12,6 +12,7 @@ import pickle
 
 import torch
 import torch.distributed as dist
+from _shared import assert_group_still_works
 
 from torch_shard import _shard_tensor, sharded_tensor
 from torch_shard.sharded_tensor import Shard, ShardedTensor
@@ -39,14 +40,6 @@ def _boxes(offsets, sizes):
 
 
 class TestDirectOpsAreSafe(ShardedTensorTestBase):
-    def _group_still_works(self):
-        full = torch.arange(32.0).view(8, 4)
-        st = _shard_tensor(full, _rows())
-        out = torch.zeros(8, 4) if self.rank == 0 else None
-        st.gather(0, out)
-        if self.rank == 0:
-            self.assertEqual(out, full)
-
     @with_comms(init_rpc=False)
     def test_reshard_op_with_a_different_layout_on_one_rank(self):
         st = sharded_tensor.rand(_rows(), 8, 8)
@@ -57,7 +50,7 @@ class TestDirectOpsAreSafe(ShardedTensorTestBase):
         # Nothing was written on any rank.
         self.assertEqual(st.local_tensor(), before)
         self.assertEqual(st.metadata().shards_metadata[1].shard_offsets, [2, 0])
-        self._group_still_works()
+        assert_group_still_works(self)
 
     @with_comms(init_rpc=False)
     def test_reshard_op_to_a_target_that_does_not_tile(self):
@@ -70,7 +63,7 @@ class TestDirectOpsAreSafe(ShardedTensorTestBase):
         offsets, sizes = _boxes([[0, 0], [3, 0]], [[4, 4], [5, 4]])
         with self.assertRaisesRegex(ValueError, "overlap"):
             _ops.reshard(st, None, offsets, sizes, None, _names([0, 1]), [0, 1])
-        self._group_still_works()
+        assert_group_still_works(self)
 
     @with_comms(init_rpc=False)
     def test_gather_op_with_different_destinations(self):
@@ -81,7 +74,7 @@ class TestDirectOpsAreSafe(ShardedTensorTestBase):
             _ops.gather(st, dst, out)
         if out is not None:
             self.assertEqual(out, torch.zeros(8, 4))  # untouched
-        self._group_still_works()
+        assert_group_still_works(self)
 
     @with_comms(init_rpc=False)
     def test_gather_op_out_errors(self):
@@ -91,7 +84,7 @@ class TestDirectOpsAreSafe(ShardedTensorTestBase):
             _ops.gather(st, 0, out)
         with self.assertRaises(IndexError):
             _ops.gather(st, 7 if self.rank == 2 else 0, torch.zeros(8, 4) if self.rank == 0 else None)
-        self._group_still_works()
+        assert_group_still_works(self)
 
     @with_comms(init_rpc=False)
     def test_shard_op_with_arguments_that_differ(self):
@@ -115,7 +108,7 @@ class TestDirectOpsAreSafe(ShardedTensorTestBase):
         bad = [0, 1, 2, 9] if self.rank == 2 else owners
         with self.assertRaises(IndexError):
             _ops.shard(tensor, 0, [8, 4], torch.float32, 0, None, None, None, names, bad, False, group)
-        self._group_still_works()
+        assert_group_still_works(self)
 
     @with_comms(init_rpc=False)
     def test_ranks_running_different_ops_raise_together(self):
@@ -125,7 +118,7 @@ class TestDirectOpsAreSafe(ShardedTensorTestBase):
                 _ops.gather(st, 0, torch.zeros(8, 4))
             else:
                 _ops.reshard(st, 1, None, None, None, _names(range(WORLD)), list(range(WORLD)))
-        self._group_still_works()
+        assert_group_still_works(self)
 
     @with_comms(init_rpc=False)
     def test_shard_op_scatters_an_enumerable_layout(self):

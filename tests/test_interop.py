@@ -9,6 +9,7 @@ from unittest import mock
 
 import torch
 import torch.distributed as dist
+from _shared import grid_spec
 from torch.distributed._shard import sharded_tensor as up_sharded_tensor
 from torch.distributed._shard.sharding_spec import (
     ChunkShardingSpec as UpChunkShardingSpec,
@@ -34,20 +35,6 @@ from torch_shard.testing import ShardedTensorTestBase, placement, run_tests, wit
 
 def _chunks(dim, ranks):
     return ChunkShardingSpec(dim=dim, placements=[placement(r) for r in ranks])
-
-
-def _grid(rows, cols, order=(0, 1, 2, 3)):
-    """2 x 2 blocks split like torch.chunk; block (i, j) on rank order[2 * i + j]."""
-    r0, c0 = -(-rows // 2), -(-cols // 2)
-    boxes = [
-        ([0, 0], [r0, c0]),
-        ([0, c0], [r0, cols - c0]),
-        ([r0, 0], [rows - r0, c0]),
-        ([r0, c0], [rows - r0, cols - c0]),
-    ]
-    return EnumerableShardingSpec(
-        [ShardMetadata(o, s, placement(rank)) for (o, s), rank in zip(boxes, order)]
-    )
 
 
 def _box(full, md):
@@ -116,8 +103,8 @@ class TestToDTensor(ShardedTensorTestBase):
         mesh = init_device_mesh(self.device_type, (2, 2))
         full = torch.arange(7 * 5, dtype=torch.float32).view(7, 5)
         cases = [
-            (_grid(7, 5), [DShard(0), DShard(1)]),
-            (_grid(7, 5, order=(0, 2, 1, 3)), [DShard(1), DShard(0)]),
+            (grid_spec(7, 5), [DShard(0), DShard(1)]),
+            (grid_spec(7, 5, order=(0, 2, 1, 3)), [DShard(1), DShard(0)]),
             # A nested split of one dim is 4 chunks when the sizes line up (7 -> 4 + 3 -> 2 + 2 + 2 + 1;
             # not in general: 5 -> 3 + 2 -> 2 + 1 + 1 + 1 where torch.chunk gives 2 + 2 + 1 + 0).
             (_chunks(0, range(4)), [DShard(0), DShard(0)]),
@@ -142,11 +129,11 @@ class TestToDTensor(ShardedTensorTestBase):
         cases = [
             (_chunks(0, (3, 1, 0, 2)), mesh1, [DShard(0)]),  # permuted placements
             (_chunks(0, range(4)), mesh1, [DShard(1)]),  # rows -> columns
-            (_grid(9, 6), mesh1, [DShard(0)]),
+            (grid_spec(9, 6), mesh1, [DShard(0)]),
             (_chunks(0, range(4)), mesh2, [DShard(0), DShard(1)]),
             (_chunks(1, (2, 3)), mesh2, [DShard(1), DShard(0)]),  # two ranks hold nothing
             (_chunks(0, range(4)), mesh1, [Replicate()]),
-            (_grid(9, 6), mesh2, [DShard(0), Replicate()]),
+            (grid_spec(9, 6), mesh2, [DShard(0), Replicate()]),
             (_chunks(1, range(4)), mesh2, [Replicate(), Replicate()]),
         ]
         for spec, mesh, placements in cases:
@@ -424,7 +411,7 @@ class TestUpstream(ShardedTensorTestBase):
         full = torch.arange(7 * 5, dtype=torch.int64).view(7, 5) + 2**40
         cases = {
             "rows": _chunks(0, (1, 0, 3, 2)),
-            "grid": _grid(7, 5),
+            "grid": grid_spec(7, 5),
             # The last chunk is empty at offset 6 (past the end): upstream keeps it at offset 5.
             "cols_trailing_empty": _chunks(1, range(4)),
             "empty_inside": EnumerableShardingSpec(

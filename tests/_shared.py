@@ -1,0 +1,31 @@
+"""Helpers several test modules share (imported as a sibling module, like ``_harness_cases``)."""
+
+from __future__ import annotations
+
+import torch
+
+from torch_shard import _shard_tensor
+from torch_shard.sharding_spec import ChunkShardingSpec, EnumerableShardingSpec, ShardMetadata
+from torch_shard.testing import placement
+
+
+def grid_spec(rows: int, cols: int, order=(0, 1, 2, 3)) -> EnumerableShardingSpec:
+    """A 2 x 2 grid of blocks (torch.chunk split of each dim), block (i, j) on rank order[2 * i + j]."""
+    r0, c0 = -(-rows // 2), -(-cols // 2)
+    boxes = [
+        ([0, 0], [r0, c0]),
+        ([0, c0], [r0, cols - c0]),
+        ([r0, 0], [rows - r0, c0]),
+        ([r0, c0], [rows - r0, cols - c0]),
+    ]
+    return EnumerableShardingSpec([ShardMetadata(o, s, placement(rank)) for (o, s), rank in zip(boxes, order)])
+
+
+def assert_group_still_works(case) -> None:
+    """After an op raised on every rank, the default group still runs a scatter and a gather."""
+    full = torch.arange(32.0).view(8, 4)
+    st = _shard_tensor(full, ChunkShardingSpec(dim=0, placements=[placement(r) for r in range(4)]))
+    out = torch.zeros(8, 4) if case.rank == 0 else None
+    st.gather(0, out)
+    if case.rank == 0:
+        case.assertEqual(out, full)
