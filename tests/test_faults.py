@@ -1,11 +1,14 @@
-"""Faults after the agreement round: the other ranks raise within the process group's timeout.
+"""Faults around the agreement round: the other ranks raise instead of hanging.
 
 The agreement round makes every argument error raise on every rank. What it cannot prevent is a rank
 that fails later, once every rank has agreed and the data moves: a bug, a lost device, a killed
 process. Then the other ranks must still raise (a timeout or a closed connection from the backend)
 instead of hanging. The test-only hook ``torch.ops.torch_shard._inject_fault(op, action)`` (NOTE
 [ Fault injection ] in csrc/comm/exchange.cpp) makes this process's next exchange of ``op`` fail right
-after the agreement: "raise" throws, "exit" ends the process on the spot (exit code 43).
+after the agreement: "raise" throws, "exit" ends the process on the spot (exit code 43). With
+"exit_before" the process ends as it enters the exchange, so its peers run the agreement round without
+it: on a small CPU group that round goes through a hub (group rank 0, NOTE [ Round 1 through a hub ]),
+which must tell the others that the rank is gone.
 
 These tests start their own 4 processes (not the shared multi-process harness) because one scenario
 needs a rank that is EXPECTED to die, and all of them a short process-group timeout and a teardown
@@ -46,18 +49,18 @@ def _placements():
     return [f"rank:{r}/cpu" for r in range(WORLD)]
 
 
-def _reshard_scenario(rank: int, action: str):
+def _reshard_scenario(rank: int, action: str, fault_rank: int):
     """Every rank reshards rows -> columns of a tensor large enough that every rank sends every peer
     more than the agreement round's 16 KiB slot: the data moves in round 2, where everyone waits for
     the faulty rank's messages."""
     tensor = torch.arange(256 * 512, dtype=torch.float32).view(256, 512)
     st = torch_shard._shard_tensor(tensor, ChunkShardingSpec(dim=0, placements=_placements()))
-    if rank == FAULT_RANK:
+    if rank == fault_rank:
         torch.ops.torch_shard._inject_fault("reshard", action)
     st.reshard(ChunkShardingSpec(dim=1, placements=_placements()))
 
 
-def _embedding_scenario(rank: int, action: str):
+def _embedding_scenario(rank: int, action: str, fault_rank: int):
     """Sharded embedding_bag: the inputs are shared in ONE round (small), then the results travel in
     an all-to-all derived from them. The faulty rank fails after agreeing on the inputs, so the
     others complete the sharing and then wait for it in the all-to-all."""
@@ -65,7 +68,7 @@ def _embedding_scenario(rank: int, action: str):
         torch.randn(16, 8, generator=torch.Generator().manual_seed(0)),
         ChunkShardingSpec(dim=0, placements=_placements()),
     )
-    if rank == FAULT_RANK:
+    if rank == fault_rank:
         torch.ops.torch_shard._inject_fault("share_inputs", action)
     F.embedding_bag(torch.tensor([1, 5, 9, 13]), weight, torch.tensor([0, 2]), mode="sum")
 
@@ -73,7 +76,7 @@ def _embedding_scenario(rank: int, action: str):
 SCENARIOS = {"reshard": _reshard_scenario, "embedding": _embedding_scenario}
 
 
-def _rank_main(rank: int, store_path: str, scenario: str, action: str, conn) -> None:
+def _rank_main(rank: int, store_path: str, scenario: str, action: str, fault_rank: int, conn) -> None:
     """One rank: run the scenario, report (outcome, exception class, message, seconds in the op)."""
     try:
         dist.init_process_group(
@@ -82,7 +85,7 @@ def _rank_main(rank: int, store_path: str, scenario: str, action: str, conn) -> 
         store = dist.distributed_c10d._get_default_store()
         start = time.monotonic()
         try:
-            SCENARIOS[scenario](rank, action)
+            SCENARIOS[scenario](rank, action, fault_rank)
             report = ("ok", "", "", time.monotonic() - start)
         except Exception as exc:  # noqa: BLE001 - reported to the parent
             report = ("raised", type(exc).__name__, str(exc), time.monotonic() - start)
@@ -90,8 +93,8 @@ def _rank_main(rank: int, store_path: str, scenario: str, action: str, conn) -> 
                 report = ("raised", type(exc).__name__, traceback.format_exc(), time.monotonic() - start)
         # The faulty rank stays in the group until the others have finished (else they would see a
         # closed connection instead of waiting for it): it waits for their marks in the store.
-        if rank == FAULT_RANK:
-            store.wait([f"done{r}" for r in range(WORLD) if r != FAULT_RANK], timedelta(seconds=LAUNCH_DEADLINE_S))
+        if rank == fault_rank:
+            store.wait([f"done{r}" for r in range(WORLD) if r != fault_rank], timedelta(seconds=LAUNCH_DEADLINE_S))
         else:
             store.set(f"done{rank}", "1")
         conn.send(report)
@@ -103,7 +106,7 @@ def _rank_main(rank: int, store_path: str, scenario: str, action: str, conn) -> 
     os._exit(0)
 
 
-def _launch(scenario: str, action: str) -> tuple[dict[int, tuple], list[int | None]]:
+def _launch(scenario: str, action: str, fault_rank: int = FAULT_RANK) -> tuple[dict[int, tuple], list[int | None]]:
     """Run ``scenario`` on WORLD fresh processes; (reports by rank, exit codes). A rank that sent no
     report (it died) has none; a rank still running at the deadline is killed (exit code < 0)."""
     ctx = multiprocessing.get_context("spawn")
@@ -113,7 +116,7 @@ def _launch(scenario: str, action: str) -> tuple[dict[int, tuple], list[int | No
     try:
         for rank in range(WORLD):
             parent, child = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_rank_main, args=(rank, store_path, scenario, action, child), daemon=True)
+            proc = ctx.Process(target=_rank_main, args=(rank, store_path, scenario, action, fault_rank, child), daemon=True)
             proc.start()
             child.close()
             procs.append(proc)
@@ -140,9 +143,9 @@ def _launch(scenario: str, action: str) -> tuple[dict[int, tuple], list[int | No
 
 
 class TestFaultsAfterAgreement(TestCase):
-    def _check_peers_raised(self, reports, exit_codes):
+    def _check_peers_raised(self, reports, exit_codes, fault_rank=FAULT_RANK):
         for rank in range(WORLD):
-            if rank == FAULT_RANK:
+            if rank == fault_rank:
                 continue
             self.assertIn(rank, reports, f"rank {rank} sent no report (exit code {exit_codes[rank]})")
             kind, cls, message, seconds = reports[rank]
@@ -172,6 +175,27 @@ class TestFaultsAfterAgreement(TestCase):
     def test_rank_exiting_in_round_two(self):
         self._check_exit("reshard")
 
+    def test_rank_exiting_before_the_agreement(self):
+        # The hub (rank 0) finds rank 2's connection closed and tells ranks 1 and 3, so all three raise
+        # the same error naming it, instead of ranks 1 and 3 waiting on the hub.
+        reports, exit_codes = _launch("reshard", "exit_before")
+        self.assertNotIn(FAULT_RANK, reports)
+        self.assertEqual(exit_codes[FAULT_RANK], INJECTED_EXIT_CODE, f"reports {reports}")
+        self._check_peers_raised(reports, exit_codes)
+        for rank, (_, cls, message, _) in reports.items():
+            self.assertEqual(cls, "DistBackendError", f"rank {rank}: {message}")
+            self.assertIn(
+                f"torch_shard.reshard: rank {FAULT_RANK} of the process group did not take part in the agreement round",
+                message,
+            )
+
+    def test_hub_exiting_before_the_agreement(self):
+        # The hub itself is gone: every other rank's round-1 message to it fails.
+        reports, exit_codes = _launch("reshard", "exit_before", fault_rank=0)
+        self.assertNotIn(0, reports)
+        self.assertEqual(exit_codes[0], INJECTED_EXIT_CODE, f"reports {reports}")
+        self._check_peers_raised(reports, exit_codes, fault_rank=0)
+
     def test_rank_raising_after_sharing_embedding_inputs(self):
         self._check_raise("embedding")
 
@@ -183,7 +207,7 @@ class TestFaultHook(unittest.TestCase):
     """The hook's own argument checks (no process group needed)."""
 
     def test_arguments(self):
-        with self.assertRaisesRegex(ValueError, "action must be 'raise', 'exit' or 'none'"):
+        with self.assertRaisesRegex(ValueError, "action must be 'raise', 'exit', 'exit_before' or 'none'"):
             torch.ops.torch_shard._inject_fault("reshard", "explode")
         with self.assertRaisesRegex(ValueError, "unknown data op 'scatter'"):
             torch.ops.torch_shard._inject_fault("scatter", "raise")

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <iterator>
 #include <mutex>
 #include <sstream>
@@ -52,6 +53,7 @@ namespace comm {
 // Measured here (4 gloo ranks, 2 cores): an all-to-all costs the same up to ~16 KiB per peer, about
 // 3x less than an all-gather of the same header, so the slot makes small ops single-round for free.
 // The slot grows for dense patterns that repeat: see NOTE [ Slot size from the group's history ].
+// On small CPU groups round 1 does not run as an all-to-all at all: see NOTE [ Round 1 through a hub ].
 constexpr int64_t kHeaderWords = 10;
 constexpr int64_t kHeaderBytes = kHeaderWords * static_cast<int64_t>(sizeof(int64_t));
 
@@ -70,6 +72,24 @@ constexpr int64_t kHeaderBytes = kHeaderWords * static_cast<int64_t>(sizeof(int6
 // shards without copies).
 constexpr int64_t kMinSlotBytes = 16384;
 constexpr int64_t kMaxSlotBytes = int64_t{256} << 10;
+
+// NOTE [ Round 1 through a hub ]
+// What a gloo collective costs on a small CPU group is mostly per-message work (socket calls and
+// thread hand-offs, each paid by every process), not bytes: measured here with 4 ranks, an all-to-all
+// of 1-64 KiB per peer (12 messages) took 1.6-2.1 ms, while the same blocks sent to one rank and sent
+// back from it (6 point-to-point messages, two hops) took 0.55-0.8 ms. So on CPU groups of at most
+// kHubMaxWorld ranks, round 1 goes through a hub, group rank 0: every other rank sends it its whole
+// round-1 send buffer (all W blocks: header + slot for each destination); the hub then sends each
+// rank exactly the W blocks an all-to-all would have delivered to it (block p: what rank p addressed
+// to it). Every rank ends with the same receive buffer as after the all-to-all, so the verdict, the
+// slots and round 2 are unchanged; small payloads between two non-hub ranks are relayed by the hub.
+// The mode depends only on the group (device, size) and the agreed slot size, never on arguments, so
+// all ranks pick the same one. Larger groups (the hub's bytes grow with W^2), CUDA (NCCL's
+// all-to-all is one kernel) and grown slots (repeated dense ops: the data is better sent directly)
+// keep the all-to-all. A peer that is gone (its connection broke) is reported by the hub to everyone
+// as lost, so no rank waits on it.
+constexpr int64_t kHubMaxWorld = 8;
+constexpr int64_t kHub = 0;
 
 namespace {
 
@@ -154,6 +174,8 @@ const char* error_class_name(ErrorCode code) {
       return "NotImplementedError";
     case ErrorCode::kRuntimeError:
       return "RuntimeError";
+    case ErrorCode::kLost:
+      return "DistBackendError";
     default:
       return "error";
   }
@@ -161,6 +183,12 @@ const char* error_class_name(ErrorCode code) {
 
 [[noreturn]] void raise_peer_failure(OpKind op, ErrorCode code, int64_t rank) {
   std::ostringstream msg;
+  if (code == ErrorCode::kLost) {
+    msg << "torch_shard." << op_name(op) << ": rank " << rank
+        << " of the process group did not take part in the agreement round (its connection broke: "
+           "the process ended or the network failed); every rank stops here instead of waiting for it";
+    C10_THROW_ERROR(DistBackendError, msg.str());
+  }
   msg << "torch_shard." << op_name(op) << ": rank " << rank
       << " of the process group rejected its arguments; every rank stops here instead of waiting "
          "for it (see the "
@@ -216,33 +244,104 @@ at::Tensor whole_buffer(const std::vector<int64_t>& splits,
   return first.as_strided({total}, {1}, first.storage_offset());
 }
 
+// True when round 1 goes through the hub. See NOTE [ Round 1 through a hub ].
+bool hub_round_one(c10::Device device, int64_t world, int64_t slot_bytes) {
+  return device.is_cpu() && world >= 2 && world <= kHubMaxWorld && slot_bytes == kMinSlotBytes;
+}
+
+// Round 1 through the hub: leaves in `recv1` what an all-to-all of `send1` (W blocks of `block` bytes,
+// block p for rank p) would have. See NOTE [ Round 1 through a hub ].
+void hub_exchange(c10d::ProcessGroup& pg, OpKind op, const at::Tensor& recv1, const at::Tensor& send1,
+                  int64_t block) {
+  const int64_t world = pg.getSize();
+  const int64_t me = pg.getRank();
+  comm_stats().collectives += 1;
+  if (me != kHub) {
+    auto sent = send_bytes(pg, send1, kHub);
+    auto received = recv_bytes(pg, recv1, kHub);
+    sent->wait();
+    received->wait();
+    return;
+  }
+  const int64_t message = world * block;
+  // stash[p]: rank p's whole send buffer (the hub's own is send1).
+  at::Tensor stash = workspace(world * message, send1.device(), 3).view({world, world, block});
+  std::vector<c10::intrusive_ptr<c10d::Work>> incoming(world);
+  for (int64_t p = 0; p < world; ++p) {
+    if (p != me) {
+      incoming[p] = recv_bytes(pg, stash.select(0, p).view({message}), p);
+    }
+  }
+  stash.select(0, me).view({message}).copy_(send1);
+  for (int64_t p = 0; p < world; ++p) {
+    if (p == me) {
+      continue;
+    }
+    try {
+      incoming[p]->wait();
+    } catch (const std::exception&) {
+      // The peer is gone: every rank hears it from its header, so none waits on it.
+      int64_t header[kHeaderWords] = {};
+      header[kOp] = static_cast<int64_t>(op);
+      header[kError] = static_cast<int64_t>(ErrorCode::kLost);
+      at::Tensor blocks = stash.select(0, p);
+      for (int64_t d = 0; d < world; ++d) {
+        std::memcpy(blocks.select(0, d).data_ptr(), header, kHeaderBytes);
+      }
+    }
+  }
+  // out[d][p] = stash[p][d]: what rank d receives from rank p.
+  at::Tensor out = workspace(world * message, send1.device(), 4).view({world, world, block});
+  out.copy_(stash.transpose(0, 1));
+  recv1.copy_(out.select(0, me).view({message}));
+  std::vector<c10::intrusive_ptr<c10d::Work>> outgoing;
+  for (int64_t d = 0; d < world; ++d) {
+    if (d != me) {
+      try {
+        outgoing.push_back(send_bytes(pg, out.select(0, d).view({message}), d));
+      } catch (const std::exception&) {
+        // A lost peer; the others still get their blocks (and the verdict names it).
+      }
+    }
+  }
+  for (auto& work : outgoing) {
+    try {
+      work->wait();
+    } catch (const std::exception&) {
+    }
+  }
+}
+
 // NOTE [ Fault injection ]
-// TEST-ONLY. The fault tests need a rank that fails AFTER the agreement round, which no bad argument
-// can cause (that is what the agreement is for): a bug, a lost device, a killed process.
+// TEST-ONLY. The fault tests need a rank that fails where no bad argument can make it fail (that is
+// what the agreement is for): a bug, a lost device, a killed process.
 // torch.ops.torch_shard._inject_fault(op, action) arms one such failure for this process's next
-// exchange of data op `op`: right after the verdict, when its peers have agreed and go on to move data
-// without it, "raise" throws a RuntimeError and "exit" ends the process at once
-// (std::_Exit(kInjectedExitCode): no unwinding, no goodbye to the peers, like a crash). It fires once.
-// Unarmed, it costs one relaxed atomic load per data op.
+// exchange of data op `op`. Right after the verdict, when its peers have agreed and go on to move data
+// without it: "raise" throws a RuntimeError and "exit" ends the process at once
+// (std::_Exit(kInjectedExitCode): no unwinding, no goodbye to the peers, like a crash).
+// "exit_before" ends the process as it enters the exchange, before round 1, so its peers run the
+// agreement without it. It fires once. Unarmed, it costs one relaxed atomic load per data op.
 std::atomic<bool> fault_armed{false};
 std::mutex fault_mutex;
 std::string fault_op;     // guarded by fault_mutex
 std::string fault_action; // guarded by fault_mutex
 
-void fault_point(OpKind op, int64_t me) {
+// `before_agreement`: the point at the start of the exchange (only "exit_before" fires there).
+void fault_point(OpKind op, int64_t me, bool before_agreement) {
   if (C10_LIKELY(!fault_armed.load(std::memory_order_relaxed))) {
     return;
   }
   std::string action;
   {
     std::lock_guard<std::mutex> lock(fault_mutex);
-    if (!fault_armed.load() || (!fault_op.empty() && fault_op != op_name(op))) {
+    if (!fault_armed.load() || (!fault_op.empty() && fault_op != op_name(op)) ||
+        before_agreement != (fault_action == "exit_before")) {
       return;
     }
     action = fault_action;
     fault_armed = false;
   }
-  if (action == "exit") {
+  if (action == "exit" || action == "exit_before") {
     std::_Exit(kInjectedExitCode);
   }
   TORCH_CHECK(false, "torch_shard.", op_name(op), ": injected fault on rank ", me,
@@ -256,9 +355,9 @@ void inject_fault_op(c10::string_view op, c10::string_view action) {
 } // namespace
 
 void inject_fault(const std::string& op, const std::string& action) {
-  TORCH_CHECK_VALUE(action == "raise" || action == "exit" || action == "none",
-                    "torch_shard._inject_fault: action must be 'raise', 'exit' or 'none', got '", action,
-                    "'");
+  TORCH_CHECK_VALUE(action == "raise" || action == "exit" || action == "exit_before" || action == "none",
+                    "torch_shard._inject_fault: action must be 'raise', 'exit', 'exit_before' or 'none', got '",
+                    action, "'");
   bool known = op.empty();
   for (OpKind kind : {OpKind::kShard, OpKind::kGather, OpKind::kReshard, OpKind::kShareInputs,
                       OpKind::kInitFromLocalShards, OpKind::kCompare}) {
@@ -333,6 +432,7 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
   }
 
   // ---- Round 1: header + slot to every peer --------------------------------------------------------
+  fault_point(op, me, /*before_agreement=*/true); // test-only; see NOTE [ Fault injection ]
   const c10::Device device = comm_device(pg);
   const int64_t slot_bytes = slot_history().slot_for(pg);
   const int64_t block_bytes = kHeaderBytes + slot_bytes;
@@ -382,9 +482,13 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
       }
     }
   }
-  std::vector<int64_t> splits(world, block_bytes);
-  std::vector<int64_t> recv_splits = splits;
-  all_to_all_bytes(pg, recv1, send1, recv_splits, splits);
+  if (hub_round_one(device, world, slot_bytes)) {
+    hub_exchange(pg, op, recv1, send1, block_bytes);
+  } else {
+    std::vector<int64_t> splits(world, block_bytes);
+    std::vector<int64_t> recv_splits = splits;
+    all_to_all_bytes(pg, recv1, send1, recv_splits, splits);
+  }
 
   // ---- Verdict ---------------------------------------------------------------------------------------
   at::Tensor table = recv1.view({world, block_bytes}).narrow(1, 0, kHeaderBytes).cpu().contiguous();
@@ -413,7 +517,7 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
     }
   }
   check(all, me);
-  fault_point(op, me); // test-only; see NOTE [ Fault injection ]
+  fault_point(op, me, /*before_agreement=*/false); // test-only; see NOTE [ Fault injection ]
 
   // ---- Moves -----------------------------------------------------------------------------------------
   std::vector<int64_t> declared(world, 0);

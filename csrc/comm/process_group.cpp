@@ -88,7 +88,7 @@ c10::intrusive_ptr<c10d::Work> recv_bytes(c10d::ProcessGroup& pg, const at::Tens
 // CUDA buffers go through the caching allocator, which already reuses memory. Data ops run to
 // completion before returning, so a workspace is never in use twice at once.
 constexpr int64_t kMaxCachedBytes = int64_t{256} << 20;
-constexpr int kWorkspaceSlots = 3;
+constexpr int kWorkspaceSlots = 5; // 0-2: the exchange's rounds; 3-4: the hub of round 1
 
 at::Tensor workspace(int64_t bytes, c10::Device device, int slot) {
   TORCH_INTERNAL_ASSERT(slot >= 0 && slot < kWorkspaceSlots);
