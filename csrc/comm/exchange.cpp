@@ -355,9 +355,10 @@ void inject_fault_op(c10::string_view op, c10::string_view action) {
 } // namespace
 
 void inject_fault(const std::string& op, const std::string& action) {
-  TORCH_CHECK_VALUE(action == "raise" || action == "exit" || action == "exit_before" || action == "none",
-                    "torch_shard._inject_fault: action must be 'raise', 'exit', 'exit_before' or 'none', got '",
-                    action, "'");
+  TORCH_CHECK_VALUE(
+      action == "raise" || action == "exit" || action == "exit_before" || action == "none",
+      "torch_shard._inject_fault: action must be 'raise', 'exit', 'exit_before' or 'none', got '", action,
+      "'");
   bool known = op.empty();
   for (OpKind kind : {OpKind::kShard, OpKind::kGather, OpKind::kReshard, OpKind::kShareInputs,
                       OpKind::kInitFromLocalShards, OpKind::kCompare}) {
