@@ -103,9 +103,11 @@ TORCH_LIBRARY(torch_shard, m) {
   m.def("_clear_plan_cache() -> ()");
   // TEST-ONLY (NOTE [ Fault injection ], csrc/comm/exchange.cpp): this process's next exchange of data
   // op `op` ("" for any: "shard", "gather", "reshard", "share_inputs", ...) fails right after the
-  // agreement round; action "raise" (RuntimeError) or "exit" (the process ends, exit code 43); "none"
-  // disarms.
+  // agreement round; action "raise" (RuntimeError) or "exit" (the process ends, exit code 43), or
+  // "exit_before" (the process ends before round 1); "none" disarms.
   m.def("_inject_fault(str op, str action) -> ()");
+  // TEST-ONLY: "all_to_all" turns off NOTE [ Round 1 through a hub ] in this process ("auto": on).
+  m.def("_set_round_one(str mode) -> ()");
 }
 
 PyMethodDef* torch_shard_python_methods(); // csrc/bindings.cpp

@@ -365,6 +365,61 @@ class TestPlanCacheAndRounds(ShardedTensorTestBase):
         self.assertEqual(st.local_tensor(), big[:, self.rank * 256 : (self.rank + 1) * 256])
 
     @with_comms(init_rpc=False)
+    def test_round_one_through_the_hub_matches_the_all_to_all(self):
+        """NOTE [ Round 1 through a hub ]: the same ops, round counts, results and errors whether round
+        1 goes through group rank 0 or runs as an all-to-all, on the whole group and on a sub-group
+        whose hub is global rank 1."""
+        sub = dist.new_group([1, 3])
+        gen = torch.Generator().manual_seed(4)
+        small, medium = torch.rand(64, 64, generator=gen), torch.rand(512, 512, generator=gen)
+
+        def run():
+            seen = []
+
+            def step(fn):
+                _ops._comm_stats(True)
+                result = fn()
+                seen.append(_ops._comm_stats(False)[2])  # rounds
+                return result
+
+            for full in (small, medium):
+                n = full.size(0)
+                st = step(lambda full=full: _shard_tensor(full, _rows()))
+                self.assertEqual(st.local_tensor(), full[self.rank * n // 4 : (self.rank + 1) * n // 4])
+                step(lambda st=st: st.reshard(_cols()))
+                self.assertEqual(st.local_tensor(), full[:, self.rank * n // 4 : (self.rank + 1) * n // 4])
+                out = torch.empty(n, n) if self.rank == 2 else None
+                step(lambda st=st, out=out: st.gather(2, out))
+                if self.rank == 2:
+                    self.assertEqual(out, full)
+            with self.assertRaises(IndexError):  # rank 3's dst is out of range: every rank raises
+                st.gather(7 if self.rank == 3 else 0, torch.empty(512, 512) if self.rank == 0 else None)
+            if self.rank in (1, 3):
+                spec = ChunkShardingSpec(dim=1, placements=["rank:3/cpu", "rank:1/cpu"])
+                st = step(lambda: _shard_tensor(small, spec, src_rank=1, process_group=sub))  # group rank
+                half = 0 if self.rank == 3 else 1
+                self.assertEqual(st.local_tensor(), small[:, half * 32 : (half + 1) * 32])
+                out = torch.empty(64, 64) if self.rank == 1 else None
+                step(lambda: st.gather(0, out))  # group rank 0: global rank 1
+                if self.rank == 1:
+                    self.assertEqual(out, small)
+            return seen
+
+        try:
+            rounds = {}
+            for mode in ("all_to_all", "auto"):
+                _ops._set_round_one(mode)
+                rounds[mode] = run()
+            self.assertEqual(rounds["auto"], rounds["all_to_all"])
+            self.assertEqual(rounds["auto"][:3], [1, 1, 1])  # 64^2: every op in one round
+        finally:
+            _ops._set_round_one("auto")
+        with self.assertRaisesRegex(ValueError, "mode must be 'auto' or 'all_to_all'"):
+            _ops._set_round_one("ring")
+        assert_group_still_works(self)
+        dist.destroy_process_group(sub)
+
+    @with_comms(init_rpc=False)
     def test_slot_history_is_per_group_object(self):
         """Every new group starts from the minimum slot, also one created after another was destroyed,
         and builds its own history."""

@@ -44,17 +44,21 @@ namespace comm {
 //   Round 2 (only if some rank's payload did not fit): the senders that did not fit send their
 //   messages with the sizes they declared in round 1; receivers size their buffers from those
 //   declarations, so the sizes on the wire always match. Each header also says to how many peers
-//   its sender will send in round 2, so every rank knows the total number of messages and picks the
-//   same collective: on the CPU (gloo), point-to-point between the pairs that exchange data when the
-//   pattern is sparse (a scatter is one-to-many, a gather many-to-one: measured on 4 ranks this beat
-//   gloo's all-to-all, scatter and gather), one all-to-all when it is dense (there gloo's all-to-all
-//   won at medium sizes). On CUDA (NCCL) it is always one all-to-all.
+//   its sender will send in round 2 and its largest message, so every rank knows the pattern and
+//   picks the same collective: on the CPU (gloo), point-to-point between the pairs that exchange
+//   data when the pattern is sparse (a scatter is one-to-many, a gather many-to-one: measured on 4
+//   ranks this beat gloo's all-to-all, scatter and gather) or when some message reaches
+//   kPointToPointFromBytes (each message is packed while the previous ones travel: a 2048^2 / 4096^2
+//   rows->columns reshard took 0.8-0.95x the time of the all-to-all), one all-to-all otherwise (a
+//   dense pattern of medium messages: there gloo's all-to-all won). On CUDA (NCCL) it is always one
+//   all-to-all.
 //
 // Measured here (4 gloo ranks, 2 cores): an all-to-all costs the same up to ~16 KiB per peer, about
 // 3x less than an all-gather of the same header, so the slot makes small ops single-round for free.
 // The slot grows for dense patterns that repeat: see NOTE [ Slot size from the group's history ].
 // On small CPU groups round 1 does not run as an all-to-all at all: see NOTE [ Round 1 through a hub ].
 constexpr int64_t kHeaderWords = 10;
+constexpr int64_t kPointToPointFromBytes = int64_t{256} << 10;
 constexpr int64_t kHeaderBytes = kHeaderWords * static_cast<int64_t>(sizeof(int64_t));
 
 // NOTE [ Slot size from the group's history ]
@@ -244,9 +248,19 @@ at::Tensor whole_buffer(const std::vector<int64_t>& splits,
   return first.as_strided({total}, {1}, first.storage_offset());
 }
 
+// TEST-ONLY (benchmarks, tests): false makes round 1 an all-to-all everywhere. Set alike on every rank.
+std::atomic<bool> hub_allowed{true};
+
 // True when round 1 goes through the hub. See NOTE [ Round 1 through a hub ].
 bool hub_round_one(c10::Device device, int64_t world, int64_t slot_bytes) {
-  return device.is_cpu() && world >= 2 && world <= kHubMaxWorld && slot_bytes == kMinSlotBytes;
+  return hub_allowed.load(std::memory_order_relaxed) && device.is_cpu() && world >= 2 &&
+         world <= kHubMaxWorld && slot_bytes == kMinSlotBytes;
+}
+
+void set_round_one(c10::string_view mode) {
+  TORCH_CHECK_VALUE(mode == "auto" || mode == "all_to_all",
+                    "torch_shard._set_round_one: mode must be 'auto' or 'all_to_all', got '", mode, "'");
+  hub_allowed = mode == "auto";
 }
 
 // Round 1 through the hub: leaves in `recv1` what an all-to-all of `send1` (W blocks of `block` bytes,
@@ -543,7 +557,12 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
   for (int64_t r = 0; r < world; ++r) {
     messages += field(r, kFits) == 0 ? field(r, kPeers) : 0;
   }
-  const bool point_to_point = device.is_cpu() && messages <= 2 * (world - 1);
+  int64_t largest = 0; // the group's largest message: the same on every rank
+  for (int64_t r = 0; r < world; ++r) {
+    largest = std::max(largest, field(r, kMaxMessage));
+  }
+  const bool point_to_point =
+      device.is_cpu() && (messages <= 2 * (world - 1) || largest >= kPointToPointFromBytes);
   stats.bytes_sent_to_peers += sent;
   stats.bytes_received_from_peers += received;
 
@@ -749,6 +768,7 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
 
 TORCH_LIBRARY_IMPL(torch_shard, CompositeImplicitAutograd, m) {
   m.impl("_inject_fault", TORCH_FN(comm::inject_fault_op));
+  m.impl("_set_round_one", TORCH_FN(comm::set_round_one));
 }
 
 } // namespace torch_shard
