@@ -90,8 +90,10 @@ constexpr int64_t kMaxSlotBytes = int64_t{256} << 10;
 // The mode depends only on the group (device, size) and the agreed slot size, never on arguments, so
 // all ranks pick the same one. Larger groups (the hub's bytes grow with W^2), CUDA (NCCL's
 // all-to-all is one kernel) and grown slots (repeated dense ops: the data is better sent directly)
-// keep the all-to-all. A peer that is gone (its connection broke) is reported by the hub to everyone
-// as lost, so no rank waits on it.
+// keep the all-to-all. A peer whose round-1 message fails to arrive (its process ended, its connection
+// broke, the group's timeout passed) is reported by the hub to everyone as lost (kLost), so no rank
+// waits on it; as after any timeout in c10d, the group should not be used again (a late message would
+// be taken for the next op's).
 constexpr int64_t kHubMaxWorld = 8;
 constexpr int64_t kHub = 0;
 
@@ -189,8 +191,9 @@ const char* error_class_name(ErrorCode code) {
   std::ostringstream msg;
   if (code == ErrorCode::kLost) {
     msg << "torch_shard." << op_name(op) << ": rank " << rank
-        << " of the process group did not take part in the agreement round (its connection broke: "
-           "the process ended or the network failed); every rank stops here instead of waiting for it";
+        << " of the process group did not take part in the agreement round (its message to the hub, "
+           "group rank 0, failed: the process ended, its connection broke or the group's timeout "
+           "passed); every rank stops here instead of waiting for it";
     C10_THROW_ERROR(DistBackendError, msg.str());
   }
   msg << "torch_shard." << op_name(op) << ": rank " << rank
