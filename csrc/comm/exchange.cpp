@@ -91,10 +91,11 @@ constexpr int64_t kMaxSlotBytes = int64_t{256} << 10;
 // all ranks pick the same one. Larger groups (the hub's bytes grow with W^2), CUDA (NCCL's
 // all-to-all is one kernel) and slots above kHubMaxSlotBytes keep the all-to-all: a repeated dense
 // reshard whose 64 KiB messages ride in round 1 was 0.87-0.93x as fast through the hub as by the
-// all-to-all, one of 256 KiB messages 1.1x slower (relaying doubles the bytes between non-hub ranks). A peer whose round-1 message fails to arrive (its process ended, its connection
-// broke, the group's timeout passed) is reported by the hub to everyone as lost (kLost), so no rank
-// waits on it; as after any timeout in c10d, the group should not be used again (a late message would
-// be taken for the next op's).
+// all-to-all, one of 256 KiB messages 1.1x slower (relaying doubles the bytes between non-hub ranks).
+// A peer whose round-1 message fails to arrive (its process ended, its connection broke, the group's
+// timeout passed) is reported by the hub to everyone as lost (kLost), so no rank waits on it; as after
+// any timeout in c10d, the group should not be used again (a late message would be taken for the next
+// op's).
 constexpr int64_t kHubMaxWorld = 8;
 constexpr int64_t kHubMaxSlotBytes = int64_t{64} << 10;
 constexpr int64_t kHub = 0;

@@ -90,7 +90,8 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
                               ErrorCode error_code, Moves* moves, const Check& check);
 
 // TEST-ONLY: arms a failure of this process in its next exchange of data op `op` ("" for any op):
-// `action` "raise" or "exit" (after the agreement), "exit_before" (before round 1), or "none" to disarm. See NOTE [ Fault injection ] in exchange.cpp.
+// `action` "raise" or "exit" (after the agreement), "exit_before" (before round 1), or "none" to
+// disarm. See NOTE [ Fault injection ] in exchange.cpp.
 void inject_fault(const std::string& op, const std::string& action);
 
 // The exit code of a process ended by an injected "exit" fault.
