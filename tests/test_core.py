@@ -303,17 +303,30 @@ class TestPlanCacheAndRounds(ShardedTensorTestBase):
 
     @with_comms(init_rpc=False)
     def test_small_ops_take_one_round_and_large_ones_two(self):
-        for n, rounds in ((64, 1), (512, 2)):
-            full = torch.rand(n, n)
+        """Payloads that fit the slot ride in round 1. A scatter from, or a gather to, group rank 0 (the
+        hub of round 1) rides in the hub's round-1 messages up to 1 MiB per rank (NOTE [ Payloads riding
+        the hub's messages ]); bigger messages, and dense patterns, take a second round."""
+
+        def rounds_of(step):
             _ops._comm_stats(True)
-            st = _shard_tensor(full, _rows())
-            out = torch.empty(n, n) if self.rank == 0 else None
-            st.gather(0, out)
-            st.reshard(_cols())
+            result = step()
             stats = _ops._comm_stats(False)
             collectives, single_round = stats[2], stats[5]
-            self.assertEqual(3 * rounds, collectives, f"{n}x{n}")
-            self.assertEqual(3 if rounds == 1 else 0, single_round, f"{n}x{n}")
+            self.assertEqual(collectives, 1 if single_round else 2)
+            return collectives, result
+
+        cases = (
+            (64, torch.float32, (1, 1, 1)),  # 4 KiB per rank: in the slots
+            (512, torch.float32, (1, 1, 2)),  # 256 KiB per rank: in the hub's messages; reshard is dense
+            (1024, torch.float64, (2, 2, 2)),  # 2 MiB per rank: above the cap
+        )
+        for n, dtype, expected in cases:
+            full = torch.rand(n, n, dtype=dtype)
+            scatter, st = rounds_of(lambda full=full: _shard_tensor(full, _rows()))
+            out = torch.empty(n, n, dtype=dtype) if self.rank == 0 else None
+            gather, _ = rounds_of(lambda st=st, out=out: st.gather(0, out))
+            reshard, _ = rounds_of(lambda st=st: st.reshard(_cols()))
+            self.assertEqual((scatter, gather, reshard), expected, f"{n}x{n}")
             if self.rank == 0:
                 self.assertEqual(out, full)
             self.assertEqual(st.local_tensor(), full[:, self.rank * n // 4 : (self.rank + 1) * n // 4])
@@ -345,16 +358,18 @@ class TestPlanCacheAndRounds(ShardedTensorTestBase):
         for spec, expected in ((_rows(), rows), (_cols(), cols), (_rows(), rows)):
             self.assertEqual(rounds_of(lambda spec=spec: st.reshard(spec)), 1)
             self.assertEqual(st.local_tensor(), expected)
-        out = torch.empty(n, n) if self.rank == 0 else None
-        self.assertEqual(rounds_of(lambda: st.gather(0, out)), 2)  # sparse, 256 KiB per sender
-        if self.rank == 0:
+        # To rank 2, not the hub: 256 KiB per sender take round 2, except the hub's own share, which
+        # rides in its round-1 reply to rank 2.
+        out = torch.empty(n, n) if self.rank == 2 else None
+        self.assertEqual(rounds_of(lambda: st.gather(2, out)), 1 if self.rank == 0 else 2)
+        if self.rank == 2:
             self.assertEqual(out, full)
-        self.assertEqual(rounds_of(lambda: st.reshard(_cols())), 2)  # the gather reset the slot
+        self.assertEqual(rounds_of(lambda: st.reshard(_cols())), 2)  # the sparse gather reset the slot
         self.assertEqual(st.local_tensor(), cols)
         # A failed op resets it too, on every rank alike.
         self.assertEqual(rounds_of(lambda: st.reshard(_rows())), 1)
         with self.assertRaises(IndexError):  # rank 1's dst is out of range
-            st.gather(4 if self.rank == 1 else 0, out)
+            st.gather(4 if self.rank == 1 else 0, torch.empty(n, n) if self.rank == 0 else None)
         self.assertEqual(rounds_of(lambda: st.reshard(_cols())), 2)
         self.assertEqual(st.local_tensor(), cols)
         # 512 KiB per peer: above the cap, every time.
@@ -392,8 +407,22 @@ class TestPlanCacheAndRounds(ShardedTensorTestBase):
                 step(lambda st=st, out=out: st.gather(2, out))
                 if self.rank == 2:
                     self.assertEqual(out, full)
+                out = torch.empty(n, n) if self.rank == 0 else None
+                step(lambda st=st, out=out: st.gather(0, out))  # to the hub
+                if self.rank == 0:
+                    self.assertEqual(out, full)
             with self.assertRaises(IndexError):  # rank 3's dst is out of range: every rank raises
                 st.gather(7 if self.rank == 3 else 0, torch.empty(512, 512) if self.rank == 0 else None)
+            # Mismatches where payloads would ride in the hub's round-1 messages: every rank raises and
+            # nothing is written (NOTE [ Payloads riding the hub's messages ]).
+            with self.assertRaisesRegex(ValueError, "sharding_spec on rank"):
+                _shard_tensor(medium, _cols() if self.rank == 3 else _rows())
+            out = torch.full((512, 512), -1.0) if self.rank == 0 else None
+            with self.assertRaisesRegex(ValueError, "dst="):
+                st.gather(1 if self.rank == 3 else 0, out)
+            if self.rank == 0:
+                self.assertTrue(bool((out == -1.0).all()))
+            self.assertEqual(st.local_tensor(), medium[:, self.rank * 128 : (self.rank + 1) * 128])
             if self.rank in (1, 3):
                 spec = ChunkShardingSpec(dim=1, placements=["rank:3/cpu", "rank:1/cpu"])
                 st = step(lambda: _shard_tensor(small, spec, src_rank=1, process_group=sub))  # group rank
@@ -410,8 +439,16 @@ class TestPlanCacheAndRounds(ShardedTensorTestBase):
             for mode in ("all_to_all", "auto"):
                 _ops._set_round_one(mode)
                 rounds[mode] = run()
-            self.assertEqual(rounds["auto"], rounds["all_to_all"])
-            self.assertEqual(rounds["auto"][:3], [1, 1, 1])  # 64^2: every op in one round
+            self.assertEqual(rounds["auto"][:4], [1, 1, 1, 1])  # 64^2: every op in one round
+            # 512^2 from and to the hub: in its round-1 messages; without the hub, a second round. In
+            # the gather to rank 2, the hub's own share rides in its reply to rank 2 (the others' take
+            # round 2).
+            riding = (4, 6, 7) if self.rank == 0 else (4, 7)
+            self.assertEqual([rounds["auto"][i] for i in riding], [1] * len(riding))
+            self.assertEqual([rounds["all_to_all"][i] for i in riding], [2] * len(riding))
+            for i, (auto, all_to_all) in enumerate(zip(rounds["auto"], rounds["all_to_all"])):
+                if i not in riding:
+                    self.assertEqual(auto, all_to_all, f"step {i}")
         finally:
             _ops._set_round_one("auto")
         with self.assertRaisesRegex(ValueError, "mode must be 'auto' or 'all_to_all'"):

@@ -57,7 +57,7 @@ namespace comm {
 // 3x less than an all-gather of the same header, so the slot makes small ops single-round for free.
 // The slot grows for dense patterns that repeat: see NOTE [ Slot size from the group's history ].
 // On small CPU groups round 1 does not run as an all-to-all at all: see NOTE [ Round 1 through a hub ].
-constexpr int64_t kHeaderWords = 10;
+constexpr int64_t kHeaderWords = 12;
 constexpr int64_t kPointToPointFromBytes = int64_t{256} << 10;
 constexpr int64_t kHeaderBytes = kHeaderWords * static_cast<int64_t>(sizeof(int64_t));
 
@@ -96,13 +96,47 @@ constexpr int64_t kMaxSlotBytes = int64_t{256} << 10;
 // timeout passed) is reported by the hub to everyone as lost (kLost), so no rank waits on it; as after
 // any timeout in c10d, the group should not be used again (a late message would be taken for the next
 // op's).
+// NOTE [ Hub messages ]
+// Through the hub, round-1 messages carry only what is used, not W fixed blocks: gloo accepts a
+// message shorter than the receive posted for it, so receivers post the largest possible size and
+// senders send what they have. Measured here, the fixed blocks (16 KiB of mostly unused slot per
+// peer) made every hub message ~66 KB and cost the hub a 264 KB transposition on the critical path.
+//   rank -> hub:  W headers (row d: the header addressed to rank d), then its payloads that fit their
+//                 slots in rank order, each at a multiple of 16 bytes, then a payload appended for the
+//                 hub (NOTE [ Payloads riding the hub's messages ]).
+//   hub -> rank d: the W headers addressed to d (row p: rank p's), then the payloads that fit from
+//                 every rank p to d in rank order (16-byte aligned), then the hub's appended payload.
+// Every size in it is in a header, so the receiver finds each payload without another message; the
+// hub checks the sizes a peer's headers claim against what it posted before using them as offsets.
 constexpr int64_t kHubMaxWorld = 8;
 constexpr int64_t kHubMaxSlotBytes = int64_t{64} << 10;
 constexpr int64_t kHub = 0;
 
+// NOTE [ Payloads riding the hub's messages ]
+// A message of round 2 is one more hop, and on gloo a hop whose receive is posted late costs a
+// rendezvous on top (the sender waits for the receiver's "ready" notice). A scatter from the hub or a
+// gather to it (the usual root, group rank 0) can skip that hop: the payload travels IN the round-1
+// message that already goes between the rank and the hub. gloo accepts a message shorter than the
+// receive posted for it (never a longer one), which makes this safe with arguments nobody has checked:
+//   * to the hub: a rank whose only message is for the hub, of at most kHubAppendMaxBytes, appends it
+//     to its round-1 message and says so in its header (kAppended). The hub posts every round-1
+//     receive kHubAppendMaxBytes larger than the blocks, so no sender can overrun it. The payload is
+//     read only after the verdict, like a slot.
+//   * from the hub: a rank that expects a payload from the hub of at most kHubAppendMaxBytes (and more
+//     than the slot) posts its round-1 receive that much larger and says so (kRoom). The hub already
+//     holds every header when it replies, so it reaches the verdict first; it appends a payload only
+//     when that verdict passes, the payload is exactly the room the receiver made, and the pattern is
+//     sparse (a dense reshard keeps its pipelined round 2 instead of packing before the replies). It
+//     tells the receiver in its own block (kAppended).
+// Both ends then skip that pair in round 2. The cap keeps the copies in and out of the round-1
+// buffers (a direct round-2 message needs none) cheaper than the hop they save.
+constexpr int64_t kHubAppendMaxBytes = int64_t{1} << 20;
+
 namespace {
 
 // kPeers: how many peers the sender has a message for; kMaxMessage: its largest message to a peer.
+// kRoom / kAppended: see NOTE [ Payloads riding the hub's messages ] (meaningful in the blocks between
+// a rank and the hub only).
 enum HeaderField : int64_t {
   kOp = 0,
   kError = 1,
@@ -110,7 +144,9 @@ enum HeaderField : int64_t {
   kBytes = 3,
   kPeers = 4,
   kMaxMessage = 5,
-  kValue0 = 6
+  kRoom = 6,
+  kAppended = 7,
+  kValue0 = 8
 };
 static_assert(kValue0 + kAgreedValues == kHeaderWords, "header layout");
 static_assert(kHeaderBytes % 16 == 0, "slots must stay aligned for every dtype");
@@ -269,10 +305,56 @@ void set_round_one(c10::string_view mode) {
   hub_allowed = mode == "auto";
 }
 
-// Round 1 through the hub: leaves in `recv1` what an all-to-all of `send1` (W blocks of `block` bytes,
-// block p for rank p) would have. See NOTE [ Round 1 through a hub ].
-void hub_exchange(c10d::ProcessGroup& pg, OpKind op, const at::Tensor& recv1, const at::Tensor& send1,
-                  int64_t block) {
+// The verdict every rank reaches from a header table (row r: rank r's header), without raising: no
+// rank failed, every rank runs `op`, and `check` accepts the agreed values. The hub needs it before
+// it replies (NOTE [ Payloads riding the hub's messages ]).
+bool agreed(const int64_t* table, int64_t world, OpKind op, const Check& check, int64_t me) {
+  std::vector<Values> all(world);
+  for (int64_t r = 0; r < world; ++r) {
+    const int64_t* row = table + r * kHeaderWords;
+    if (row[kError] != 0 || row[kOp] != static_cast<int64_t>(op)) {
+      return false;
+    }
+    for (int k = 0; k < kAgreedValues; ++k) {
+      all[r][k] = row[kValue0 + k];
+    }
+  }
+  try {
+    check(all, me);
+  } catch (const std::exception&) {
+    return false;
+  }
+  return true;
+}
+
+// What the hub appends to its replies (see NOTE [ Payloads riding the hub's messages ]).
+struct HubReplies {
+  // Given the headers of the blocks addressed to the hub (row p: rank p's), the payload bytes the hub
+  // appends to its reply to each rank (0: none).
+  std::function<std::vector<int64_t>(const int64_t* table)> payload_bytes;
+  // Writes the payload for `rank` into `into`.
+  std::function<void(int64_t rank, const at::Tensor& into)> pack;
+};
+
+// Payloads in a hub message start at multiples of 16 bytes (every dtype's alignment).
+int64_t padded16(int64_t bytes) {
+  return (bytes + 15) / 16 * 16;
+}
+
+// The largest round-1 message of a hub exchange before any appended payload: W headers and a
+// payload of at most the slot (a multiple of 16) for each peer.
+int64_t hub_message_bound(int64_t world, int64_t slot_bytes) {
+  return world * kHeaderBytes + (world - 1) * slot_bytes;
+}
+
+// Round 1 through the hub. See NOTE [ Round 1 through a hub ] for what it achieves and NOTE [ Hub
+// messages ] for the layout of `send1` and of what arrives in `recv1` (posted by the caller on a
+// non-hub; set here, to the hub's own share, on the hub). On the hub, returns each rank's whole
+// round-1 message (appended payloads sit right after its headers), and `appended_out` receives the
+// payload bytes the hub appended to each reply.
+std::vector<at::Tensor> hub_exchange(c10d::ProcessGroup& pg, OpKind op, at::Tensor& recv1,
+                                     const at::Tensor& send1, int64_t slot_bytes, const HubReplies& replies,
+                                     std::vector<int64_t>& appended_out) {
   const int64_t world = pg.getSize();
   const int64_t me = pg.getRank();
   comm_stats().collectives += 1;
@@ -281,47 +363,109 @@ void hub_exchange(c10d::ProcessGroup& pg, OpKind op, const at::Tensor& recv1, co
     auto received = recv_bytes(pg, recv1, kHub);
     sent->wait();
     received->wait();
-    return;
+    return {};
   }
-  const int64_t message = world * block;
-  // stash[p]: rank p's whole send buffer (the hub's own is send1).
-  at::Tensor stash = workspace(world * message, send1.device(), 3).view({world, world, block});
+  const int64_t headers_bytes = world * kHeaderBytes;
+  const int64_t longest = hub_message_bound(world, slot_bytes) + kHubAppendMaxBytes;
+  at::Tensor posted = workspace(world * longest, send1.device(), 3).view({world, longest});
+  std::vector<at::Tensor> message(world);
   std::vector<c10::intrusive_ptr<c10d::Work>> incoming(world);
   for (int64_t p = 0; p < world; ++p) {
     if (p != me) {
-      incoming[p] = recv_bytes(pg, stash.select(0, p).view({message}), p);
+      message[p] = posted.select(0, p);
+      incoming[p] = recv_bytes(pg, message[p], p);
     }
   }
-  stash.select(0, me).view({message}).copy_(send1);
+  message[me] = send1;
+  // head[(p * world + d) * kHeaderWords + f]: field f of rank p's header addressed to rank d.
+  std::vector<int64_t> head(world * world * kHeaderWords, 0);
+  auto hdr = [&](int64_t p, int64_t d, int64_t f) -> int64_t& {
+    return head[(p * world + d) * kHeaderWords + f];
+  };
+  // Where rank p's payload for rank d starts in p's message (-1: none there).
+  std::vector<int64_t> source(world * world, -1);
   for (int64_t p = 0; p < world; ++p) {
-    if (p == me) {
+    bool arrived = true;
+    if (p != me) {
+      try {
+        incoming[p]->wait();
+      } catch (const std::exception&) {
+        arrived = false;
+      }
+    }
+    if (arrived) {
+      std::memcpy(&hdr(p, 0, 0), message[p].const_data_ptr(), headers_bytes);
+      // The sizes come from another process: check them before they become offsets.
+      int64_t end = headers_bytes;
+      for (int64_t d = 0; d < world && arrived; ++d) {
+        const int64_t bytes = hdr(p, d, kBytes);
+        const int64_t appended = hdr(p, d, kAppended);
+        // Only a rank whose payloads did not fit appends one, and only for the hub.
+        arrived = bytes >= 0 && appended >= 0 && appended <= kHubAppendMaxBytes &&
+                  (appended == 0 || (d == me && hdr(p, d, kFits) == 0 && appended == bytes));
+        if (arrived && hdr(p, d, kFits) != 0 && d != p && bytes > 0) {
+          arrived = bytes <= slot_bytes;
+          source[p * world + d] = end;
+          end += padded16(bytes);
+        }
+      }
+      arrived = arrived && end <= hub_message_bound(world, slot_bytes);
+    }
+    if (!arrived) {
+      // The peer is gone (or sent what no torch_shard rank sends): every rank hears it from its header,
+      // so none waits on it.
+      for (int64_t d = 0; d < world; ++d) {
+        std::fill_n(&hdr(p, d, 0), kHeaderWords, 0);
+        hdr(p, d, kOp) = static_cast<int64_t>(op);
+        hdr(p, d, kError) = static_cast<int64_t>(ErrorCode::kLost);
+        source[p * world + d] = -1;
+      }
+    }
+  }
+  // The headers addressed to the hub decide what it appends for each rank.
+  std::vector<int64_t> table(world * kHeaderWords);
+  for (int64_t p = 0; p < world; ++p) {
+    std::memcpy(table.data() + p * kHeaderWords, &hdr(p, me, 0), kHeaderBytes);
+  }
+  appended_out = replies.payload_bytes(table.data());
+  TORCH_INTERNAL_ASSERT(static_cast<int64_t>(appended_out.size()) == world);
+  std::vector<int64_t> reply_at(world + 1, 0);
+  for (int64_t d = 0; d < world; ++d) {
+    int64_t size = headers_bytes + appended_out[d];
+    for (int64_t p = 0; p < world; ++p) {
+      size += source[p * world + d] >= 0 ? padded16(hdr(p, d, kBytes)) : 0;
+    }
+    reply_at[d + 1] = reply_at[d] + size;
+  }
+  at::Tensor reply = workspace(reply_at[world], send1.device(), 4);
+  std::vector<c10::intrusive_ptr<c10d::Work>> outgoing;
+  // Each reply goes out as soon as it is built; the hub's own share last.
+  for (int64_t k = 1; k <= world; ++k) {
+    const int64_t d = (me + k) % world;
+    char* base = static_cast<char*>(reply.data_ptr()) + reply_at[d];
+    int64_t at = headers_bytes;
+    for (int64_t p = 0; p < world; ++p) {
+      std::memcpy(base + p * kHeaderBytes, &hdr(p, d, 0), kHeaderBytes);
+      if (const int64_t from = source[p * world + d]; from >= 0) {
+        std::memcpy(base + at, static_cast<const char*>(message[p].const_data_ptr()) + from,
+                    static_cast<size_t>(hdr(p, d, kBytes)));
+        at += padded16(hdr(p, d, kBytes));
+      }
+    }
+    at::Tensor whole = reply.narrow(0, reply_at[d], reply_at[d + 1] - reply_at[d]);
+    if (appended_out[d] > 0) {
+      // The hub's own header to d says how much follows.
+      reinterpret_cast<int64_t*>(base + me * kHeaderBytes)[kAppended] = appended_out[d];
+      replies.pack(d, whole.narrow(0, at, appended_out[d]));
+    }
+    if (d == me) {
+      recv1 = whole;
       continue;
     }
     try {
-      incoming[p]->wait();
+      outgoing.push_back(send_bytes(pg, whole, d));
     } catch (const std::exception&) {
-      // The peer is gone: every rank hears it from its header, so none waits on it.
-      int64_t header[kHeaderWords] = {};
-      header[kOp] = static_cast<int64_t>(op);
-      header[kError] = static_cast<int64_t>(ErrorCode::kLost);
-      at::Tensor blocks = stash.select(0, p);
-      for (int64_t d = 0; d < world; ++d) {
-        std::memcpy(blocks.select(0, d).data_ptr(), header, kHeaderBytes);
-      }
-    }
-  }
-  // out[d][p] = stash[p][d]: what rank d receives from rank p.
-  at::Tensor out = workspace(world * message, send1.device(), 4).view({world, world, block});
-  out.copy_(stash.transpose(0, 1));
-  recv1.copy_(out.select(0, me).view({message}));
-  std::vector<c10::intrusive_ptr<c10d::Work>> outgoing;
-  for (int64_t d = 0; d < world; ++d) {
-    if (d != me) {
-      try {
-        outgoing.push_back(send_bytes(pg, out.select(0, d).view({message}), d));
-      } catch (const std::exception&) {
-        // A lost peer; the others still get their blocks (and the verdict names it).
-      }
+      // A lost peer; the others still get their replies (and the verdict names it).
     }
   }
   for (auto& work : outgoing) {
@@ -330,6 +474,7 @@ void hub_exchange(c10d::ProcessGroup& pg, OpKind op, const at::Tensor& recv1, co
     } catch (const std::exception&) {
     }
   }
+  return message;
 }
 
 // NOTE [ Fault injection ]
@@ -468,52 +613,124 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
       max_message = std::max(max_message, bytes);
     }
   }
-  at::Tensor send1 = workspace(world * block_bytes, device, 0);
-  at::Tensor recv1 = workspace(world * block_bytes, device, 1);
-  {
-    // Headers are written on the host and copied once when the buffers live on a GPU.
-    at::Tensor headers = at::empty({world, kHeaderWords}, at::TensorOptions().dtype(at::kLong));
-    int64_t* h = headers.mutable_data_ptr<int64_t>();
-    for (int64_t p = 0; p < world; ++p) {
-      int64_t* row = h + p * kHeaderWords;
-      row[kOp] = static_cast<int64_t>(op);
-      row[kError] = static_cast<int64_t>(error_code);
-      row[kFits] = fits ? 1 : 0;
-      row[kBytes] = (error || p == me) ? 0 : moves->send[p].bytes;
-      row[kPeers] = out_degree;
-      row[kMaxMessage] = max_message;
-      for (int k = 0; k < kAgreedValues; ++k) {
-        row[kValue0 + k] = error ? 0 : mine[k];
-      }
+  // See NOTE [ Payloads riding the hub's messages ].
+  const bool via_hub = hub_round_one(device, world, slot_bytes);
+  int64_t room = 0;   // a non-hub: the hub's payload this rank can take after its reply's blocks
+  int64_t to_hub = 0; // a non-hub: the payload it appends to its message to the hub
+  if (via_hub && me != kHub && !error) {
+    const int64_t expected = moves->recv[kHub].bytes; // kDeclared (< 0) never makes room
+    if (expected > slot_bytes && expected <= kHubAppendMaxBytes) {
+      room = expected;
     }
-    at::Tensor blocks = send1.view({world, block_bytes});
-    blocks.narrow(1, 0, kHeaderBytes).copy_(headers.view(at::kByte).view({world, kHeaderBytes}));
-    if (fits) {
-      for (int64_t p = 0; p < world; ++p) {
-        const Outgoing& out = moves->send[p];
-        if (p == me || out.bytes == 0) {
-          continue;
-        }
-        at::Tensor slot = blocks.select(0, p).narrow(0, kHeaderBytes, out.bytes);
-        if (out.direct.defined()) {
-          slot.copy_(out.direct);
-        } else {
-          out.pack(slot);
-        }
-      }
+    const int64_t bytes = moves->send[kHub].bytes;
+    if (!fits && out_degree == 1 && bytes > 0 && bytes <= kHubAppendMaxBytes) {
+      to_hub = bytes;
     }
   }
-  if (hub_round_one(device, world, slot_bytes)) {
-    hub_exchange(pg, op, recv1, send1, block_bytes);
+  auto write_payload = [&](int64_t p, const at::Tensor& into) {
+    const Outgoing& out = moves->send[p];
+    if (out.direct.defined()) {
+      into.copy_(out.direct);
+    } else {
+      out.pack(into);
+    }
+  };
+  // Headers are written on the host (and copied once when the buffers live on a GPU).
+  std::vector<int64_t> headers(world * kHeaderWords);
+  for (int64_t p = 0; p < world; ++p) {
+    int64_t* row = headers.data() + p * kHeaderWords;
+    row[kOp] = static_cast<int64_t>(op);
+    row[kError] = static_cast<int64_t>(error_code);
+    row[kFits] = fits ? 1 : 0;
+    row[kBytes] = (error || p == me) ? 0 : moves->send[p].bytes;
+    row[kPeers] = out_degree;
+    row[kMaxMessage] = max_message;
+    row[kRoom] = p == kHub ? room : 0;
+    row[kAppended] = p == kHub ? to_hub : 0;
+    for (int k = 0; k < kAgreedValues; ++k) {
+      row[kValue0 + k] = error ? 0 : mine[k];
+    }
+  }
+  const int64_t headers_bytes = world * kHeaderBytes;
+  at::Tensor send1, recv1;
+  std::vector<int64_t> appended_out(world, 0); // payload bytes this rank appended to its message to p
+  std::vector<at::Tensor> hub_messages;        // the hub: every rank's whole round-1 message
+  if (via_hub) {
+    // See NOTE [ Hub messages ].
+    int64_t size = headers_bytes + to_hub;
+    for (int64_t p = 0; p < world && fits; ++p) {
+      size += p != me ? padded16(moves->send[p].bytes) : 0;
+    }
+    send1 = workspace(size, device, 0);
+    std::memcpy(send1.data_ptr(), headers.data(), headers_bytes);
+    int64_t at = headers_bytes;
+    for (int64_t p = 0; p < world && fits; ++p) {
+      if (p != me && moves->send[p].bytes > 0) {
+        write_payload(p, send1.narrow(0, at, moves->send[p].bytes));
+        at += padded16(moves->send[p].bytes);
+      }
+    }
+    if (to_hub > 0) {
+      write_payload(kHub, send1.narrow(0, at, to_hub));
+    }
+    if (me != kHub) {
+      recv1 = workspace(hub_message_bound(world, slot_bytes) + room, device, 1);
+    }
+    HubReplies replies;
+    replies.payload_bytes = [&](const int64_t* h) {
+      std::vector<int64_t> bytes(world, 0);
+      auto at = [h](int64_t r, int64_t f) { return h[r * kHeaderWords + f]; };
+      if (error || fits) {
+        return bytes;
+      }
+      int64_t messages = 0;
+      bool any = false;
+      for (int64_t r = 0; r < world; ++r) {
+        messages += at(r, kFits) == 0 ? at(r, kPeers) : 0;
+        any = any || (r != me && moves->send[r].bytes > 0 && moves->send[r].bytes == at(r, kRoom));
+      }
+      if (!any || messages > 2 * (world - 1) || !agreed(h, world, op, check, me)) {
+        return bytes;
+      }
+      for (int64_t r = 0; r < world; ++r) {
+        if (r != me && moves->send[r].bytes > 0 && moves->send[r].bytes == at(r, kRoom)) {
+          bytes[r] = moves->send[r].bytes;
+        }
+      }
+      return bytes;
+    };
+    replies.pack = write_payload;
+    hub_messages = hub_exchange(pg, op, recv1, send1, slot_bytes, replies, appended_out);
+    if (me != kHub) {
+      appended_out[kHub] = to_hub;
+    }
   } else {
+    send1 = workspace(world * block_bytes, device, 0);
+    recv1 = workspace(world * block_bytes, device, 1);
+    at::Tensor blocks = send1.view({world, block_bytes});
+    blocks.narrow(1, 0, kHeaderBytes)
+        .copy_(at::from_blob(headers.data(), {world, kHeaderBytes}, at::TensorOptions().dtype(at::kByte)));
+    for (int64_t p = 0; p < world && fits; ++p) {
+      if (p != me && moves->send[p].bytes > 0) {
+        write_payload(p, blocks.select(0, p).narrow(0, kHeaderBytes, moves->send[p].bytes));
+      }
+    }
     std::vector<int64_t> splits(world, block_bytes);
     std::vector<int64_t> recv_splits = splits;
     all_to_all_bytes(pg, recv1, send1, recv_splits, splits);
   }
 
   // ---- Verdict ---------------------------------------------------------------------------------------
-  at::Tensor table = recv1.view({world, block_bytes}).narrow(1, 0, kHeaderBytes).cpu().contiguous();
-  const int64_t* t = table.view(at::kLong).const_data_ptr<int64_t>();
+  // The headers addressed to this rank (row p: rank p's), and where each payload that rode in round 1
+  // starts in recv1.
+  std::vector<int64_t> received_headers(world * kHeaderWords);
+  if (via_hub) {
+    std::memcpy(received_headers.data(), recv1.const_data_ptr(), headers_bytes);
+  } else {
+    at::Tensor rows = recv1.view({world, block_bytes}).narrow(1, 0, kHeaderBytes).cpu().contiguous();
+    std::memcpy(received_headers.data(), rows.const_data_ptr(), headers_bytes);
+  }
+  const int64_t* t = received_headers.data();
   auto field = [&](int64_t rank, int64_t f) { return t[rank * kHeaderWords + f]; };
   // Before anything can raise: every rank of the group records the same next slot size.
   slot_history().record(pg, next_slot_size(field, world));
@@ -542,6 +759,9 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
 
   // ---- Moves -----------------------------------------------------------------------------------------
   std::vector<int64_t> declared(world, 0);
+  // Payload bytes p appended to its round-1 message to this rank (NOTE [ Payloads riding the hub's
+  // messages ]): all of its message, never more than this rank made room for.
+  std::vector<int64_t> appended_in(world, 0);
   bool mismatch = false;
   bool round2 = false;
   int64_t sent = 0, received = 0;
@@ -553,6 +773,13 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
     const int64_t expected = moves->recv[p].bytes;
     if (expected != kDeclared && expected != declared[p]) {
       mismatch = true;
+    }
+    appended_in[p] = field(p, kAppended);
+    if (appended_in[p] != 0) {
+      const int64_t limit = me == kHub ? kHubAppendMaxBytes : (p == kHub ? room : 0);
+      TORCH_CHECK(via_hub && appended_in[p] == declared[p] && appended_in[p] <= limit, "torch_shard.",
+                  op_name(op), ": internal error: rank ", p, " appended ", appended_in[p],
+                  " bytes to its round-1 message, which this rank cannot take; please report this");
     }
     round2 = round2 || field(p, kFits) == 0;
     sent += moves->send[p].bytes;
@@ -572,6 +799,37 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
   stats.bytes_sent_to_peers += sent;
   stats.bytes_received_from_peers += received;
 
+  // Where each payload that did not wait for round 2 starts: in recv1 (a slot, or the hub's appended
+  // payload after the others), or, on the hub, in the sender's round-1 message (right after its
+  // headers: a rank that appends has no slot payloads). See NOTE [ Hub messages ].
+  std::vector<int64_t> early_at(world, -1);
+  {
+    int64_t at = headers_bytes;
+    for (int64_t p = 0; p < world; ++p) {
+      if (p == me || declared[p] <= 0) {
+        continue;
+      }
+      if (field(p, kFits) != 0) {
+        early_at[p] = via_hub ? at : p * block_bytes + kHeaderBytes;
+        at += padded16(declared[p]);
+      }
+    }
+    for (int64_t p = 0; p < world; ++p) {
+      if (appended_in[p] > 0) {
+        early_at[p] = me == kHub ? headers_bytes : at;
+      }
+    }
+    for (int64_t p = 0; p < world; ++p) {
+      const int64_t limit = me == kHub && appended_in[p] > 0 ? hub_messages[p].numel() : recv1.numel();
+      TORCH_CHECK(early_at[p] < 0 || early_at[p] + declared[p] <= limit, "torch_shard.", op_name(op),
+                  ": internal error: the round-1 message from rank ", p,
+                  " is shorter than its headers say; please report this");
+    }
+  }
+  auto early = [&](int64_t p) -> at::Tensor {
+    const at::Tensor& message = me == kHub && appended_in[p] > 0 ? hub_messages[p] : recv1;
+    return message.narrow(0, early_at[p], declared[p]);
+  };
   auto deliver = [&](int64_t p, const at::Tensor& bytes) {
     const Incoming& in = moves->recv[p];
     if (mismatch || declared[p] == 0) {
@@ -591,24 +849,27 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
     if (moves->local) {
       moves->local();
     }
-    at::Tensor blocks = recv1.view({world, block_bytes});
     for (int64_t p = 0; p < world; ++p) {
       if (p != me && declared[p] > 0) {
-        deliver(p, blocks.select(0, p).narrow(0, kHeaderBytes, declared[p]));
+        deliver(p, early(p));
       }
     }
   } else if (point_to_point) {
-    // Point-to-point between the pairs that still have data to move (senders that did not fit).
+    // Point-to-point between the pairs that still have data to move.
+    auto sends_here = [&](int64_t p) {
+      return field(p, kFits) == 0 && declared[p] > 0 && appended_in[p] == 0;
+    };
+    auto sends_there = [&](int64_t p) { return !fits && moves->send[p].bytes > 0 && appended_out[p] == 0; };
     int64_t pack_bytes = 0, stage_bytes = 0;
     for (int64_t p = 0; p < world; ++p) {
       if (p == me) {
         continue;
       }
-      if (!fits && moves->send[p].bytes > 0 && !moves->send[p].direct.defined()) {
+      if (sends_there(p) && !moves->send[p].direct.defined()) {
         pack_bytes += moves->send[p].bytes;
       }
       const bool direct = !mismatch && moves->recv[p].direct.defined();
-      if (field(p, kFits) == 0 && declared[p] > 0 && !direct) {
+      if (sends_here(p) && !direct) {
         stage_bytes += declared[p];
       }
     }
@@ -617,9 +878,10 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
     std::vector<c10::intrusive_ptr<c10d::Work>> recv_work(world), send_work(world);
     std::vector<at::Tensor> landed(world);
     int64_t stage_pos = 0;
+    bool posted = false;
     for (int64_t k = 1; k < world; ++k) {
       const int64_t p = (me - k + world) % world;
-      if (field(p, kFits) != 0 || declared[p] == 0) {
+      if (!sends_here(p)) {
         continue;
       }
       const bool direct = !mismatch && moves->recv[p].direct.defined();
@@ -628,34 +890,37 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
         stage_pos += declared[p];
       }
       recv_work[p] = recv_bytes(pg, landed[p], p);
+      posted = true;
     }
-    if (!fits) {
-      int64_t pack_pos = 0;
-      for (int64_t k = 1; k < world; ++k) {
-        const int64_t p = (me + k) % world;
-        const Outgoing& out = moves->send[p];
-        if (out.bytes == 0) {
-          continue;
-        }
-        at::Tensor message = out.direct;
-        if (!message.defined()) {
-          message = pack_buffer.narrow(0, pack_pos, out.bytes);
-          pack_pos += out.bytes;
-          out.pack(message);
-        }
-        send_work[p] = send_bytes(pg, message, p);
+    int64_t pack_pos = 0;
+    for (int64_t k = 1; k < world; ++k) {
+      const int64_t p = (me + k) % world;
+      if (!sends_there(p)) {
+        continue;
       }
+      const Outgoing& out = moves->send[p];
+      at::Tensor message = out.direct;
+      if (!message.defined()) {
+        message = pack_buffer.narrow(0, pack_pos, out.bytes);
+        pack_pos += out.bytes;
+        out.pack(message);
+      }
+      send_work[p] = send_bytes(pg, message, p);
+      posted = true;
     }
-    stats.collectives += 1;
+    // A rank whose payloads all rode in round 1 took no part in a second round.
+    if (posted) {
+      stats.collectives += 1;
+    } else {
+      stats.single_round_ops += 1;
+    }
     // What stays on this rank moves while the network works.
     if (moves->local) {
       moves->local();
     }
-    // Slots of the senders that fit arrived in round 1.
-    at::Tensor blocks = recv1.view({world, block_bytes});
     for (int64_t p = 0; p < world; ++p) {
-      if (p != me && field(p, kFits) != 0 && declared[p] > 0) {
-        deliver(p, blocks.select(0, p).narrow(0, kHeaderBytes, declared[p]));
+      if (p != me && declared[p] > 0 && !sends_here(p)) {
+        deliver(p, early(p));
       }
     }
     for (int64_t p = 0; p < world; ++p) {
@@ -676,8 +941,8 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
       if (p == me) {
         continue;
       }
-      out_splits[p] = fits ? 0 : moves->send[p].bytes;
-      in_splits[p] = field(p, kFits) != 0 ? 0 : declared[p];
+      out_splits[p] = fits || appended_out[p] > 0 ? 0 : moves->send[p].bytes;
+      in_splits[p] = field(p, kFits) != 0 || appended_in[p] > 0 ? 0 : declared[p];
     }
     // See NOTE [ Whole buffers ].
     auto outgoing = [&](int64_t p) -> const at::Tensor& {
@@ -737,7 +1002,6 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
     if (!include_self && moves->local) {
       moves->local();
     }
-    at::Tensor blocks = recv1.view({world, block_bytes});
     int64_t pos = 0;
     for (int64_t p = 0; p < world; ++p) {
       if (p == me) {
@@ -756,8 +1020,8 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
       if (declared[p] == 0) {
         continue;
       }
-      if (field(p, kFits) != 0) {
-        deliver(p, blocks.select(0, p).narrow(0, kHeaderBytes, declared[p]));
+      if (field(p, kFits) != 0 || appended_in[p] > 0) {
+        deliver(p, early(p));
       } else {
         deliver(p, in_buffer.narrow(0, pos, declared[p]));
         pos += declared[p];

@@ -65,7 +65,8 @@ struct Moves {
 };
 
 // Throws (the same exception on every rank: every rank calls it with the same table) when the agreed
-// values of the ranks are inconsistent.
+// values of the ranks are inconsistent. It may run twice on the hub of round 1 (once before it replies),
+// so it must give the same result each time and leave nothing behind that a second run would double.
 using Check = std::function<void(const std::vector<Values>& all, int64_t me)>;
 
 // Error classes a failing rank reports; the others raise the same class, naming that rank.

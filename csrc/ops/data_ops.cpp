@@ -428,6 +428,7 @@ std::vector<int64_t> gather_values(int64_t value, c10::string_view group_name) {
   std::vector<int64_t> out;
   comm::exchange(*pg, comm::OpKind::kCompare, Values{value, 0, 0, 0}, nullptr, comm::ErrorCode::kNone, &moves,
                  [&out](const std::vector<Values>& values, int64_t) {
+                   out.clear();
                    for (const auto& v : values) {
                      out.push_back(v[0]);
                    }
@@ -444,6 +445,7 @@ bool all_ranks_true(bool value, c10::string_view group_name) {
   bool all = true;
   comm::exchange(*pg, comm::OpKind::kCompare, Values{value ? 1 : 0, 0, 0, 0}, nullptr, comm::ErrorCode::kNone,
                  &moves, [&all](const std::vector<Values>& values, int64_t) {
+                   all = true;
                    for (const auto& v : values) {
                      all = all && v[0] != 0;
                    }
