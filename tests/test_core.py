@@ -318,7 +318,9 @@ class TestPlanCacheAndRounds(ShardedTensorTestBase):
         cases = (
             (64, torch.float32, (1, 1, 1)),  # 4 KiB per rank: in the slots
             (512, torch.float32, (1, 1, 2)),  # 256 KiB per rank: in the hub's messages; reshard is dense
-            (1024, torch.float64, (2, 2, 2)),  # 2 MiB per rank: above the cap
+            # 2 MiB per rank, above the cap: the hub's payloads go ahead of its replies, straight into
+            # the new shards; the gather's take round 2
+            (1024, torch.float64, (1, 2, 2)),
         )
         for n, dtype, expected in cases:
             full = torch.rand(n, n, dtype=dtype)
@@ -387,6 +389,7 @@ class TestPlanCacheAndRounds(ShardedTensorTestBase):
         sub = dist.new_group([1, 3])
         gen = torch.Generator().manual_seed(4)
         small, medium = torch.rand(64, 64, generator=gen), torch.rand(512, 512, generator=gen)
+        big = torch.rand(1024, 1024, dtype=torch.float64, generator=gen)
 
         def run():
             seen = []
@@ -411,6 +414,20 @@ class TestPlanCacheAndRounds(ShardedTensorTestBase):
                 step(lambda st=st, out=out: st.gather(0, out))  # to the hub
                 if self.rank == 0:
                     self.assertEqual(out, full)
+            # 2 MiB per rank: the hub sends each payload ahead of its reply, straight into the new shard.
+            big_st = step(lambda: _shard_tensor(big, _rows()))
+            self.assertEqual(big_st.local_tensor(), big[self.rank * 256 : (self.rank + 1) * 256])
+            # ... and when the verdict then fails (rank 3 names its own placement differently: same boxes
+            # and sizes, so the payloads went), every rank raises and drops what arrived.
+            names = [f"rank:{r}/cpu:0" if self.rank == r == 3 else f"rank:{r}/cpu" for r in range(WORLD)]
+            with self.assertRaisesRegex(ValueError, "sharding_spec on rank"):
+                _shard_tensor(big, ChunkShardingSpec(dim=0, placements=names))
+            # The hub's sizes differ (it owes zero-byte messages instead), or it fails locally.
+            with self.assertRaisesRegex(ValueError, "different size or dtype"):
+                _shard_tensor(big[:1000] if self.rank == 0 else big, _rows())
+            with self.assertRaises(ValueError):
+                _shard_tensor(big.t() if self.rank == 0 else big, _rows())
+            self.assertEqual(big_st.local_tensor(), big[self.rank * 256 : (self.rank + 1) * 256])
             with self.assertRaises(IndexError):  # rank 3's dst is out of range: every rank raises
                 st.gather(7 if self.rank == 3 else 0, torch.empty(512, 512) if self.rank == 0 else None)
             # Mismatches where payloads would ride in the hub's round-1 messages: every rank raises and
@@ -440,10 +457,11 @@ class TestPlanCacheAndRounds(ShardedTensorTestBase):
                 _ops._set_round_one(mode)
                 rounds[mode] = run()
             self.assertEqual(rounds["auto"][:4], [1, 1, 1, 1])  # 64^2: every op in one round
-            # 512^2 from and to the hub: in its round-1 messages; without the hub, a second round. In
+            # 512^2 from and to the hub, and 1024^2 float64 from it: in (or ahead of) its round-1
+            # messages; without the hub, a second round. In
             # the gather to rank 2, the hub's own share rides in its reply to rank 2 (the others' take
             # round 2).
-            riding = (4, 6, 7) if self.rank == 0 else (4, 7)
+            riding = (4, 6, 7, 8) if self.rank == 0 else (4, 7, 8)
             self.assertEqual([rounds["auto"][i] for i in riding], [1] * len(riding))
             self.assertEqual([rounds["all_to_all"][i] for i in riding], [2] * len(riding))
             for i, (auto, all_to_all) in enumerate(zip(rounds["auto"], rounds["all_to_all"])):

@@ -128,6 +128,13 @@ constexpr int64_t kHub = 0;
 //     when that verdict passes, the payload is exactly the room the receiver made, and the pattern is
 //     sparse (a dense reshard keeps its pipelined round 2 instead of packing before the replies). It
 //     tells the receiver in its own block (kAppended).
+//   * from the hub, above the cap: a rank whose new shard (memory nobody sees before the op returns,
+//     Moves::fresh_destinations) takes the hub's payload in one piece posts that receive BEFORE
+//     round 1, straight into the shard, and says so (kRoom above the cap). The hub then owes it
+//     exactly one message before its reply, sent as soon as that rank's header arrives, before the
+//     verdict: the payload when the hub has no local error and it is exactly the size posted, else
+//     0 bytes (the payload then takes round 2). A failed verdict just drops the shard; the big
+//     transfer of a scatter from the hub overlaps the agreement instead of following it.
 // Both ends then skip that pair in round 2. The cap keeps the copies in and out of the round-1
 // buffers (a direct round-2 message needs none) cheaper than the hop they save.
 constexpr int64_t kHubAppendMaxBytes = int64_t{1} << 20;
@@ -327,6 +334,23 @@ bool agreed(const int64_t* table, int64_t world, OpKind op, const Check& check, 
   return true;
 }
 
+// Sends still travelling (the hub's payloads sent ahead of its replies), waited for when the exchange
+// ends, however it ends: the local moves run while they travel, and no send outlives the exchange.
+// A failed send (a lost peer) is ignored here; the verdict names that peer.
+struct PendingSends {
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  void wait_all() {
+    for (auto& work : works) {
+      try {
+        work->wait();
+      } catch (const std::exception&) {
+      }
+    }
+    works.clear();
+  }
+  ~PendingSends() { wait_all(); }
+};
+
 // What the hub appends to its replies (see NOTE [ Payloads riding the hub's messages ]).
 struct HubReplies {
   // Given the headers of the blocks addressed to the hub (row p: rank p's), the payload bytes the hub
@@ -334,6 +358,9 @@ struct HubReplies {
   std::function<std::vector<int64_t>(const int64_t* table)> payload_bytes;
   // Writes the payload for `rank` into `into`.
   std::function<void(int64_t rank, const at::Tensor& into)> pack;
+  // The message the hub owes `rank`, which posted a receive of `bytes` before round 1: its payload,
+  // or an empty tensor.
+  std::function<at::Tensor(int64_t rank, int64_t bytes)> early;
 };
 
 // Payloads in a hub message start at multiples of 16 bytes (every dtype's alignment).
@@ -354,7 +381,7 @@ int64_t hub_message_bound(int64_t world, int64_t slot_bytes) {
 // payload bytes the hub appended to each reply.
 std::vector<at::Tensor> hub_exchange(c10d::ProcessGroup& pg, OpKind op, at::Tensor& recv1,
                                      const at::Tensor& send1, int64_t slot_bytes, const HubReplies& replies,
-                                     std::vector<int64_t>& appended_out) {
+                                     std::vector<int64_t>& appended_out, PendingSends& early) {
   const int64_t world = pg.getSize();
   const int64_t me = pg.getRank();
   comm_stats().collectives += 1;
@@ -384,6 +411,7 @@ std::vector<at::Tensor> hub_exchange(c10d::ProcessGroup& pg, OpKind op, at::Tens
   };
   // Where rank p's payload for rank d starts in p's message (-1: none there).
   std::vector<int64_t> source(world * world, -1);
+  std::vector<int64_t> early_out(world, 0);
   for (int64_t p = 0; p < world; ++p) {
     bool arrived = true;
     if (p != me) {
@@ -401,7 +429,7 @@ std::vector<at::Tensor> hub_exchange(c10d::ProcessGroup& pg, OpKind op, at::Tens
         const int64_t bytes = hdr(p, d, kBytes);
         const int64_t appended = hdr(p, d, kAppended);
         // Only a rank whose payloads did not fit appends one, and only for the hub.
-        arrived = bytes >= 0 && appended >= 0 && appended <= kHubAppendMaxBytes &&
+        arrived = bytes >= 0 && hdr(p, d, kRoom) >= 0 && appended >= 0 && appended <= kHubAppendMaxBytes &&
                   (appended == 0 || (d == me && hdr(p, d, kFits) == 0 && appended == bytes));
         if (arrived && hdr(p, d, kFits) != 0 && d != p && bytes > 0) {
           arrived = bytes <= slot_bytes;
@@ -410,6 +438,17 @@ std::vector<at::Tensor> hub_exchange(c10d::ProcessGroup& pg, OpKind op, at::Tens
         }
       }
       arrived = arrived && end <= hub_message_bound(world, slot_bytes);
+    }
+    if (arrived && p != me && hdr(p, me, kRoom) > kHubAppendMaxBytes) {
+      // p posted a receive for its payload before round 1: it goes now, ahead of the reply.
+      const at::Tensor payload = replies.early(p, hdr(p, me, kRoom));
+      TORCH_INTERNAL_ASSERT(payload.numel() == 0 || payload.numel() == hdr(p, me, kRoom));
+      try {
+        early.works.push_back(send_bytes(pg, payload, p));
+        early_out[p] = payload.numel();
+      } catch (const std::exception&) {
+        // A lost peer: the verdict names it.
+      }
     }
     if (!arrived) {
       // The peer is gone (or sent what no torch_shard rank sends): every rank hears it from its header,
@@ -429,9 +468,13 @@ std::vector<at::Tensor> hub_exchange(c10d::ProcessGroup& pg, OpKind op, at::Tens
   }
   appended_out = replies.payload_bytes(table.data());
   TORCH_INTERNAL_ASSERT(static_cast<int64_t>(appended_out.size()) == world);
+  for (int64_t d = 0; d < world; ++d) {
+    TORCH_INTERNAL_ASSERT(early_out[d] == 0 || appended_out[d] == 0);
+    appended_out[d] += early_out[d];
+  }
   std::vector<int64_t> reply_at(world + 1, 0);
   for (int64_t d = 0; d < world; ++d) {
-    int64_t size = headers_bytes + appended_out[d];
+    int64_t size = headers_bytes + (early_out[d] > 0 ? 0 : appended_out[d]);
     for (int64_t p = 0; p < world; ++p) {
       size += source[p * world + d] >= 0 ? padded16(hdr(p, d, kBytes)) : 0;
     }
@@ -454,9 +497,11 @@ std::vector<at::Tensor> hub_exchange(c10d::ProcessGroup& pg, OpKind op, at::Tens
     }
     at::Tensor whole = reply.narrow(0, reply_at[d], reply_at[d + 1] - reply_at[d]);
     if (appended_out[d] > 0) {
-      // The hub's own header to d says how much follows.
+      // The hub's own header to d says how much it sent outside the slots (ahead, or after the rest).
       reinterpret_cast<int64_t*>(base + me * kHeaderBytes)[kAppended] = appended_out[d];
-      replies.pack(d, whole.narrow(0, at, appended_out[d]));
+      if (early_out[d] == 0) {
+        replies.pack(d, whole.narrow(0, at, appended_out[d]));
+      }
     }
     if (d == me) {
       recv1 = whole;
@@ -615,12 +660,17 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
   }
   // See NOTE [ Payloads riding the hub's messages ].
   const bool via_hub = hub_round_one(device, world, slot_bytes);
-  int64_t room = 0;   // a non-hub: the hub's payload this rank can take after its reply's blocks
+  int64_t room = 0;   // a non-hub: the hub's payload it can take in round 1 (after the reply, or ahead)
   int64_t to_hub = 0; // a non-hub: the payload it appends to its message to the hub
+  c10::intrusive_ptr<c10d::Work> ahead; // a non-hub: the receive of the hub's payload sent ahead
   if (via_hub && me != kHub && !error) {
     const int64_t expected = moves->recv[kHub].bytes; // kDeclared (< 0) never makes room
     if (expected > slot_bytes && expected <= kHubAppendMaxBytes) {
       room = expected;
+    } else if (expected > kHubAppendMaxBytes && moves->fresh_destinations &&
+               moves->recv[kHub].direct.defined()) {
+      room = expected;
+      ahead = recv_bytes(pg, moves->recv[kHub].direct, kHub); // before the reply's receive
     }
     const int64_t bytes = moves->send[kHub].bytes;
     if (!fits && out_degree == 1 && bytes > 0 && bytes <= kHubAppendMaxBytes) {
@@ -654,6 +704,7 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
   const int64_t headers_bytes = world * kHeaderBytes;
   at::Tensor send1, recv1;
   std::vector<int64_t> appended_out(world, 0); // payload bytes this rank appended to its message to p
+  PendingSends sent_ahead;                     // the hub: payloads sent ahead of its replies
   std::vector<at::Tensor> hub_messages;        // the hub: every rank's whole round-1 message
   if (via_hub) {
     // See NOTE [ Hub messages ].
@@ -674,7 +725,7 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
       write_payload(kHub, send1.narrow(0, at, to_hub));
     }
     if (me != kHub) {
-      recv1 = workspace(hub_message_bound(world, slot_bytes) + room, device, 1);
+      recv1 = workspace(hub_message_bound(world, slot_bytes) + (ahead ? 0 : room), device, 1);
     }
     HubReplies replies;
     replies.payload_bytes = [&](const int64_t* h) {
@@ -685,22 +736,45 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
       }
       int64_t messages = 0;
       bool any = false;
+      // Appended after the reply: room up to the cap (above it, the payload went ahead).
+      auto fits_room = [&](int64_t r) {
+        return r != me && moves->send[r].bytes > 0 && moves->send[r].bytes == at(r, kRoom) &&
+               at(r, kRoom) <= kHubAppendMaxBytes;
+      };
       for (int64_t r = 0; r < world; ++r) {
         messages += at(r, kFits) == 0 ? at(r, kPeers) : 0;
-        any = any || (r != me && moves->send[r].bytes > 0 && moves->send[r].bytes == at(r, kRoom));
+        any = any || fits_room(r);
       }
       if (!any || messages > 2 * (world - 1) || !agreed(h, world, op, check, me)) {
         return bytes;
       }
       for (int64_t r = 0; r < world; ++r) {
-        if (r != me && moves->send[r].bytes > 0 && moves->send[r].bytes == at(r, kRoom)) {
-          bytes[r] = moves->send[r].bytes;
-        }
+        bytes[r] = fits_room(r) ? moves->send[r].bytes : 0;
       }
       return bytes;
     };
     replies.pack = write_payload;
-    hub_messages = hub_exchange(pg, op, recv1, send1, slot_bytes, replies, appended_out);
+    replies.early = [&](int64_t r, int64_t bytes) {
+      if (!error && moves->send[r].bytes == bytes && moves->send[r].direct.defined()) {
+        return moves->send[r].direct;
+      }
+      return at::empty({0}, at::TensorOptions().dtype(at::kByte).device(device));
+    };
+    try {
+      hub_messages = hub_exchange(pg, op, recv1, send1, slot_bytes, replies, appended_out, sent_ahead);
+      if (ahead) {
+        ahead->wait(); // the hub sends it before the reply: already here
+      }
+    } catch (...) {
+      if (ahead) {
+        // Never leave a receive into the shard posted (the hub is gone: it fails too).
+        try {
+          ahead->wait();
+        } catch (const std::exception&) {
+        }
+      }
+      throw;
+    }
     if (me != kHub) {
       appended_out[kHub] = to_hub;
     }
@@ -815,11 +889,14 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
       }
     }
     for (int64_t p = 0; p < world; ++p) {
-      if (appended_in[p] > 0) {
+      if (appended_in[p] > 0 && !ahead) {
         early_at[p] = me == kHub ? headers_bytes : at;
       }
     }
     for (int64_t p = 0; p < world; ++p) {
+      if (appended_in[p] > 0 && ahead) {
+        continue; // already in place: the hub sent it ahead of its reply, straight into the shard
+      }
       const int64_t limit = me == kHub && appended_in[p] > 0 ? hub_messages[p].numel() : recv1.numel();
       TORCH_CHECK(early_at[p] < 0 || early_at[p] + declared[p] <= limit, "torch_shard.", op_name(op),
                   ": internal error: the round-1 message from rank ", p,
@@ -827,6 +904,9 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
     }
   }
   auto early = [&](int64_t p) -> at::Tensor {
+    if (appended_in[p] > 0 && ahead) {
+      return moves->recv[p].direct;
+    }
     const at::Tensor& message = me == kHub && appended_in[p] > 0 ? hub_messages[p] : recv1;
     return message.narrow(0, early_at[p], declared[p]);
   };
@@ -1028,6 +1108,7 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
       }
     }
   }
+  sent_ahead.wait_all();
   TORCH_CHECK(!mismatch, "torch_shard.", op_name(op),
               ": internal error: a peer sent a different number of bytes than this rank's plan "
               "expects although every rank agreed on the layouts; please report this");
