@@ -96,6 +96,10 @@ constexpr int64_t kMaxSlotBytes = int64_t{256} << 10;
 // timeout passed) is reported by the hub to everyone as lost (kLost), so no rank waits on it; as after
 // any timeout in c10d, the group should not be used again (a late message would be taken for the next
 // op's).
+constexpr int64_t kHubMaxWorld = 8;
+constexpr int64_t kHubMaxSlotBytes = int64_t{64} << 10;
+constexpr int64_t kHub = 0;
+
 // NOTE [ Hub messages ]
 // Through the hub, round-1 messages carry only what is used, not W fixed blocks: gloo accepts a
 // message shorter than the receive posted for it, so receivers post the largest possible size and
@@ -108,9 +112,6 @@ constexpr int64_t kMaxSlotBytes = int64_t{256} << 10;
 //                 every rank p to d in rank order (16-byte aligned), then the hub's appended payload.
 // Every size in it is in a header, so the receiver finds each payload without another message; the
 // hub checks the sizes a peer's headers claim against what it posted before using them as offsets.
-constexpr int64_t kHubMaxWorld = 8;
-constexpr int64_t kHubMaxSlotBytes = int64_t{64} << 10;
-constexpr int64_t kHub = 0;
 
 // NOTE [ Payloads riding the hub's messages ]
 // A message of round 2 is one more hop, and on gloo a hop whose receive is posted late costs a
@@ -120,14 +121,14 @@ constexpr int64_t kHub = 0;
 // receive posted for it (never a longer one), which makes this safe with arguments nobody has checked:
 //   * to the hub: a rank whose only message is for the hub, of at most kHubAppendMaxBytes, appends it
 //     to its round-1 message and says so in its header (kAppended). The hub posts every round-1
-//     receive kHubAppendMaxBytes larger than the blocks, so no sender can overrun it. The payload is
-//     read only after the verdict, like a slot.
+//     receive kHubAppendMaxBytes larger than the largest message without it, so no sender can overrun
+//     it. The payload is read only after the verdict, like a slot.
 //   * from the hub: a rank that expects a payload from the hub of at most kHubAppendMaxBytes (and more
 //     than the slot) posts its round-1 receive that much larger and says so (kRoom). The hub already
 //     holds every header when it replies, so it reaches the verdict first; it appends a payload only
 //     when that verdict passes, the payload is exactly the room the receiver made, and the pattern is
 //     sparse (a dense reshard keeps its pipelined round 2 instead of packing before the replies). It
-//     tells the receiver in its own block (kAppended).
+//     tells the receiver in its own header (kAppended).
 //   * from the hub, above the cap: a rank whose new shard (memory nobody sees before the op returns,
 //     Moves::fresh_destinations) takes the hub's payload in one piece posts that receive BEFORE
 //     round 1, straight into the shard, and says so (kRoom above the cap). The hub then owes it
