@@ -458,9 +458,8 @@ class TestPlanCacheAndRounds(ShardedTensorTestBase):
                 rounds[mode] = run()
             self.assertEqual(rounds["auto"][:4], [1, 1, 1, 1])  # 64^2: every op in one round
             # 512^2 from and to the hub, and 1024^2 float64 from it: in (or ahead of) its round-1
-            # messages; without the hub, a second round. In
-            # the gather to rank 2, the hub's own share rides in its reply to rank 2 (the others' take
-            # round 2).
+            # messages; without the hub, a second round. In the gather to rank 2, the hub's own share
+            # rides in its reply to rank 2 (the others' take round 2).
             riding = (4, 6, 7, 8) if self.rank == 0 else (4, 7, 8)
             self.assertEqual([rounds["auto"][i] for i in riding], [1] * len(riding))
             self.assertEqual([rounds["all_to_all"][i] for i in riding], [2] * len(riding))
