@@ -313,22 +313,38 @@ void set_round_one(c10::string_view mode) {
   hub_allowed = mode == "auto";
 }
 
-// The verdict every rank reaches from a header table (row r: rank r's header), without raising: no
-// rank failed, every rank runs `op`, and `check` accepts the agreed values. The hub needs it before
-// it replies (NOTE [ Payloads riding the hub's messages ]).
-bool agreed(const int64_t* table, int64_t world, OpKind op, const Check& check, int64_t me) {
+// The agreed values of every rank in a header table (row r: rank r's header).
+std::vector<Values> agreed_values(const int64_t* table, int64_t world) {
   std::vector<Values> all(world);
+  for (int64_t r = 0; r < world; ++r) {
+    std::copy_n(table + r * kHeaderWords + kValue0, kAgreedValues, all[r].begin());
+  }
+  return all;
+}
+
+// Round-2 messages in the whole group (those of the senders whose payloads did not fit their slots),
+// from a header table: every rank derives the same number, and so the same pattern.
+int64_t round_two_messages(const int64_t* table, int64_t world) {
+  int64_t messages = 0;
+  for (int64_t r = 0; r < world; ++r) {
+    const int64_t* row = table + r * kHeaderWords;
+    messages += row[kFits] == 0 ? row[kPeers] : 0;
+  }
+  return messages;
+}
+
+// The verdict every rank reaches from a header table, without raising: no rank failed, every rank
+// runs `op`, and `check` accepts the agreed values. The hub needs it before it replies (NOTE
+// [ Payloads riding the hub's messages ]).
+bool agreed(const int64_t* table, int64_t world, OpKind op, const Check& check, int64_t me) {
   for (int64_t r = 0; r < world; ++r) {
     const int64_t* row = table + r * kHeaderWords;
     if (row[kError] != 0 || row[kOp] != static_cast<int64_t>(op)) {
       return false;
     }
-    for (int k = 0; k < kAgreedValues; ++k) {
-      all[r][k] = row[kValue0 + k];
-    }
   }
   try {
-    check(all, me);
+    check(agreed_values(table, world), me);
   } catch (const std::exception&) {
     return false;
   }
@@ -735,7 +751,6 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
       if (error || fits) {
         return bytes;
       }
-      int64_t messages = 0;
       bool any = false;
       // Appended after the reply: room up to the cap (above it, the payload went ahead).
       auto fits_room = [&](int64_t r) {
@@ -743,10 +758,9 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
                at(r, kRoom) <= kHubAppendMaxBytes;
       };
       for (int64_t r = 0; r < world; ++r) {
-        messages += at(r, kFits) == 0 ? at(r, kPeers) : 0;
         any = any || fits_room(r);
       }
-      if (!any || messages > 2 * (world - 1) || !agreed(h, world, op, check, me)) {
+      if (!any || round_two_messages(h, world) > 2 * (world - 1) || !agreed(h, world, op, check, me)) {
         return bytes;
       }
       for (int64_t r = 0; r < world; ++r) {
@@ -823,13 +837,7 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
                 " while this rank runs torch_shard.", op_name(op),
                 "; every rank of the group must call the same collective");
   }
-  std::vector<Values> all(world);
-  for (int64_t r = 0; r < world; ++r) {
-    for (int k = 0; k < kAgreedValues; ++k) {
-      all[r][k] = field(r, kValue0 + k);
-    }
-  }
-  check(all, me);
+  check(agreed_values(t, world), me);
   fault_point(op, me, /*before_agreement=*/false); // test-only; see NOTE [ Fault injection ]
 
   // ---- Moves -----------------------------------------------------------------------------------------
@@ -861,10 +869,7 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
     received += declared[p];
   }
   round2 = round2 || !fits;
-  int64_t messages = 0; // round-2 messages in the whole group: the same number on every rank
-  for (int64_t r = 0; r < world; ++r) {
-    messages += field(r, kFits) == 0 ? field(r, kPeers) : 0;
-  }
+  const int64_t messages = round_two_messages(t, world);
   int64_t largest = 0; // the group's largest message: the same on every rank
   for (int64_t r = 0; r < world; ++r) {
     largest = std::max(largest, field(r, kMaxMessage));
@@ -894,10 +899,8 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
         early_at[p] = me == kHub ? headers_bytes : at;
       }
     }
+    // (A payload the hub sent ahead is already in place, straight in the shard: it has no offset.)
     for (int64_t p = 0; p < world; ++p) {
-      if (appended_in[p] > 0 && ahead) {
-        continue; // already in place: the hub sent it ahead of its reply, straight into the shard
-      }
       const int64_t limit = me == kHub && appended_in[p] > 0 ? hub_messages[p].numel() : recv1.numel();
       TORCH_CHECK(early_at[p] < 0 || early_at[p] + declared[p] <= limit, "torch_shard.", op_name(op),
                   ": internal error: the round-1 message from rank ", p,
