@@ -11,6 +11,11 @@ Run with 4 ranks: ``torchrun --standalone --nproc-per-node=4 bench/bench_data_pa
 * gather row chunks to rank 0: upstream / torch_shard ``gather``; DTensor has no gather-to-one, its
   ``full_tensor()`` (every rank gets the tensor) is shown for reference.
 
+A second table sets each op against its floor: the same bytes moved by one unchecked collective with
+no wrapper (scatter: ``dist.scatter`` into a new row chunk; gather: rank 0 receives each peer's rows
+straight into ``out``; reshard: the all-to-all above). ``fl/up`` is the lowest gather/upstream ratio
+any gather can reach here.
+
 Variants run interleaved; times are the slowest rank's, median over --repeats after a warm-up. The
 64 x 64 case is also printed in microseconds (small-op latency: fixed per-op costs dominate).
 ``--memory``: instead of times, rank 0's peak memory during gather above its starting RSS, as a
@@ -129,6 +134,30 @@ def time_size(n: int, repeats: int, mesh) -> dict[str, float]:
     send = torch.rand(sum(splits))
     recv = torch.empty(sum(splits))
     cases["floor all_to_all"] = (None, lambda: dist.all_to_all_single(recv, send, splits, splits))
+    # Floors of the other two ops: the same bytes with one unchecked collective and no wrapper. A
+    # scatter must produce a new row chunk on every rank (allocated per call, as the op does); a
+    # gather to rank 0 receives each peer's rows straight into `out`, the fewest copies possible.
+    row_chunks = list(full.chunk(world)) if rank == 0 else None
+    gather_out = torch.empty(n, n) if rank == 0 else None
+    mine = full.chunk(world)[rank].clone()
+
+    def floor_scatter():
+        fresh = torch.empty_like(full.chunk(world)[rank])
+        dist.scatter(fresh, row_chunks, src=0)
+        return fresh
+
+    def floor_gather():
+        if rank != 0:
+            dist.send(mine, dst=0)
+            return
+        rows_of = gather_out.chunk(world)
+        works = [dist.irecv(rows_of[r], src=r) for r in range(1, world)]
+        rows_of[0].copy_(mine)
+        for work in works:
+            work.wait()
+
+    cases["floor scatter"] = (None, floor_scatter)
+    cases["floor gather"] = (None, floor_gather)
     res = timed_cases(cases, repeats)
     # Correctness gate: bit-exact gather for both libraries.
     for name, st in tensors.items():
@@ -182,6 +211,15 @@ def main() -> None:
               f"{r['torch_shard reshard'] / r['dtensor reshard']:>6.2f} {r['torch_shard reshard'] / r['floor all_to_all']:>6.2f} | "
               f"{ms('upstream gather'):>9.2f} {ms('torch_shard gather'):>7.2f} "
               f"{r['torch_shard gather'] / r['upstream gather']:>6.2f} {ms('dtensor full_tensor'):>8.2f}")
+    print("\nthe same run against each op's floor (one unchecked collective, no wrapper); ms")
+    print(f"{'N':>5} | {'scatter floor':>13} {'ts/fl':>6} {'dt/fl':>6} {'up/fl':>6} | "
+          f"{'gather floor':>12} {'ts/fl':>6} {'up/fl':>6} {'fl/up':>6} | {'reshard ts/fl':>13}")
+    for n, r in rows:
+        sf, gf = r["floor scatter"], r["floor gather"]
+        print(f"{n:>5} | {sf * 1e3:>13.2f} {r['torch_shard scatter'] / sf:>6.2f} {r['dtensor scatter'] / sf:>6.2f} "
+              f"{r['upstream scatter'] / sf:>6.2f} | {gf * 1e3:>12.2f} {r['torch_shard gather'] / gf:>6.2f} "
+              f"{r['upstream gather'] / gf:>6.2f} {gf / r['upstream gather']:>6.2f} | "
+              f"{r['torch_shard reshard'] / r['floor all_to_all']:>13.2f}")
     small = [r for n, r in rows if n == 64]
     if small:
         r = small[0]
