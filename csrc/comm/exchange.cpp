@@ -377,7 +377,7 @@ struct HubReplies {
   std::function<void(int64_t rank, const at::Tensor& into)> pack;
   // The message the hub owes `rank`, which posted a receive of `bytes` before round 1: its payload,
   // or an empty tensor.
-  std::function<at::Tensor(int64_t rank, int64_t bytes)> early;
+  std::function<at::Tensor(int64_t rank, int64_t bytes)> ahead_payload;
 };
 
 // Payloads in a hub message start at multiples of 16 bytes (every dtype's alignment).
@@ -398,7 +398,7 @@ int64_t hub_message_bound(int64_t world, int64_t slot_bytes) {
 // payload bytes the hub appended to each reply.
 std::vector<at::Tensor> hub_exchange(c10d::ProcessGroup& pg, OpKind op, at::Tensor& recv1,
                                      const at::Tensor& send1, int64_t slot_bytes, const HubReplies& replies,
-                                     std::vector<int64_t>& appended_out, PendingSends& early) {
+                                     std::vector<int64_t>& appended_out, PendingSends& sent_ahead) {
   const int64_t world = pg.getSize();
   const int64_t me = pg.getRank();
   comm_stats().collectives += 1;
@@ -428,7 +428,8 @@ std::vector<at::Tensor> hub_exchange(c10d::ProcessGroup& pg, OpKind op, at::Tens
   };
   // Where rank p's payload for rank d starts in p's message (-1: none there).
   std::vector<int64_t> source(world * world, -1);
-  std::vector<int64_t> early_out(world, 0);
+  // Payload bytes sent to each rank ahead of its reply (see NOTE [ Payloads riding the hub's messages ]).
+  std::vector<int64_t> ahead_out(world, 0);
   for (int64_t p = 0; p < world; ++p) {
     bool arrived = true;
     if (p != me) {
@@ -458,11 +459,11 @@ std::vector<at::Tensor> hub_exchange(c10d::ProcessGroup& pg, OpKind op, at::Tens
     }
     if (arrived && p != me && hdr(p, me, kRoom) > kHubAppendMaxBytes) {
       // p posted a receive for its payload before round 1: it goes now, ahead of the reply.
-      const at::Tensor payload = replies.early(p, hdr(p, me, kRoom));
+      const at::Tensor payload = replies.ahead_payload(p, hdr(p, me, kRoom));
       TORCH_INTERNAL_ASSERT(payload.numel() == 0 || payload.numel() == hdr(p, me, kRoom));
       try {
-        early.works.push_back(send_bytes(pg, payload, p));
-        early_out[p] = payload.numel();
+        sent_ahead.works.push_back(send_bytes(pg, payload, p));
+        ahead_out[p] = payload.numel();
       } catch (const std::exception&) {
         // A lost peer: the verdict names it.
       }
@@ -486,12 +487,12 @@ std::vector<at::Tensor> hub_exchange(c10d::ProcessGroup& pg, OpKind op, at::Tens
   appended_out = replies.payload_bytes(table.data());
   TORCH_INTERNAL_ASSERT(static_cast<int64_t>(appended_out.size()) == world);
   for (int64_t d = 0; d < world; ++d) {
-    TORCH_INTERNAL_ASSERT(early_out[d] == 0 || appended_out[d] == 0);
-    appended_out[d] += early_out[d];
+    TORCH_INTERNAL_ASSERT(ahead_out[d] == 0 || appended_out[d] == 0);
+    appended_out[d] += ahead_out[d];
   }
   std::vector<int64_t> reply_at(world + 1, 0);
   for (int64_t d = 0; d < world; ++d) {
-    int64_t size = headers_bytes + (early_out[d] > 0 ? 0 : appended_out[d]);
+    int64_t size = headers_bytes + (ahead_out[d] > 0 ? 0 : appended_out[d]);
     for (int64_t p = 0; p < world; ++p) {
       size += source[p * world + d] >= 0 ? padded16(hdr(p, d, kBytes)) : 0;
     }
@@ -516,7 +517,7 @@ std::vector<at::Tensor> hub_exchange(c10d::ProcessGroup& pg, OpKind op, at::Tens
     if (appended_out[d] > 0) {
       // The hub's own header to d says how much it sent outside the slots (ahead, or after the rest).
       reinterpret_cast<int64_t*>(base + me * kHeaderBytes)[kAppended] = appended_out[d];
-      if (early_out[d] == 0) {
+      if (ahead_out[d] == 0) {
         replies.pack(d, whole.narrow(0, at, appended_out[d]));
       }
     }
@@ -769,7 +770,7 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
       return bytes;
     };
     replies.pack = write_payload;
-    replies.early = [&](int64_t r, int64_t bytes) {
+    replies.ahead_payload = [&](int64_t r, int64_t bytes) {
       if (!error && moves->send[r].bytes == bytes && moves->send[r].direct.defined()) {
         return moves->send[r].direct;
       }
@@ -882,7 +883,7 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
   // Where each payload that did not wait for round 2 starts: in recv1 (a slot, or the hub's appended
   // payload after the others), or, on the hub, in the sender's round-1 message (right after its
   // headers: a rank that appends has no slot payloads). See NOTE [ Hub messages ].
-  std::vector<int64_t> early_at(world, -1);
+  std::vector<int64_t> round_one_at(world, -1);
   {
     int64_t at = headers_bytes;
     for (int64_t p = 0; p < world; ++p) {
@@ -890,29 +891,30 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
         continue;
       }
       if (field(p, kFits) != 0) {
-        early_at[p] = via_hub ? at : p * block_bytes + kHeaderBytes;
+        round_one_at[p] = via_hub ? at : p * block_bytes + kHeaderBytes;
         at += padded16(declared[p]);
       }
     }
     for (int64_t p = 0; p < world; ++p) {
       if (appended_in[p] > 0 && !ahead) {
-        early_at[p] = me == kHub ? headers_bytes : at;
+        round_one_at[p] = me == kHub ? headers_bytes : at;
       }
     }
     // (A payload the hub sent ahead is already in place, straight in the shard: it has no offset.)
     for (int64_t p = 0; p < world; ++p) {
       const int64_t limit = me == kHub && appended_in[p] > 0 ? hub_messages[p].numel() : recv1.numel();
-      TORCH_CHECK(early_at[p] < 0 || early_at[p] + declared[p] <= limit, "torch_shard.", op_name(op),
+      TORCH_CHECK(round_one_at[p] < 0 || round_one_at[p] + declared[p] <= limit, "torch_shard.", op_name(op),
                   ": internal error: the round-1 message from rank ", p,
                   " is shorter than its headers say; please report this");
     }
   }
-  auto early = [&](int64_t p) -> at::Tensor {
+  // The payload from p that came with round 1: in a slot, appended, or sent ahead into the shard.
+  auto round_one_payload = [&](int64_t p) -> at::Tensor {
     if (appended_in[p] > 0 && ahead) {
       return moves->recv[p].direct;
     }
     const at::Tensor& message = me == kHub && appended_in[p] > 0 ? hub_messages[p] : recv1;
-    return message.narrow(0, early_at[p], declared[p]);
+    return message.narrow(0, round_one_at[p], declared[p]);
   };
   auto deliver = [&](int64_t p, const at::Tensor& bytes) {
     const Incoming& in = moves->recv[p];
@@ -935,7 +937,7 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
     }
     for (int64_t p = 0; p < world; ++p) {
       if (p != me && declared[p] > 0) {
-        deliver(p, early(p));
+        deliver(p, round_one_payload(p));
       }
     }
   } else if (point_to_point) {
@@ -1004,7 +1006,7 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
     }
     for (int64_t p = 0; p < world; ++p) {
       if (p != me && declared[p] > 0 && !sends_here(p)) {
-        deliver(p, early(p));
+        deliver(p, round_one_payload(p));
       }
     }
     for (int64_t p = 0; p < world; ++p) {
@@ -1105,7 +1107,7 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
         continue;
       }
       if (field(p, kFits) != 0 || appended_in[p] > 0) {
-        deliver(p, early(p));
+        deliver(p, round_one_payload(p));
       } else {
         deliver(p, in_buffer.narrow(0, pos, declared[p]));
         pos += declared[p];
