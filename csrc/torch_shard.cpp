@@ -76,8 +76,9 @@ TORCH_LIBRARY(torch_shard, m) {
   m.def("_agree_shard(int src, int[] global_size, ScalarType dtype, int spec_fingerprint, "
         "str group_name) -> ()");
   // Every rank's `parts` (1-D tensors, same count and dtypes everywhere, any lengths) on every rank,
-  // rank-major, after agreeing on `fingerprint` and `flags`. See NOTE [ Shared inputs ].
-  m.def("_share_inputs(Tensor[] parts, int fingerprint, int flags, str group_name) -> Tensor[]");
+  // rank-major, after agreeing on `fingerprint`, `flags` and `arguments`. See NOTE [ Shared inputs ].
+  m.def("_share_inputs(Tensor[] parts, int fingerprint, int flags, str group_name, float[] arguments=[]) "
+        "-> Tensor[]");
   // True on every rank iff `value` is true on every rank.
   m.def("_all_ranks_true(bool value, str group_name) -> bool");
   // Every rank's `value`, in rank order (one agreement round; op kind "compare").

@@ -257,6 +257,55 @@ class TestEmbeddingInputValidation(ShardedTensorTestBase):
             self.assertEqual(F.embedding(mine.to(device), weight), F.embedding(mine.to(device), dense))
 
     @with_comms(init_rpc=False)
+    def test_lookup_arguments_that_differ_across_ranks_raise_on_every_rank(self):
+        """Each rank computes the other ranks' lookups with its own mode, padding_idx and max_norm
+        (norm_type with it): ranks that differ raise ValueError on every rank before any data moves or
+        any row is renormalised (otherwise results differ silently, and max_norm on some ranks only
+        adds a collective there). The same arguments written differently agree."""
+        device = rank_device(self.rank)
+        ids = _long(1, 2, 3, 4, device=device)
+        offsets = _long(0, 2, device=device)
+        # (op, arguments on every other rank, arguments on BAD_RANK)
+        differing = [
+            (F.embedding_bag, {"offsets": offsets, "mode": "sum"}, {"offsets": offsets, "mode": "max"}),
+            (F.embedding_bag, {"offsets": offsets, "mode": "sum"}, {"offsets": offsets, "mode": "sum", "padding_idx": 2}),
+            (F.embedding_bag, {"offsets": offsets}, {"offsets": offsets, "max_norm": 1.0}),
+            (
+                F.embedding_bag,
+                {"offsets": offsets, "max_norm": 1.0},
+                {"offsets": offsets, "max_norm": 1.0, "norm_type": 1.0},
+            ),
+            (F.embedding, {}, {"padding_idx": 3}),
+            (F.embedding, {}, {"max_norm": 2.0}),
+            (F.embedding, {"max_norm": 2.0}, {"max_norm": 0.5}),
+        ]
+        # Equal on every rank, however written: padding_idx -1 is row 9, norm_type without max_norm
+        # means nothing, mode "mean" is the default.
+        agreeing = [
+            (F.embedding_bag, {"offsets": offsets, "padding_idx": 9}, {"offsets": offsets, "padding_idx": -1}),
+            (F.embedding_bag, {"offsets": offsets}, {"offsets": offsets, "norm_type": 1.0, "mode": "mean"}),
+            (F.embedding, {"padding_idx": 9}, {"padding_idx": -1}),
+            (F.embedding, {}, {"norm_type": 3.0}),
+        ]
+        other = 0 if self.rank == BAD_RANK else BAD_RANK
+        for dim, dense, weight in self._weights():
+            shard = weight.local_shards()[0].tensor
+            before = shard.clone()
+            for fn, good, bad in differing:
+                with self.subTest(dim=dim, op=fn.__name__, bad=sorted(bad)):
+                    with self.assertRaisesRegex(
+                        ValueError,
+                        f"the arguments on rank {self.rank} do not match with the arguments on rank {other} "
+                        r"\(mode, padding_idx, max_norm or norm_type",
+                    ):
+                        fn(ids, weight, **(bad if self.rank == BAD_RANK else good))
+                    self.assertEqual(shard, before)
+            for fn, good, bad in agreeing:
+                with self.subTest(dim=dim, op=fn.__name__, agreeing=sorted(bad)):
+                    kwargs = bad if self.rank == BAD_RANK else good
+                    self.assertEqual(fn(ids, weight, **kwargs), fn(ids, dense, **kwargs))
+
+    @with_comms(init_rpc=False)
     def test_embedding_bag_edge_inputs_match_dense(self):
         """Valid inputs at the edges: no bags (on some ranks or all), trailing empty bags, int32 ids and
         offsets, include_last_offset with no ids."""

@@ -5,6 +5,8 @@
 // NOTE [ Agreed exchange ] (comm/exchange.cpp) for the rounds and NOTE [ Plan cache ]
 // (comm/transfer.cpp) for planning.
 
+#include <cmath>
+#include <cstring>
 #include <sstream>
 
 #include <ATen/core/grad_mode.h>
@@ -319,9 +321,12 @@ void abort_op(c10::string_view op, c10::string_view error_class, c10::string_vie
 // declare in the agreement round (see NOTE [ Agreed exchange ]), so inputs of different lengths per
 // rank are safe. A message is a header of one int64 byte count per part, then each part padded to 8
 // bytes so every part starts aligned for its dtype. `fingerprint` is an op-specific value every rank
-// must agree on (the weight's layout), `flags` a small op-specific value that must agree too.
+// must agree on (the weight's layout), `flags` a small op-specific value that must agree too, and
+// `arguments` the scalars with which each rank computes the OTHER ranks' results (the embedding ops:
+// mode, padding_idx, max_norm, norm_type). Ranks that differ there would hand back silently different
+// results, or run a collective the others do not (max_norm on a column-sharded weight): all raise.
 std::vector<at::Tensor> share_inputs(at::TensorList parts, int64_t fingerprint, int64_t flags,
-                                     c10::string_view group_name) {
+                                     c10::string_view group_name, c10::ArrayRef<double> arguments) {
   auto pg = comm::resolve_group(std::string(group_name), "_share_inputs");
   const int64_t me = pg->getRank();
   const int64_t world = pg->getSize();
@@ -361,7 +366,16 @@ std::vector<at::Tensor> share_inputs(at::TensorList parts, int64_t fingerprint, 
         moves.recv[p].bytes = comm::kDeclared;
       }
     }
-    mine = {fingerprint, dtypes.as_int64(), flags, 0};
+    Fingerprint scalars;
+    scalars.add(static_cast<int64_t>(arguments.size()));
+    for (double value : arguments) {
+      // Bit patterns, with the two zeros and every NaN made one value each.
+      const double canonical = value == 0.0 ? 0.0 : (std::isnan(value) ? std::nan("") : value);
+      int64_t bits = 0;
+      std::memcpy(&bits, &canonical, sizeof(bits));
+      scalars.add(bits);
+    }
+    mine = {fingerprint, dtypes.as_int64(), flags, scalars.as_int64()};
   } catch (...) {
     error = std::current_exception();
   }
@@ -384,6 +398,13 @@ std::vector<at::Tensor> share_inputs(at::TensorList parts, int64_t fingerprint, 
                      TORCH_CHECK_VALUE(false, "torch_shard: the arguments on rank ", me,
                                        " do not match with the arguments on rank ", r,
                                        " (e.g. per_sample_weights given on some ranks only)");
+                   }
+                   if (const int64_t r = first_mismatch(all, me, 3); r >= 0) {
+                     TORCH_CHECK_VALUE(false, "torch_shard: the arguments on rank ", me,
+                                       " do not match with the arguments on rank ", r,
+                                       " (mode, padding_idx, max_norm or norm_type: each rank computes the "
+                                       "other ranks' lookups with its own, so they must be the same on "
+                                       "every rank)");
                    }
                    if (const int64_t r = first_mismatch(all, me, 1); r >= 0) {
                      TORCH_CHECK_VALUE(false, "torch_shard: the inputs on rank ", me,

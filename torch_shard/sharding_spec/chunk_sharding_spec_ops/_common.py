@@ -146,9 +146,33 @@ def owner_ranks(weight) -> list[int]:
     return [resolver.owner(md.placement) for md in weight.metadata().shards_metadata]
 
 
-def share_bags(bags: Bags, weight, error: BaseException | None, op_name: str) -> list[Bags]:
+_MODE_CODES = {"sum": 0.0, "mean": 1.0, "max": 2.0}
+
+
+def lookup_arguments(
+    padding_idx: int | None, max_norm: float | None, norm_type: float, mode: str | None = None
+) -> list[float]:
+    """The scalars with which this rank computes the OTHER ranks' lookups, for the agreement in
+    :func:`share_bags`: every rank must pass the same (different ones would give silently different
+    results, or, with max_norm on some ranks only, a collective the others do not run).
+
+    ``padding_idx`` is the normalised one (non-negative) or None; ``norm_type`` counts only with a
+    ``max_norm``, as for the dense op. None maps to -1, which no valid value takes.
+    """
+    return [
+        -1.0 if padding_idx is None else float(padding_idx),
+        -1.0 if max_norm is None else float(max_norm),
+        0.0 if max_norm is None else float(norm_type),
+        -1.0 if mode is None else _MODE_CODES[mode],
+    ]
+
+
+def share_bags(
+    bags: Bags, weight, error: BaseException | None, op_name: str, arguments: list[float] | None = None
+) -> list[Bags]:
     """Give every rank every rank's bags, after agreeing (raising on every rank if any rank's input
-    was rejected): one C++ data op."""
+    was rejected, or if the ranks' ``arguments``, from :func:`lookup_arguments`, differ): one C++ data
+    op."""
     pg = weight._process_group
     if error is not None:
         abort_and_raise("share_inputs", error, pg)
@@ -156,7 +180,9 @@ def share_bags(bags: Bags, weight, error: BaseException | None, op_name: str) ->
     parts = [bags.offsets, bags.ids]
     if has_psw:
         parts.append(bags.per_sample_weights.detach().reshape(-1))
-    received = _ops._share_inputs(parts, _state.read_state(weight).layout_fp, int(has_psw), pg.group_name)
+    received = _ops._share_inputs(
+        parts, _state.read_state(weight).layout_fp, int(has_psw), pg.group_name, arguments or []
+    )
     width = len(parts)
     return [
         Bags(

@@ -11,6 +11,7 @@ from ._common import (
     Bags,
     column_order,
     exchange_chunks,
+    lookup_arguments,
     renorm_rows_,
     row_ranges,
     share_bags,
@@ -55,9 +56,10 @@ def sharded_embedding(types, args, kwargs, pg):
         ids = input.reshape(-1).to(torch.int64)
         mine = Bags(ids=ids, offsets=torch.zeros(0, dtype=torch.int64, device=ids.device), per_sample_weights=None)
         layout = row_ranges(weight) if dim == 0 else column_order(weight)
+        arguments = lookup_arguments(padding_idx, max_norm, norm_type)
     except Exception as exc:  # noqa: BLE001 - raised on every rank by share_bags
-        error, mine = exc, None
-    everyone = share_bags(mine, weight, error, "embedding")
+        error, mine, arguments = exc, None, None
+    everyone = share_bags(mine, weight, error, "embedding", arguments)
     group = pg.group_name
     dtype = local.dtype
     if dim == 0:

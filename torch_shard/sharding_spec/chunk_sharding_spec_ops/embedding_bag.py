@@ -13,6 +13,7 @@ from ._common import (
     check_index_dtype,
     column_order,
     exchange_chunks,
+    lookup_arguments,
     renorm_rows_,
     share_bags,
     validate_common,
@@ -182,9 +183,10 @@ def sharded_embedding_bag(types, args, kwargs, pg):
             input, offsets, kwargs.get("per_sample_weights"), kwargs.get("include_last_offset", False), mode, local
         )
         order = column_order(weight) if dim == 1 else None
+        arguments = lookup_arguments(padding_idx, max_norm, norm_type, mode)
     except Exception as exc:  # noqa: BLE001 - raised on every rank by share_bags
-        error, mine = exc, None
-    everyone = share_bags(mine, weight, error, "embedding_bag")
+        error, mine, arguments = exc, None, None
+    everyone = share_bags(mine, weight, error, "embedding_bag", arguments)
     group = pg.group_name
     embedding_dim = weight.size(1)
 
