@@ -73,7 +73,24 @@ def _embedding_scenario(rank: int, action: str, fault_rank: int):
     F.embedding_bag(torch.tensor([1, 5, 9, 13]), weight, torch.tensor([0, 2]), mode="sum")
 
 
-SCENARIOS = {"reshard": _reshard_scenario, "embedding": _embedding_scenario}
+# The stalled-rank scenario's own group: a short timeout, so the test takes seconds.
+STALL_TIMEOUT_S = 2.0
+
+
+def _stall_scenario(rank: int, action: str, fault_rank: int):
+    """A rank that is alive but late: it enters a gather twice the group's timeout after the others."""
+    group = dist.new_group(list(range(WORLD)), timeout=timedelta(seconds=STALL_TIMEOUT_S))
+    st = torch_shard._shard_tensor(
+        torch.arange(64 * 64, dtype=torch.float32).view(64, 64),
+        ChunkShardingSpec(dim=0, placements=_placements()),
+        process_group=group,
+    )
+    if rank == fault_rank:
+        time.sleep(2 * STALL_TIMEOUT_S)
+    st.gather(0, torch.empty(64, 64) if rank == 0 else None)
+
+
+SCENARIOS = {"reshard": _reshard_scenario, "embedding": _embedding_scenario, "stall": _stall_scenario}
 
 
 def _rank_main(rank: int, store_path: str, scenario: str, action: str, fault_rank: int, conn) -> None:
@@ -195,6 +212,26 @@ class TestFaultsAfterAgreement(TestCase):
         self.assertNotIn(0, reports)
         self.assertEqual(exit_codes[0], INJECTED_EXIT_CODE, f"reports {reports}")
         self._check_peers_raised(reports, exit_codes, fault_rank=0)
+
+    def test_rank_stalling_past_the_group_timeout(self):
+        # Rank 2 is alive but enters the gather late. The hub's wait for it times out, and gloo then
+        # closes every connection of the hub (NOTE [ Round 1 through a hub ]): ranks 1 and 3 see it
+        # closed (or time out themselves) instead of waiting, the hub raises naming rank 2, and the late
+        # rank fails on the closed connection. Every rank raises within about one timeout of the hub.
+        reports, exit_codes = _launch("stall", "none")
+        self._check_peers_raised(reports, exit_codes)
+        for rank, (_, _cls, message, seconds) in reports.items():
+            if rank != FAULT_RANK:
+                self.assertLess(seconds, 2 * STALL_TIMEOUT_S + 5, f"rank {rank}: {message}")
+        self.assertIn(
+            f"torch_shard.gather: rank {FAULT_RANK} of the process group did not take part in the agreement round",
+            reports[0][2],
+        )
+        self.assertEqual(reports[0][1], "DistBackendError", reports[0][2])
+        self.assertIn(FAULT_RANK, reports, f"exit codes {exit_codes}")
+        kind, cls, message, _ = reports[FAULT_RANK]
+        self.assertEqual(kind, "raised", message)
+        self.assertIn(cls, ("RuntimeError", "DistBackendError"), message)
 
     def test_rank_raising_after_sharing_embedding_inputs(self):
         self._check_raise("embedding")

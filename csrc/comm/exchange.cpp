@@ -92,10 +92,12 @@ constexpr int64_t kMaxSlotBytes = int64_t{256} << 10;
 // all-to-all is one kernel) and slots above kHubMaxSlotBytes keep the all-to-all: a repeated dense
 // reshard whose 64 KiB messages ride in round 1 was 0.87-0.93x as fast through the hub as by the
 // all-to-all, one of 256 KiB messages 1.1x slower (relaying doubles the bytes between non-hub ranks).
-// A peer whose round-1 message fails to arrive (its process ended, its connection broke, the group's
-// timeout passed) is reported by the hub to everyone as lost (kLost), so no rank waits on it; as after
-// any timeout in c10d, the group should not be used again (a late message would be taken for the next
-// op's).
+// A peer whose round-1 message fails to arrive (its process ended, its connection broke) is reported by
+// the hub to everyone as lost (kLost), so no rank waits on it. A timeout is different: gloo closes every
+// connection of the process whose wait timed out (the hub's, for a rank that stalls past the group's
+// timeout), so the others raise gloo's own error (connection closed, or their own timeout) at once, and
+// the late rank fails on the closed connection: no rank hangs, no late message can be taken for a later
+// op's, and, as after any timeout in c10d, the group cannot be used again.
 constexpr int64_t kHubMaxWorld = 8;
 constexpr int64_t kHubMaxSlotBytes = int64_t{64} << 10;
 constexpr int64_t kHub = 0;
