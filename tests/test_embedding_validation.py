@@ -188,6 +188,8 @@ class TestEmbeddingInputValidation(ShardedTensorTestBase):
             (bag(ids.view(1, 1, 3), offsets=None), ValueError, "Input more than 2 dims not supported", None),
             (bag(ids.view(1, 3)), ValueError, "Input dimension needs to be exactly 1 dim", None),
             (bag(ids, mode="foo"), ValueError, "mode 'foo' is not supported", None),
+            # The dense op rejects None too ("mode has to be one of sum, mean or max").
+            (bag(ids, mode=None), ValueError, "mode 'None' is not supported", None),
         ]
 
     @with_comms(init_rpc=False)

@@ -146,7 +146,7 @@ def sharded_embedding_bag(types, args, kwargs, pg):
     input = args[0] if args else kwargs.get("input")
     weight = args[1] if len(args) > 1 else kwargs.get("weight")
     offsets = kwargs.get("offsets")
-    mode = kwargs.get("mode", "mean") or "mean"
+    mode = kwargs.get("mode", "mean")
     padding_idx = kwargs.get("padding_idx")
     max_norm = kwargs.get("max_norm")
     norm_type = kwargs.get("norm_type", 2.0)
