@@ -142,7 +142,7 @@ def time_size(n: int, repeats: int, mesh) -> dict[str, float]:
     mine = full.chunk(world)[rank].clone()
 
     def floor_scatter():
-        fresh = torch.empty_like(full.chunk(world)[rank])
+        fresh = torch.empty_like(mine)
         dist.scatter(fresh, row_chunks, src=0)
         return fresh
 
