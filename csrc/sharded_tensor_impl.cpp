@@ -95,9 +95,9 @@ void ShardedTensorImpl::check_shards_against(const layout::Layout& layout,
     const layout::Placement& placement = layout.placement(static_cast<size_t>(idx));
     if (!placement.name.empty() && !group_name_.empty()) {
       const c10::Device want = placement.device;
-      TORCH_CHECK_VALUE(t.device().type() == want.type() && (!want.has_index() || t.device() == want),
-                        "torch_shard.", op, ": local shard ", k, " is on ", t.device(),
-                        ", but its placement '", placement.name, "' puts it on ", want);
+      TORCH_CHECK_VALUE(layout::on_placement_device(t.device(), want), "torch_shard.", op, ": local shard ",
+                        k, " is on ", t.device(), ", but its placement '", placement.name, "' puts it on ",
+                        want);
     }
   }
 }

@@ -47,9 +47,9 @@ TORCH_LIBRARY(torch_shard, m) {
   m.def("_local_shard_indices(Tensor self) -> int[]");
   // A stamp that changes whenever the layout or a local shard does.
   m.def("_version(Tensor self) -> int");
-  // (version, local shards, their indices in the layout, pin_memory, layout fingerprint): what Python
-  // caches, in one call.
-  m.def("_state(Tensor self) -> (int, Tensor[], int[], bool, int)");
+  // (version, local shards, their indices in the layout, pin_memory, layout serial, layout
+  // fingerprint): what Python caches, in one call.
+  m.def("_state(Tensor self) -> (int, Tensor[], int[], bool, int, int)");
   // (offsets, sizes, placement_index, placements, placement_owners, chunk_dim) of the layout.
   m.def("_layout(Tensor self) -> (Tensor, Tensor, Tensor, str[], int[], int?)");
   m.def("_group_name(Tensor self) -> str");
@@ -75,10 +75,11 @@ TORCH_LIBRARY(torch_shard, m) {
   // specs that shard themselves (their shard() runs after it).
   m.def("_agree_shard(int src, int[] global_size, ScalarType dtype, int spec_fingerprint, "
         "str group_name) -> ()");
-  // Every rank's `parts` (1-D tensors, same count and dtypes everywhere, any lengths) on every rank,
-  // rank-major, after agreeing on `fingerprint`, `flags` and `arguments`. See NOTE [ Shared inputs ].
-  m.def("_share_inputs(Tensor[] parts, int fingerprint, int flags, str group_name, float[] arguments=[]) "
-        "-> Tensor[]");
+  // Every rank's `parts` (1-D tensors, at most 3, same count and dtypes everywhere, any lengths) on
+  // every rank, rank-major, after agreeing on `fingerprint`, `flags` and `arguments`; `status` and
+  // `words` are device-side values read with the agreement. See NOTE [ Shared inputs ].
+  m.def("_share_inputs(Tensor[] parts, int fingerprint, int flags, str group_name, float[] arguments=[], "
+        "Tensor? status=None, Tensor? words=None) -> Tensor[]");
   // True on every rank iff `value` is true on every rank.
   m.def("_all_ranks_true(bool value, str group_name) -> bool");
   // Every rank's `value`, in rank order (one agreement round; op kind "compare").
@@ -86,6 +87,12 @@ TORCH_LIBRARY(torch_shard, m) {
   // Unchecked all-to-all of a flat tensor (counts in elements; rank r receives send_counts[r] from
   // this rank). Internal: counts must come from data every rank agreed on.
   m.def("_all_to_all(Tensor input, int[] send_counts, int[] recv_counts, str group_name) -> Tensor");
+  // Unchecked elementwise sum over the group's ranks (a new tensor on `input`'s device). Internal: every
+  // rank's shape and dtype must come from data every rank agreed on.
+  m.def("_sum_over_ranks(Tensor input, str group_name) -> Tensor");
+  // The Python exception class name of each error code a failing rank reports to the others, in code
+  // order from 1: the one table of these codes (csrc/comm/exchange.h, ErrorCode).
+  m.def("_error_classes() -> str[]");
   // Row-wise sharded embedding_bag (csrc/ops/embedding_ops.cpp): pool, per bag, the rows of `weight`
   // (global rows row_start..) that a requester's bags use; mode "sum" or "max". Returns the pooled
   // [num_bags, dim] (0 / -inf where the shard holds none of a bag's ids) and, for max, the winning

@@ -417,9 +417,11 @@ class TestPlanCacheAndRounds(ShardedTensorTestBase):
             # 2 MiB per rank: the hub sends each payload ahead of its reply, straight into the new shard.
             big_st = step(lambda: _shard_tensor(big, _rows()))
             self.assertEqual(big_st.local_tensor(), big[self.rank * 256 : (self.rank + 1) * 256])
-            # ... and when the verdict then fails (rank 3 names its own placement differently: same boxes
-            # and sizes, so the payloads went), every rank raises and drops what arrived.
-            names = [f"rank:{r}/cpu:0" if self.rank == r == 3 else f"rank:{r}/cpu" for r in range(WORLD)]
+            # ... and when the verdict then fails (rank 3 swaps the owners of the last two chunks: same
+            # boxes and sizes everywhere, so every payload went, rank 3's into the chunk it thinks it
+            # owns), every rank raises and drops what arrived.
+            owners = [0, 1, 3, 2] if self.rank == 3 else list(range(WORLD))
+            names = [f"rank:{r}/cpu" for r in owners]
             with self.assertRaisesRegex(ValueError, "sharding_spec on rank"):
                 _shard_tensor(big, ChunkShardingSpec(dim=0, placements=names))
             # The hub's sizes differ (it owes zero-byte messages instead), or it fails locally.

@@ -11,8 +11,9 @@
 #include <unordered_map>
 
 #include <ATen/ops/as_strided.h>
-
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
 #include <c10/macros/Macros.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
@@ -57,7 +58,7 @@ namespace comm {
 // 3x less than an all-gather of the same header, so the slot makes small ops single-round for free.
 // The slot grows for dense patterns that repeat: see NOTE [ Slot size from the group's history ].
 // On small CPU groups round 1 does not run as an all-to-all at all: see NOTE [ Round 1 through a hub ].
-constexpr int64_t kHeaderWords = 12;
+constexpr int64_t kHeaderWords = 16;
 constexpr int64_t kPointToPointFromBytes = int64_t{256} << 10;
 constexpr int64_t kHeaderBytes = kHeaderWords * static_cast<int64_t>(sizeof(int64_t));
 
@@ -156,9 +157,11 @@ enum HeaderField : int64_t {
   kMaxMessage = 5,
   kRoom = 6,
   kAppended = 7,
-  kValue0 = 8
+  kValue0 = 8,                      // kAgreedValues agreed values
+  kNote0 = kValue0 + kAgreedValues, // kNotes notes (Agreement::notes)
+  kWord = kNote0 + kNotes,          // the word addressed to this peer (Agreement::words)
 };
-static_assert(kValue0 + kAgreedValues == kHeaderWords, "header layout");
+static_assert(kWord + 1 == kHeaderWords, "header layout");
 static_assert(kHeaderBytes % 16 == 0, "slots must stay aligned for every dtype");
 
 // See NOTE [ Slot size from the group's history ].
@@ -351,6 +354,69 @@ bool agreed(const int64_t* table, int64_t world, OpKind op, const Check& check, 
     return false;
   }
   return true;
+}
+
+// NOTE [ One host read per exchange ]
+// On CUDA (NCCL) every buffer of the exchange lives in device memory, and the host reads device memory
+// only through a copy that waits for the device (a host sync). An exchange needs exactly one such
+// read: the headers the peers sent this rank, which decide everything after round 1 (the verdict, the
+// sizes and pattern of round 2). Values an op computes on the device and needs on the host (Agreement::
+// status, a check of its inputs, and Agreement::words, e.g. per-peer counts) ride in that same copy:
+// they go out in the header blocks without the host reading them first (a device-to-device copy), and
+// this rank's own words come back together with the received headers. Byte counts come from shapes
+// and headers, packing and unpacking are device copies, so nothing else in an exchange reads device
+// memory on the host. Through the hub (CPU groups only) headers are built on the host, and the words
+// are read there instead (a copy to the host only for tensors on a GPU, i.e. CUDA shards on gloo).
+
+struct HostRead {
+  std::vector<int64_t> words; // Agreement::words (empty when there are none)
+  int64_t status = 0;         // Agreement::status (0 when there is none)
+};
+
+// Reads, in one copy to the host: `rows` (an int64 [world, kHeaderWords] view of received headers, on
+// the communication device, into `rows_out`; may be undefined), then the agreement's words and status.
+HostRead read_to_host(const Agreement& agreement, const at::Tensor& rows, int64_t world, int64_t* rows_out) {
+  std::vector<at::Tensor> parts;
+  if (rows.defined()) {
+    parts.push_back(rows.reshape({-1}));
+  }
+  if (agreement.words.defined()) {
+    parts.push_back(agreement.words.reshape({-1}));
+  }
+  if (agreement.status.defined()) {
+    parts.push_back(agreement.status.reshape({-1}));
+  }
+  if (parts.empty()) {
+    return {};
+  }
+  const c10::Device where = parts.front().device();
+  for (auto& part : parts) {
+    part = part.to(where);
+  }
+  // One device-to-host copy (none at all on the CPU).
+  const at::Tensor host = (parts.size() == 1 ? parts.front() : at::cat(parts)).to(at::kCPU).contiguous();
+  const int64_t* values = host.const_data_ptr<int64_t>();
+  HostRead out;
+  if (rows.defined()) {
+    std::memcpy(rows_out, values, static_cast<size_t>(world * kHeaderBytes));
+    values += world * kHeaderWords;
+  }
+  if (agreement.words.defined()) {
+    out.words.assign(values, values + world);
+    values += world;
+  }
+  if (agreement.status.defined()) {
+    out.status = *values;
+  }
+  return out;
+}
+
+// This rank's input failed a check on its device: its own error, from the op.
+[[noreturn]] void raise_own_status(const Agreement& agreement, OpKind op, int64_t code) {
+  agreement.raise_status(static_cast<ErrorCode>(code));
+  TORCH_CHECK(false, "torch_shard.", op_name(op),
+              ": internal error: this rank's input failed a device-side check, but the op named no "
+              "error; please report this");
 }
 
 // Sends still travelling (the hub's payloads sent ahead of its replies), waited for when the exchange
@@ -590,8 +656,8 @@ void inject_fault(const std::string& op, const std::string& action) {
       "torch_shard._inject_fault: action must be 'raise', 'exit', 'exit_before' or 'none', got '", action,
       "'");
   bool known = op.empty();
-  for (OpKind kind : {OpKind::kShard, OpKind::kGather, OpKind::kReshard, OpKind::kShareInputs,
-                      OpKind::kInitFromLocalShards, OpKind::kCompare}) {
+  for (OpKind kind :
+       {OpKind::kShard, OpKind::kGather, OpKind::kReshard, OpKind::kShareInputs, OpKind::kCompare}) {
     known = known || op == op_name(kind);
   }
   TORCH_CHECK_VALUE(known, "torch_shard._inject_fault: unknown data op '", op, "'");
@@ -611,12 +677,19 @@ const char* op_name(OpKind op) {
       return "reshard";
     case OpKind::kShareInputs:
       return "share_inputs";
-    case OpKind::kInitFromLocalShards:
-      return "init_from_local_shards";
     case OpKind::kCompare:
       return "compare";
   }
   return "unknown op";
+}
+
+std::vector<std::string> error_class_names() {
+  std::vector<std::string> names;
+  for (int64_t code = 1; code <= static_cast<int64_t>(ErrorCode::kLost); ++code) {
+    const auto c = static_cast<ErrorCode>(code);
+    names.push_back(c == ErrorCode::kOther ? "RuntimeError" : error_class_name(c));
+  }
+  return names;
 }
 
 ErrorCode classify(std::exception_ptr error) {
@@ -640,31 +713,51 @@ ErrorCode classify(std::exception_ptr error) {
   }
 }
 
-std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& mine, std::exception_ptr error,
-                              ErrorCode error_code, Moves* moves, const Check& check) {
+Outcome exchange(c10d::ProcessGroup& pg, c10::Device device, const Agreement& agreement, Moves* moves) {
   const int64_t world = pg.getSize();
   const int64_t me = pg.getRank();
+  const OpKind op = agreement.op;
+  const Values& mine = agreement.values;
+  const Check& check = agreement.check;
+  const std::exception_ptr error = agreement.error;
   TORCH_INTERNAL_ASSERT(error || (moves != nullptr && static_cast<int64_t>(moves->send.size()) == world &&
                                   static_cast<int64_t>(moves->recv.size()) == world));
+  TORCH_INTERNAL_ASSERT(!agreement.words.defined() ||
+                        (agreement.words.dim() == 1 && agreement.words.numel() == world &&
+                         agreement.words.scalar_type() == at::kLong));
+  TORCH_INTERNAL_ASSERT(!agreement.status.defined() ||
+                        (agreement.status.numel() == 1 && agreement.status.scalar_type() == at::kLong &&
+                         agreement.raise_status));
+  ErrorCode error_code = agreement.error_code;
   if (error && error_code == ErrorCode::kNone) {
     error_code = classify(error);
   }
   auto& stats = comm_stats();
+  Outcome outcome;
+  outcome.notes.assign(world, Notes{});
+  outcome.words_in.assign(world, 0);
 
   if (world == 1) {
     if (error) {
       std::rethrow_exception(error);
     }
+    const HostRead read = read_to_host(agreement, at::Tensor(), 1, nullptr);
+    if (read.status != 0) {
+      raise_own_status(agreement, op, read.status);
+    }
     check({mine}, 0);
     if (moves->local) {
       moves->local();
     }
-    return {0};
+    outcome.declared = {0};
+    outcome.notes[0] = agreement.notes;
+    outcome.words_in = read.words.empty() ? std::vector<int64_t>{0} : read.words;
+    outcome.words_out = read.words;
+    return outcome;
   }
 
   // ---- Round 1: header + slot to every peer --------------------------------------------------------
   fault_point(op, me, /*before_agreement=*/true); // test-only; see NOTE [ Fault injection ]
-  const c10::Device device = comm_device(pg);
   const int64_t slot_bytes = slot_history().slot_for(pg);
   const int64_t block_bytes = kHeaderBytes + slot_bytes;
   bool fits = !error;
@@ -720,12 +813,26 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
     for (int k = 0; k < kAgreedValues; ++k) {
       row[kValue0 + k] = error ? 0 : mine[k];
     }
+    for (int k = 0; k < kNotes; ++k) {
+      row[kNote0 + k] = error ? 0 : agreement.notes[k];
+    }
   }
+  // Device-computed words (NOTE [ One host read per exchange ]): the hub's messages are built on the
+  // host, so there they are read now; otherwise they are copied into the header blocks on the device.
+  const bool device_words = !error && (agreement.words.defined() || agreement.status.defined());
   const int64_t headers_bytes = world * kHeaderBytes;
   at::Tensor send1, recv1;
   std::vector<int64_t> appended_out(world, 0); // payload bytes this rank appended to its message to p
   PendingSends sent_ahead;                     // the hub: payloads sent ahead of its replies
   std::vector<at::Tensor> hub_messages;        // the hub: every rank's whole round-1 message
+  if (via_hub && device_words) {
+    const HostRead read = read_to_host(agreement, at::Tensor(), world, nullptr);
+    for (int64_t p = 0; p < world; ++p) {
+      headers[p * kHeaderWords + kWord] = read.words.empty() ? 0 : read.words[p];
+      headers[p * kHeaderWords + kError] = read.status;
+    }
+    outcome.words_out = read.words;
+  }
   if (via_hub) {
     // See NOTE [ Hub messages ].
     int64_t size = headers_bytes + to_hub;
@@ -800,8 +907,15 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
     send1 = workspace(world * block_bytes, device, 0);
     recv1 = workspace(world * block_bytes, device, 1);
     at::Tensor blocks = send1.view({world, block_bytes});
-    blocks.narrow(1, 0, kHeaderBytes)
-        .copy_(at::from_blob(headers.data(), {world, kHeaderBytes}, at::TensorOptions().dtype(at::kByte)));
+    at::Tensor header_words = blocks.narrow(1, 0, kHeaderBytes).view(at::kLong); // [world, kHeaderWords]
+    header_words.copy_(
+        at::from_blob(headers.data(), {world, kHeaderWords}, at::TensorOptions().dtype(at::kLong)));
+    if (device_words && agreement.status.defined()) {
+      header_words.select(1, kError).copy_(agreement.status.reshape({1}).expand({world}));
+    }
+    if (device_words && agreement.words.defined()) {
+      header_words.select(1, kWord).copy_(agreement.words);
+    }
     for (int64_t p = 0; p < world && fits; ++p) {
       if (p != me && moves->send[p].bytes > 0) {
         write_payload(p, blocks.select(0, p).narrow(0, kHeaderBytes, moves->send[p].bytes));
@@ -817,10 +931,17 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
   // starts in recv1.
   std::vector<int64_t> received_headers(world * kHeaderWords);
   if (via_hub) {
+    // Built on the host (the hub is a CPU-only mode): no device memory to read.
+    TORCH_INTERNAL_ASSERT(recv1.is_cpu());
     std::memcpy(received_headers.data(), recv1.const_data_ptr(), headers_bytes);
   } else {
-    at::Tensor rows = recv1.view({world, block_bytes}).narrow(1, 0, kHeaderBytes).cpu().contiguous();
-    std::memcpy(received_headers.data(), rows.const_data_ptr(), headers_bytes);
+    // The one copy to the host of this exchange (NOTE [ One host read per exchange ]).
+    const at::Tensor rows = recv1.view({world, block_bytes}).narrow(1, 0, kHeaderBytes).view(at::kLong);
+    Agreement words_only;
+    if (device_words) {
+      words_only.words = agreement.words;
+    }
+    outcome.words_out = read_to_host(words_only, rows, world, received_headers.data()).words;
   }
   const int64_t* t = received_headers.data();
   auto field = [&](int64_t rank, int64_t f) { return t[rank * kHeaderWords + f]; };
@@ -829,10 +950,17 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
   if (error) {
     std::rethrow_exception(error);
   }
+  if (field(me, kError) != 0) {
+    raise_own_status(agreement, op, field(me, kError)); // this rank's input failed a check on its device
+  }
   for (int64_t r = 0; r < world; ++r) {
     if (field(r, kError) != 0) {
       raise_peer_failure(op, static_cast<ErrorCode>(field(r, kError)), r);
     }
+  }
+  for (int64_t r = 0; r < world; ++r) {
+    std::copy_n(t + r * kHeaderWords + kNote0, kNotes, outcome.notes[r].begin());
+    outcome.words_in[r] = field(r, kWord);
   }
   for (int64_t r = 0; r < world; ++r) {
     TORCH_CHECK(field(r, kOp) == static_cast<int64_t>(op), "torch_shard.", op_name(op), ": rank ", r,
@@ -1120,7 +1248,8 @@ std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& m
   TORCH_CHECK(!mismatch, "torch_shard.", op_name(op),
               ": internal error: a peer sent a different number of bytes than this rank's plan "
               "expects although every rank agreed on the layouts; please report this");
-  return declared;
+  outcome.declared = std::move(declared);
+  return outcome;
 }
 
 } // namespace comm

@@ -6,6 +6,7 @@
 #include <array>
 #include <exception>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,7 +22,6 @@ enum class OpKind : int64_t {
   kGather = 2,
   kReshard = 3,
   kShareInputs = 4,
-  kInitFromLocalShards = 5,
   kCompare = 6,
 };
 
@@ -73,7 +73,13 @@ struct Moves {
 // so it must give the same result each time and leave nothing behind that a second run would double.
 using Check = std::function<void(const std::vector<Values>& all, int64_t me)>;
 
-// Error classes a failing rank reports; the others raise the same class, naming that rank.
+// Words a rank tells every peer in the agreement round without agreeing on them (op-specific: the
+// byte count of each part of a shared input).
+constexpr int kNotes = 3;
+using Notes = std::array<int64_t, kNotes>;
+
+// Error classes a failing rank reports; the others raise the same class, naming that rank. The one
+// table of these codes: Python reads the class names from torch.ops.torch_shard._error_classes().
 enum class ErrorCode : int64_t {
   kNone = 0,
   kValueError = 1,
@@ -87,12 +93,42 @@ enum class ErrorCode : int64_t {
 
 ErrorCode classify(std::exception_ptr error);
 
+// The Python class name of each ErrorCode from 1 on, in code order (kOther: "RuntimeError").
+std::vector<std::string> error_class_names();
+
+// What this rank brings to the agreement round.
+struct Agreement {
+  OpKind op = OpKind::kCompare;
+  Values values{}; // checked by `check` on every rank
+  Check check;
+  // This rank's local failure: its moves are then ignored, and it rethrows `error` once the others
+  // know. `error_code` overrides the class derived from `error`.
+  std::exception_ptr error;
+  ErrorCode error_code = ErrorCode::kNone;
+  Notes notes{};
+  // Computed on the device without the host reading them first; the host reads them (with the headers
+  // of every peer) in the exchange's one copy to the host. See NOTE [ One host read per exchange ].
+  //   status: one int64, an ErrorCode of this rank's input found on the device (0: none). A rank
+  //   whose status is not 0 runs raise_status (given that code), which must throw its own error; the
+  //   others raise the same class naming it.
+  //   words: [world] int64; words[p] is told to rank p.
+  at::Tensor status;
+  std::function<void(ErrorCode)> raise_status;
+  at::Tensor words;
+};
+
+// What the agreement round told this rank (every rank agreed when exchange() returns).
+struct Outcome {
+  std::vector<int64_t> declared;  // bytes each peer declared it sends here
+  std::vector<Notes> notes;       // every rank's notes, by rank
+  std::vector<int64_t> words_in;  // words[me] of each rank (0 from a rank without words)
+  std::vector<int64_t> words_out; // this rank's words, as sent (empty without words)
+};
+
 // Runs the agreement and, when every rank agrees, the moves. Collective over `pg`: every rank calls it
-// with the same `op`. `error` is this rank's local failure (its `moves` are then ignored and it
-// rethrows `error` once the others know); `moves` may be null only when `error` is set. Returns the
-// bytes each peer declared it sends here (kDeclared receivers read their sizes from it).
-std::vector<int64_t> exchange(c10d::ProcessGroup& pg, OpKind op, const Values& mine, std::exception_ptr error,
-                              ErrorCode error_code, Moves* moves, const Check& check);
+// with the same op. `device` is the communication device (comm_device()); `moves` may be null only when
+// the agreement carries an error.
+Outcome exchange(c10d::ProcessGroup& pg, c10::Device device, const Agreement& agreement, Moves* moves);
 
 // TEST-ONLY: arms a failure of this process in its next exchange of data op `op` ("" for any op):
 // `action` "raise" or "exit" (after the agreement), "exit_before" (before round 1), or "none" to

@@ -31,20 +31,37 @@ c10::intrusive_ptr<c10d::ProcessGroup> resolve_group(const std::string& group_na
 // NOTE [ Communication device ]
 // Every rank must put the buffers of one collective on the same KIND of device, or the group would
 // route the call to different backends on different ranks (a "cpu:gloo,cuda:nccl" group sends CPU
-// tensors to gloo and CUDA tensors to NCCL) and hang. So the device is a property of the GROUP, the
-// same on every rank, never of the shards (which may sit on different devices on different ranks):
-//   * the group has a CUDA backend other than gloo (NCCL, alone or beside gloo): this rank's current
-//     CUDA device.
-//     Shards that live elsewhere (CPU placements) are staged through it: packed into CUDA buffers on
-//     the way out, unpacked from them on the way in. NCCL moves only CUDA memory.
-//   * otherwise (gloo): the CPU. CUDA shards on a gloo group are staged through host memory, which is
-//     what gloo's own CUDA paths do; it also lets torch_shard use point-to-point messages, which gloo
-//     supports for CPU tensors only.
+// tensors to gloo and CUDA tensors to NCCL) and hang. So the device TYPE is a property of the GROUP,
+// the same on every rank, never of the shards (which may sit on different devices on different ranks):
+//   * the group has a CUDA backend other than gloo (NCCL, alone or beside gloo): CUDA. Shards that
+//     live elsewhere (CPU placements) are staged through it: packed into CUDA buffers on the way out,
+//     unpacked from them on the way in. NCCL moves only CUDA memory.
+//   * otherwise (gloo, or a group whose backend is written in Python and registers none): the CPU.
+//     CUDA shards on a gloo group are staged through host memory, which is what gloo's own CUDA paths
+//     do; it also lets torch_shard use point-to-point messages, which gloo supports for CPU tensors
+//     only.
+// WHICH CUDA device is this rank's own business (each rank numbers the GPUs of its host), chosen as
+// DTensor users expect, first match wins:
+//   1. the device of the tensors the op moves, when they are on CUDA (the shards, a scatter's source,
+//      the inputs of a sharded lookup): NCCL then reads and writes them in place;
+//   2. the device the group is bound to (init_process_group(device_id=...)), whose communicator
+//      already exists;
+//   3. the current CUDA device (torch.cuda.set_device).
+// A program that neither binds its group nor sets a device, and keeps its shards on the CPU, stages
+// every rank through cuda:0; with several ranks per host NCCL then fails (duplicate GPU) as it does for
+// any collective such a program runs: bind the group, or call torch.cuda.set_device(local_rank).
 // The choice is made here only; Python never picks a device for communication.
-c10::Device comm_device(c10d::ProcessGroup& pg) {
+c10::Device comm_device(c10d::ProcessGroup& pg, std::optional<c10::Device> tensors) {
   // A gloo group registers gloo for CUDA tensors too; only a CUDA backend of its own (NCCL) counts.
   if (pg.hasBackendForDeviceType(c10::DeviceType::CUDA) &&
       pg.getBackend(c10::DeviceType::CUDA)->getBackendName() != "gloo") {
+    if (tensors.has_value() && tensors->is_cuda() && tensors->has_index()) {
+      return *tensors;
+    }
+    if (const auto bound = pg.getBoundDeviceId();
+        bound.has_value() && bound->is_cuda() && bound->has_index()) {
+      return *bound;
+    }
     c10::impl::VirtualGuardImpl cuda(c10::DeviceType::CUDA);
     return cuda.getDevice();
   }

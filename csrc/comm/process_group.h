@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,8 +19,9 @@ namespace comm {
 // pass `pg.group_name`). ValueError naming `op` when there is none.
 c10::intrusive_ptr<c10d::ProcessGroup> resolve_group(const std::string& group_name, const char* op);
 
-// The device every buffer of a collective on `pg` lives on. See NOTE [ Communication device ].
-c10::Device comm_device(c10d::ProcessGroup& pg);
+// The device every buffer of a collective on `pg` lives on; `tensors` is where the tensors the op
+// moves live on this rank, if anywhere. See NOTE [ Communication device ].
+c10::Device comm_device(c10d::ProcessGroup& pg, std::optional<c10::Device> tensors = std::nullopt);
 
 // Counters of what torch_shard's collectives did, for tests and benchmarks. "Peers" excludes a rank's
 // own part (copied locally). Bytes count payload only (not the fixed agreement header and slots).

@@ -1,6 +1,7 @@
 #include "layout/layout.h"
 
 #include <algorithm>
+#include <atomic>
 #include <numeric>
 
 #include <c10/util/Exception.h>
@@ -124,13 +125,16 @@ void Layout::finish(bool validate) {
   if (validate) {
     validate_shards(boxes_, global_size_);
   }
+  // See NOTE [ What ranks agree on about a placement ].
   Fingerprint fp;
   fp.add(global_size_).add(static_cast<int64_t>(boxes_.size()));
   for (size_t i = 0; i < boxes_.size(); ++i) {
     const Placement& p = placement(i);
-    fp.add(boxes_[i].offsets).add(boxes_[i].sizes).add(p.name).add(p.owner);
+    fp.add(boxes_[i].offsets).add(boxes_[i].sizes).add(p.owner).add(static_cast<int64_t>(p.device.type()));
   }
   fingerprint_ = fp.value();
+  static std::atomic<int64_t> serials{0};
+  serial_ = ++serials;
 }
 
 std::shared_ptr<const Layout> sorted_by_owner_impl(const Layout& layout) {
@@ -186,11 +190,20 @@ bool Layout::same_as(const Layout& other) const {
   for (size_t i = 0; i < boxes_.size(); ++i) {
     const Placement& a = placement(i);
     const Placement& b = other.placement(i);
-    if (!(boxes_[i] == other.boxes_[i]) || a.owner != b.owner || a.name != b.name) {
+    if (!(boxes_[i] == other.boxes_[i]) || a.owner != b.owner || a.device.type() != b.device.type()) {
       return false;
     }
   }
   return true;
+}
+
+bool on_placement_device(c10::Device device, c10::Device placement) {
+  if (device.type() != placement.type()) {
+    return false;
+  }
+  // CPU tensors carry no index ("cpu:0" and "cpu" are the same memory); an index-less placement
+  // ("rank:0/cuda") accepts any device of its type.
+  return device.is_cpu() || !placement.has_index() || device == placement;
 }
 
 } // namespace layout

@@ -61,9 +61,14 @@ public:
   std::vector<int64_t> shards_of(int64_t rank) const;
   // Set when the layout was built by chunked(): the (normalised) chunk dim.
   std::optional<int64_t> chunk_dim() const { return chunk_dim_; }
+  // What every rank must agree on: see NOTE [ What ranks agree on about a placement ].
   uint64_t fingerprint() const { return fingerprint_; }
+  // Unique per Layout object in this process (shared by the impls that share the object): Python
+  // knows from it whether the spec it keeps still describes the tensor's layout.
+  int64_t serial() const { return serial_; }
 
-  // Same global size, boxes, placements and owners (pointer equality first).
+  // Same global size, boxes, owners and device types (what fingerprint() digests; pointer equality
+  // first). Placement names and device indices may differ.
   bool same_as(const Layout& other) const;
 
 private:
@@ -77,7 +82,23 @@ private:
   std::vector<Placement> placements_;
   std::optional<int64_t> chunk_dim_;
   uint64_t fingerprint_ = 0;
+  int64_t serial_ = 0;
 };
+
+// NOTE [ What ranks agree on about a placement ]
+// A placement names an owner and a device. The owner is everyone's business: it decides who sends
+// what to whom. The device is its owner's business: a rank knows where its own shards live, and of
+// another rank's shards only which KIND of device they are on (a CUDA shard and a CPU shard are
+// staged differently). The index of another rank's device is not even knowable in general: each rank
+// numbers the GPUs of its own host, `.cuda()` upstream writes this rank's current device into every
+// placement, and "cpu", "cpu:0" and "rank:0/cuda" vs "rank:0/cuda:0" are different spellings of the
+// same thing. So layouts are compared, across ranks (the fingerprint) and in this process (same_as,
+// the plan cache), by boxes, owners and device TYPES; names and indices never make two ranks disagree.
+// A rank's own shards must be on their placement's device (on_placement_device), checked locally.
+
+// True when a tensor on `device` satisfies a placement on `placement` (same type; the same index
+// unless the placement gives none; CPU indices are ignored).
+bool on_placement_device(c10::Device device, c10::Device placement);
 
 // The device part of a placement string: "rank:1/cuda:1" -> cuda:1, "worker0/cpu" -> cpu, "" -> cpu.
 c10::Device placement_device(const std::string& name);

@@ -12,6 +12,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include "comm/exchange.h"
@@ -39,6 +40,24 @@ int64_t layout_and_dtype_fp(const Layout& layout, c10::ScalarType dtype) {
       .add(static_cast<int64_t>(layout.fingerprint()))
       .add(static_cast<int64_t>(dtype))
       .as_int64();
+}
+
+comm::Agreement agreement(comm::OpKind op, const Values& values, std::exception_ptr error,
+                          comm::Check check) {
+  comm::Agreement a;
+  a.op = op;
+  a.values = values;
+  a.error = std::move(error);
+  a.check = std::move(check);
+  return a;
+}
+
+// Where this rank's shards live, if it holds any (the communication device follows them on CUDA).
+std::optional<c10::Device> shards_device(const ShardedTensorImpl& impl) {
+  if (impl.local_shards().empty() || !impl.local_shards().front().defined()) {
+    return std::nullopt;
+  }
+  return impl.local_shards().front().device();
 }
 
 // First rank whose value k differs from this rank's, or -1.
@@ -91,7 +110,10 @@ at::Tensor shard(const std::optional<at::Tensor>& tensor, int64_t src, c10::IntA
   auto pg = comm::resolve_group(group, "shard");
   const int64_t me = pg->getRank();
   const int64_t world = pg->getSize();
-  const c10::Device device = comm::comm_device(*pg);
+  // Follows the tensors this rank moves (the source, on the source rank; its new shards).
+  c10::Device device = comm::comm_device(*pg, me == src && tensor.has_value() && tensor->defined()
+                                                  ? std::optional<c10::Device>(tensor->device())
+                                                  : std::nullopt);
   std::shared_ptr<const Layout> target;
   std::shared_ptr<const Layout> source;
   std::shared_ptr<const layout::TransferPlan> plan;
@@ -105,6 +127,13 @@ at::Tensor shard(const std::optional<at::Tensor>& tensor, int64_t src, c10::IntA
     target = layout_from_args(global_size, chunk_dim, shard_offsets, shard_sizes, placement_index, placements,
                               placement_owners, world, /*validate=*/true, "shard");
     check_owned(*target, world, "shard");
+    if (const auto mine = target->shards_of(me); !device.is_cuda() || (me != src && !mine.empty())) {
+      const auto placed =
+          mine.empty() ? std::nullopt : std::optional<c10::Device>(target->placement(mine.front()).device);
+      if (placed.has_value() && placed->is_cuda()) {
+        device = comm::comm_device(*pg, placed);
+      }
+    }
     if (me == src) {
       TORCH_CHECK_VALUE(tensor.has_value() && tensor->defined(),
                         "torch_shard.shard: the source rank must pass the tensor to shard");
@@ -125,7 +154,7 @@ at::Tensor shard(const std::optional<at::Tensor>& tensor, int64_t src, c10::IntA
   } catch (...) {
     error = std::current_exception();
   }
-  comm::exchange(*pg, comm::OpKind::kShard, mine, error, comm::ErrorCode::kNone, &moves, check_shard);
+  comm::exchange(*pg, device, agreement(comm::OpKind::kShard, mine, error, check_shard), &moves);
   for (auto& t : out.tensors) {
     t.requires_grad_(requires_grad);
   }
@@ -139,7 +168,7 @@ void gather(const at::Tensor& self, int64_t dst, const std::optional<at::Tensor>
   auto pg = comm::resolve_group(impl->group_name(), "gather");
   const int64_t me = pg->getRank();
   const int64_t world = pg->getSize();
-  const c10::Device device = comm::comm_device(*pg);
+  const c10::Device device = comm::comm_device(*pg, shards_device(*impl));
   const auto dtype = impl->dtype().toScalarType();
   const auto& source = impl->layout();
   std::shared_ptr<const Layout> target;
@@ -171,18 +200,20 @@ void gather(const at::Tensor& self, int64_t dst, const std::optional<at::Tensor>
   } catch (...) {
     error = std::current_exception();
   }
-  comm::exchange(*pg, comm::OpKind::kGather, mine, error, comm::ErrorCode::kNone, &moves,
-                 [](const std::vector<Values>& all, int64_t me) {
-                   if (const int64_t r = first_mismatch(all, me, 0); r >= 0) {
-                     TORCH_CHECK_VALUE(false, "dst=", all[me][0], " on rank: ", me,
-                                       " does not match with dst=", all[r][0], " on rank: ", r);
-                   }
-                   if (const int64_t r = first_mismatch(all, me, 1); r >= 0) {
-                     TORCH_CHECK_VALUE(false, "torch_shard.gather: the layout on rank: ", me,
-                                       " does not match with the layout on rank: ", r,
-                                       " (size, dtype, boxes or placements differ)");
-                   }
-                 });
+  comm::exchange(*pg, device,
+                 agreement(comm::OpKind::kGather, mine, error,
+                           [](const std::vector<Values>& all, int64_t me) {
+                             if (const int64_t r = first_mismatch(all, me, 0); r >= 0) {
+                               TORCH_CHECK_VALUE(false, "dst=", all[me][0], " on rank: ", me,
+                                                 " does not match with dst=", all[r][0], " on rank: ", r);
+                             }
+                             if (const int64_t r = first_mismatch(all, me, 1); r >= 0) {
+                               TORCH_CHECK_VALUE(false, "torch_shard.gather: the layout on rank: ", me,
+                                                 " does not match with the layout on rank: ", r,
+                                                 " (size, dtype, boxes or placements differ)");
+                             }
+                           }),
+                 &moves);
 }
 
 void reshard(const at::Tensor& self, std::optional<int64_t> chunk_dim,
@@ -194,7 +225,7 @@ void reshard(const at::Tensor& self, std::optional<int64_t> chunk_dim,
   auto pg = comm::resolve_group(impl->group_name(), "reshard");
   const int64_t me = pg->getRank();
   const int64_t world = pg->getSize();
-  const c10::Device device = comm::comm_device(*pg);
+  const c10::Device device = comm::comm_device(*pg, shards_device(*impl));
   const auto dtype = impl->dtype().toScalarType();
   const auto source = impl->layout();
   std::shared_ptr<const Layout> target;
@@ -213,7 +244,14 @@ void reshard(const at::Tensor& self, std::optional<int64_t> chunk_dim,
     check_owned(*target, world, "reshard");
     impl->check_local_shards("reshard");
     check_owned(*source, world, "reshard");
+    // Same boxes, owners and device types, and this rank's shards already where the target puts them:
+    // no data moves (the placements may still be written differently, e.g. "cpu" and "cpu:0").
     unchanged = target->same_as(*source);
+    for (size_t k = 0; unchanged && k < impl->local_shards().size(); ++k) {
+      const auto idx = static_cast<size_t>(impl->local_shard_indices()[k]);
+      unchanged =
+          layout::on_placement_device(impl->local_shards()[k].device(), target->placement(idx).device);
+    }
     if (unchanged) {
       moves.send.resize(world);
       moves.recv.resize(world);
@@ -228,20 +266,26 @@ void reshard(const at::Tensor& self, std::optional<int64_t> chunk_dim,
   } catch (...) {
     error = std::current_exception();
   }
-  comm::exchange(*pg, comm::OpKind::kReshard, mine, error, comm::ErrorCode::kNone, &moves,
-                 [](const std::vector<Values>& all, int64_t me) {
-                   if (const int64_t r = first_mismatch(all, me, 0); r >= 0) {
-                     TORCH_CHECK_VALUE(false, "torch_shard.reshard: the layout on rank: ", me,
-                                       " does not match with the layout on rank: ", r,
-                                       " (size, dtype, boxes or placements differ)");
-                   }
-                   if (const int64_t r = first_mismatch(all, me, 1); r >= 0) {
-                     TORCH_CHECK_VALUE(false, "sharding_spec on rank: ", me,
-                                       " does not match with sharding_spec on rank: ", r,
-                                       " (the target layouts differ: boxes or placements)");
-                   }
-                 });
+  comm::exchange(*pg, device,
+                 agreement(comm::OpKind::kReshard, mine, error,
+                           [](const std::vector<Values>& all, int64_t me) {
+                             if (const int64_t r = first_mismatch(all, me, 0); r >= 0) {
+                               TORCH_CHECK_VALUE(false, "torch_shard.reshard: the layout on rank: ", me,
+                                                 " does not match with the layout on rank: ", r,
+                                                 " (size, dtype, boxes or placements differ)");
+                             }
+                             if (const int64_t r = first_mismatch(all, me, 1); r >= 0) {
+                               TORCH_CHECK_VALUE(false, "sharding_spec on rank: ", me,
+                                                 " does not match with sharding_spec on rank: ", r,
+                                                 " (the target layouts differ: boxes or placements)");
+                             }
+                           }),
+                 &moves);
   if (unchanged) {
+    if (target.get() != source.get()) {
+      // Keep the placements as this call wrote them (the layouts agree on everything else).
+      impl->set_layout(target, impl->local_shards(), impl->local_shard_indices());
+    }
     return;
   }
   const bool requires_grad = self.requires_grad();
@@ -269,7 +313,8 @@ void agree_shard(int64_t src, c10::IntArrayRef global_size, c10::ScalarType dtyp
   moves.send.resize(pg->getSize());
   moves.recv.resize(pg->getSize());
   const Values mine{src, size_and_dtype_fp(global_size.vec(), dtype), spec_fingerprint, 0};
-  comm::exchange(*pg, comm::OpKind::kShard, mine, error, comm::ErrorCode::kNone, &moves, check_shard);
+  comm::exchange(*pg, comm::comm_device(*pg), agreement(comm::OpKind::kShard, mine, error, check_shard),
+                 &moves);
 }
 
 // A rank whose Python-side preparation failed (a bad spec, an unknown placement) still takes part in
@@ -277,11 +322,8 @@ void agree_shard(int64_t src, c10::IntArrayRef global_size, c10::ScalarType dtyp
 // It returns normally on this rank, whatever the others did: the caller then raises its own error.
 void abort_op(c10::string_view op, c10::string_view error_class, c10::string_view group_name) {
   static const std::pair<const char*, comm::OpKind> kOps[] = {
-      {"shard", comm::OpKind::kShard},
-      {"gather", comm::OpKind::kGather},
-      {"reshard", comm::OpKind::kReshard},
-      {"share_inputs", comm::OpKind::kShareInputs},
-      {"init_from_local_shards", comm::OpKind::kInitFromLocalShards},
+      {"shard", comm::OpKind::kShard},     {"gather", comm::OpKind::kGather},
+      {"reshard", comm::OpKind::kReshard}, {"share_inputs", comm::OpKind::kShareInputs},
       {"compare", comm::OpKind::kCompare},
   };
   std::optional<comm::OpKind> kind;
@@ -291,72 +333,101 @@ void abort_op(c10::string_view op, c10::string_view error_class, c10::string_vie
     }
   }
   TORCH_CHECK_VALUE(kind.has_value(), "torch_shard._abort: unknown op '", op, "'");
-  static const std::pair<const char*, comm::ErrorCode> kClasses[] = {
-      {"ValueError", comm::ErrorCode::kValueError},
-      {"TypeError", comm::ErrorCode::kTypeError},
-      {"IndexError", comm::ErrorCode::kIndexError},
-      {"NotImplementedError", comm::ErrorCode::kNotImplementedError},
-      {"RuntimeError", comm::ErrorCode::kRuntimeError},
-  };
+  // The class's code in the one table (comm::error_class_names); any other class reports kOther.
   comm::ErrorCode code = comm::ErrorCode::kOther;
-  for (const auto& [name, c] : kClasses) {
-    if (error_class == name) {
-      code = c;
+  const auto names = comm::error_class_names();
+  for (size_t k = 0; k < names.size(); ++k) {
+    if (error_class == names[k] && static_cast<comm::ErrorCode>(k + 1) != comm::ErrorCode::kLost) {
+      code = static_cast<comm::ErrorCode>(k + 1);
+      break;
     }
   }
   struct AbortedHere : std::exception {};
   auto pg = comm::resolve_group(std::string(group_name), "_abort");
+  comm::Agreement failed = agreement(*kind, Values{}, std::make_exception_ptr(AbortedHere{}),
+                                     [](const std::vector<Values>&, int64_t) {});
+  failed.error_code = code;
   try {
-    comm::exchange(*pg, *kind, Values{}, std::make_exception_ptr(AbortedHere{}), code, nullptr,
-                   [](const std::vector<Values>&, int64_t) {});
+    comm::exchange(*pg, comm::comm_device(*pg), failed, nullptr);
   } catch (const AbortedHere&) {
     // Expected: the exchange rethrows this rank's own failure once every rank knows of it.
   }
 }
 
 // NOTE [ Shared inputs ]
-// Sharded compute (the embedding ops) needs every rank's input on every rank. _share_inputs is that
-// exchange as one agreed data op: each rank's `parts` (1-D tensors, the same count and dtypes on every
-// rank, any lengths) form one message, sent to every peer; receivers take the sizes the senders
-// declare in the agreement round (see NOTE [ Agreed exchange ]), so inputs of different lengths per
-// rank are safe. A message is a header of one int64 byte count per part, then each part padded to 8
-// bytes so every part starts aligned for its dtype. `fingerprint` is an op-specific value every rank
-// must agree on (the weight's layout), `flags` a small op-specific value that must agree too, and
-// `arguments` the scalars with which each rank computes the OTHER ranks' results (the embedding ops:
-// mode, padding_idx, max_norm, norm_type). Ranks that differ there would hand back silently different
-// results, or run a collective the others do not (max_norm on a column-sharded weight): all raise.
+// Sharded compute (the embedding ops, init_from_local_shards) needs every rank's input on every rank.
+// _share_inputs is that exchange as one agreed data op: each rank's `parts` (1-D tensors, the same
+// count (at most comm::kNotes) and dtypes on every rank, any lengths) form one message, sent to every
+// peer: the parts one after the other, each padded to 8 bytes so every part starts aligned for its
+// dtype. The byte count of each part travels in the agreement round (Agreement::notes) and receivers
+// take the message sizes the senders declare there (NOTE [ Agreed exchange ]), so inputs of different
+// lengths per rank are safe and nothing is read back from the message itself: on CUDA the parts go
+// from the caller's device to the communication device and back by device copies, and the host reads
+// device memory once per call, in the exchange (NOTE [ One host read per exchange ]).
+// `fingerprint` is an op-specific value every rank must agree on (the weight's layout), `flags` a
+// small op-specific value that must agree too, and `arguments` the scalars with which each rank
+// computes the OTHER ranks' results (the embedding ops: mode, padding_idx, max_norm, norm_type). Ranks
+// that differ there would hand back silently different results, or run a collective the others do not
+// (max_norm on a column-sharded weight): all raise.
+// `status` and `words` are the op's device-side values (Agreement::status / words): the validity of
+// this rank's input checked on its device, and a word for each peer (the embedding ops: how many of
+// this rank's ids each peer owns). When either is given, the result ends with one more tensor, int64
+// on the CPU: [this rank's status, the word each rank sent here (W), this rank's words (W)]; when this
+// rank's status is not 0, that tensor is ALL the result (every other rank raises naming this one, and
+// the caller raises its own, detailed error).
 std::vector<at::Tensor> share_inputs(at::TensorList parts, int64_t fingerprint, int64_t flags,
-                                     c10::string_view group_name, c10::ArrayRef<double> arguments) {
+                                     c10::string_view group_name, c10::ArrayRef<double> arguments,
+                                     const std::optional<at::Tensor>& status,
+                                     const std::optional<at::Tensor>& words) {
   auto pg = comm::resolve_group(std::string(group_name), "_share_inputs");
   const int64_t me = pg->getRank();
   const int64_t world = pg->getSize();
   const auto nparts = static_cast<int64_t>(parts.size());
+  const auto out_device = nparts ? parts[0].device() : c10::Device(c10::kCPU);
+  const c10::Device device = comm::comm_device(*pg, out_device);
   auto padded = [](int64_t bytes) { return layout::checked_add(bytes, (8 - bytes % 8) % 8, "a part"); };
   std::vector<at::Tensor> flat(parts.size());
-  int64_t message_bytes = nparts * 8;
-  Fingerprint dtypes;
-  dtypes.add(nparts);
+  std::vector<c10::ScalarType> dtypes(parts.size());
+  comm::Notes notes{};
+  int64_t message_bytes = 0;
+  Fingerprint dtype_fp;
+  dtype_fp.add(nparts);
   comm::Moves moves;
   Values mine{};
   std::exception_ptr error;
+  const bool with_words =
+      (status.has_value() && status->defined()) || (words.has_value() && words->defined());
   try {
+    TORCH_CHECK_VALUE(nparts <= comm::kNotes, "torch_shard._share_inputs: at most ", comm::kNotes,
+                      " parts, got ", nparts);
     for (int64_t k = 0; k < nparts; ++k) {
       TORCH_CHECK_VALUE(parts[k].dim() == 1, "torch_shard._share_inputs: part ", k, " must be 1-D, got ",
                         parts[k].sizes());
-      flat[k] = parts[k].contiguous().cpu();
-      dtypes.add(static_cast<int64_t>(flat[k].scalar_type()));
-      message_bytes = layout::checked_add(message_bytes, padded(flat[k].nbytes()), "a message size");
+      TORCH_CHECK_VALUE(parts[k].device() == out_device, "torch_shard._share_inputs: part ", k, " is on ",
+                        parts[k].device(), ", part 0 on ", out_device, "; give every part on one device");
+      flat[k] = parts[k].contiguous();
+      dtypes[k] = flat[k].scalar_type();
+      dtype_fp.add(static_cast<int64_t>(dtypes[k]));
+      notes[k] = static_cast<int64_t>(flat[k].nbytes());
+      message_bytes = layout::checked_add(message_bytes, padded(notes[k]), "a message size");
+    }
+    if (status.has_value() && status->defined()) {
+      TORCH_CHECK_VALUE(status->numel() == 1 && status->scalar_type() == at::kLong,
+                        "torch_shard._share_inputs: status must be one int64 value, got ", status->sizes(),
+                        " ", status->scalar_type());
+    }
+    if (words.has_value() && words->defined()) {
+      TORCH_CHECK_VALUE(words->dim() == 1 && words->numel() == world && words->scalar_type() == at::kLong,
+                        "torch_shard._share_inputs: words must be int64 with one value per rank (", world,
+                        "), got ", words->sizes(), " ", words->scalar_type());
     }
     moves.send.resize(world);
     moves.recv.resize(world);
-    auto pack = [&flat, nparts, padded](const at::Tensor& into) {
-      at::Tensor counts = into.narrow(0, 0, nparts * 8).view(at::kLong);
-      int64_t pos = nparts * 8;
+    auto pack = [&flat, &notes, nparts, padded](const at::Tensor& into) {
+      int64_t pos = 0;
       for (int64_t k = 0; k < nparts; ++k) {
-        const int64_t bytes = flat[k].nbytes();
-        counts[k].fill_(bytes);
-        into.narrow(0, pos, bytes).copy_(flat[k].view(at::kByte));
-        pos += padded(bytes);
+        into.narrow(0, pos, notes[k]).copy_(flat[k].view(at::kByte)); // a device copy where they differ
+        pos += padded(notes[k]);
       }
     };
     for (int64_t p = 0; p < world; ++p) {
@@ -375,7 +446,7 @@ std::vector<at::Tensor> share_inputs(at::TensorList parts, int64_t fingerprint, 
       std::memcpy(&bits, &canonical, sizeof(bits));
       scalars.add(bits);
     }
-    mine = {fingerprint, dtypes.as_int64(), flags, scalars.as_int64()};
+    mine = {fingerprint, dtype_fp.as_int64(), flags, scalars.as_int64()};
   } catch (...) {
     error = std::current_exception();
   }
@@ -383,39 +454,63 @@ std::vector<at::Tensor> share_inputs(at::TensorList parts, int64_t fingerprint, 
   if (!error) {
     for (int64_t p = 0; p < world; ++p) {
       if (p != me) {
+        // The round's buffer is reused by the next exchange: keep a copy (on the communication device).
         moves.recv[p].unpack = [&received, p](const at::Tensor& from) { received[p] = from.clone(); };
       }
     }
   }
-  comm::exchange(*pg, comm::OpKind::kShareInputs, mine, error, comm::ErrorCode::kNone, &moves,
-                 [](const std::vector<Values>& all, int64_t me) {
-                   if (const int64_t r = first_mismatch(all, me, 0); r >= 0) {
-                     TORCH_CHECK_VALUE(false, "torch_shard: the sharded weight on rank ", me,
-                                       " does not match with the sharded weight on rank ", r,
-                                       " (different layouts)");
-                   }
-                   if (const int64_t r = first_mismatch(all, me, 2); r >= 0) {
-                     TORCH_CHECK_VALUE(false, "torch_shard: the arguments on rank ", me,
-                                       " do not match with the arguments on rank ", r,
-                                       " (e.g. per_sample_weights given on some ranks only)");
-                   }
-                   if (const int64_t r = first_mismatch(all, me, 3); r >= 0) {
-                     TORCH_CHECK_VALUE(false, "torch_shard: the arguments on rank ", me,
-                                       " do not match with the arguments on rank ", r,
-                                       " (mode, padding_idx, max_norm or norm_type: each rank computes the "
-                                       "other ranks' lookups with its own, so they must be the same on "
-                                       "every rank)");
-                   }
-                   if (const int64_t r = first_mismatch(all, me, 1); r >= 0) {
-                     TORCH_CHECK_VALUE(false, "torch_shard: the inputs on rank ", me,
-                                       " do not match with the inputs on rank ", r,
-                                       " (different numbers of tensors or dtypes)");
-                   }
-                 });
+  comm::Agreement agreed =
+      agreement(comm::OpKind::kShareInputs, mine, error, [](const std::vector<Values>& all, int64_t me) {
+        if (const int64_t r = first_mismatch(all, me, 0); r >= 0) {
+          TORCH_CHECK_VALUE(false, "torch_shard: the sharded weight on rank ", me,
+                            " does not match with the sharded weight on rank ", r, " (different layouts)");
+        }
+        if (const int64_t r = first_mismatch(all, me, 2); r >= 0) {
+          TORCH_CHECK_VALUE(false, "torch_shard: the arguments on rank ", me,
+                            " do not match with the arguments on rank ", r,
+                            " (e.g. per_sample_weights given on some ranks only)");
+        }
+        if (const int64_t r = first_mismatch(all, me, 3); r >= 0) {
+          TORCH_CHECK_VALUE(false, "torch_shard: the arguments on rank ", me,
+                            " do not match with the arguments on rank ", r,
+                            " (mode, padding_idx, max_norm or norm_type: each rank computes the "
+                            "other ranks' lookups with its own, so they must be the same on "
+                            "every rank)");
+        }
+        if (const int64_t r = first_mismatch(all, me, 1); r >= 0) {
+          TORCH_CHECK_VALUE(false, "torch_shard: the inputs on rank ", me,
+                            " do not match with the inputs on rank ", r,
+                            " (different numbers of tensors or dtypes)");
+        }
+      });
+  agreed.notes = notes;
+  int64_t own_status = 0;
+  if (!error && status.has_value() && status->defined()) {
+    struct OwnStatus : std::exception {};
+    agreed.status = *status;
+    agreed.raise_status = [&own_status](comm::ErrorCode code) {
+      own_status = static_cast<int64_t>(code);
+      throw OwnStatus{};
+    };
+  }
+  if (!error && words.has_value() && words->defined()) {
+    agreed.words = *words;
+  }
+  comm::Outcome outcome;
+  try {
+    outcome = comm::exchange(*pg, device, agreed, &moves);
+  } catch (const std::exception&) {
+    if (own_status == 0) {
+      throw;
+    }
+    // This rank's input failed its device-side check: its caller names the error.
+    at::Tensor info = at::zeros({1 + 2 * world}, at::TensorOptions().dtype(at::kLong));
+    info[0] = own_status;
+    return {info};
+  }
   // Every rank's parts, rank-major: out[r * nparts + k] is part k of rank r.
   std::vector<at::Tensor> out;
-  out.reserve(world * nparts);
-  const auto device = nparts ? parts[0].device() : c10::Device(c10::kCPU);
+  out.reserve(world * nparts + (with_words ? 1 : 0));
   for (int64_t r = 0; r < world; ++r) {
     if (r == me) {
       for (int64_t k = 0; k < nparts; ++k) {
@@ -423,20 +518,33 @@ std::vector<at::Tensor> share_inputs(at::TensorList parts, int64_t fingerprint, 
       }
       continue;
     }
-    const at::Tensor& message = received[r];
-    TORCH_CHECK(message.numel() >= nparts * 8, "torch_shard._share_inputs: short message from rank ", r);
-    const at::Tensor counts = message.narrow(0, 0, nparts * 8).view(at::kLong);
-    const int64_t* c = counts.const_data_ptr<int64_t>();
-    int64_t pos = nparts * 8;
+    // The sizes come from another process: check them against what it declared before using them.
+    int64_t total = 0;
     for (int64_t k = 0; k < nparts; ++k) {
-      const int64_t bytes = c[k];
-      const auto dtype = flat[k].scalar_type();
-      const auto itemsize = static_cast<int64_t>(c10::elementSize(dtype));
-      TORCH_CHECK(bytes >= 0 && bytes % itemsize == 0 && pos + bytes <= message.numel(),
+      const int64_t bytes = outcome.notes[r][k];
+      TORCH_CHECK(bytes >= 0 && bytes % static_cast<int64_t>(c10::elementSize(dtypes[k])) == 0,
                   "torch_shard._share_inputs: malformed message from rank ", r);
-      out.push_back(message.narrow(0, pos, bytes).view(dtype).to(device));
+      total = layout::checked_add(total, padded(bytes), "a message size");
+    }
+    TORCH_CHECK(total == outcome.declared[r], "torch_shard._share_inputs: malformed message from rank ", r);
+    const at::Tensor message = received[r].defined()
+                                   ? received[r]
+                                   : at::empty({0}, at::TensorOptions().dtype(at::kByte).device(device));
+    int64_t pos = 0;
+    for (int64_t k = 0; k < nparts; ++k) {
+      const int64_t bytes = outcome.notes[r][k];
+      out.push_back(message.narrow(0, pos, bytes).view(dtypes[k]).to(out_device));
       pos += padded(bytes);
     }
+  }
+  if (with_words) {
+    at::Tensor info = at::zeros({1 + 2 * world}, at::TensorOptions().dtype(at::kLong));
+    int64_t* v = info.mutable_data_ptr<int64_t>();
+    for (int64_t p = 0; p < world; ++p) {
+      v[1 + p] = outcome.words_in[p];
+      v[1 + world + p] = outcome.words_out.empty() ? 0 : outcome.words_out[p];
+    }
+    out.push_back(info);
   }
   return out;
 }
@@ -449,13 +557,15 @@ std::vector<int64_t> gather_values(int64_t value, c10::string_view group_name) {
   moves.send.resize(pg->getSize());
   moves.recv.resize(pg->getSize());
   std::vector<int64_t> out;
-  comm::exchange(*pg, comm::OpKind::kCompare, Values{value, 0, 0, 0}, nullptr, comm::ErrorCode::kNone, &moves,
-                 [&out](const std::vector<Values>& values, int64_t) {
-                   out.clear();
-                   for (const auto& v : values) {
-                     out.push_back(v[0]);
-                   }
-                 });
+  comm::exchange(*pg, comm::comm_device(*pg),
+                 agreement(comm::OpKind::kCompare, Values{value, 0, 0, 0}, nullptr,
+                           [&out](const std::vector<Values>& values, int64_t) {
+                             out.clear();
+                             for (const auto& v : values) {
+                               out.push_back(v[0]);
+                             }
+                           }),
+                 &moves);
   return out;
 }
 
@@ -466,13 +576,15 @@ bool all_ranks_true(bool value, c10::string_view group_name) {
   moves.send.resize(pg->getSize());
   moves.recv.resize(pg->getSize());
   bool all = true;
-  comm::exchange(*pg, comm::OpKind::kCompare, Values{value ? 1 : 0, 0, 0, 0}, nullptr, comm::ErrorCode::kNone,
-                 &moves, [&all](const std::vector<Values>& values, int64_t) {
-                   all = true;
-                   for (const auto& v : values) {
-                     all = all && v[0] != 0;
-                   }
-                 });
+  comm::exchange(*pg, comm::comm_device(*pg),
+                 agreement(comm::OpKind::kCompare, Values{value ? 1 : 0, 0, 0, 0}, nullptr,
+                           [&all](const std::vector<Values>& values, int64_t) {
+                             all = true;
+                             for (const auto& v : values) {
+                               all = all && v[0] != 0;
+                             }
+                           }),
+                 &moves);
   return all;
 }
 
@@ -517,7 +629,10 @@ at::Tensor all_to_all(const at::Tensor& input, c10::IntArrayRef send_counts, c10
   TORCH_CHECK_VALUE(input.dim() == 1 && input.numel() == send_total, "torch_shard._all_to_all: input has ",
                     input.numel(), " elements in ", input.dim(), " dims; expected a 1-D tensor of ",
                     send_total);
-  at::Tensor send = input.contiguous();
+  // Staged through the communication device (NOTE [ Communication device ]): CPU tensors on an NCCL
+  // group go to the GPU and back.
+  const c10::Device device = comm::comm_device(*pg, input.device());
+  at::Tensor send = input.contiguous().to(device);
   at::Tensor recv = at::empty({recv_total}, send.options());
   const int64_t itemsize = static_cast<int64_t>(send.element_size());
   std::vector<int64_t> send_bytes(world), recv_bytes(world);
@@ -531,7 +646,28 @@ at::Tensor all_to_all(const at::Tensor& input, c10::IntArrayRef send_counts, c10
   auto& stats = comm::comm_stats();
   stats.bytes_sent_to_peers += (send_total - send_counts[me]) * itemsize;
   stats.bytes_received_from_peers += (recv_total - recv_counts[me]) * itemsize;
-  return recv;
+  return recv.to(input.device());
+}
+
+// Unchecked elementwise sum of `input` over the ranks of the group, staged through the communication
+// device like _all_to_all. Internal (underscore): every rank must pass a tensor of the same shape and
+// dtype, which callers derive from data every rank already agreed on (the max_norm renormalisation of a
+// column-sharded weight sums each looked-up row's partial norms: the rows come from the inputs every
+// rank received in the same _share_inputs, and the agreement checked that every rank renormalises).
+at::Tensor sum_over_ranks(const at::Tensor& input, c10::string_view group_name) {
+  auto pg = comm::resolve_group(std::string(group_name), "_sum_over_ranks");
+  const c10::Device device = comm::comm_device(*pg, input.device());
+  at::Tensor buffer = input.contiguous().to(device, /*non_blocking=*/false, /*copy=*/true);
+  std::vector<at::Tensor> tensors{buffer};
+  c10d::AllreduceOptions options;
+  options.reduceOp = c10d::ReduceOp::SUM;
+  pg->allreduce(tensors, options)->wait();
+  comm::comm_stats().collectives += 1;
+  return buffer.to(input.device());
+}
+
+std::vector<std::string> error_classes() {
+  return comm::error_class_names();
 }
 
 } // namespace
@@ -545,6 +681,8 @@ TORCH_LIBRARY_IMPL(torch_shard, CompositeImplicitAutograd, m) {
   m.impl("_comm_stats", TORCH_FN(get_comm_stats));
   m.impl("_clear_plan_cache", TORCH_FN(clear_plan_cache));
   m.impl("_all_to_all", TORCH_FN(all_to_all));
+  m.impl("_sum_over_ranks", TORCH_FN(sum_over_ranks));
+  m.impl("_error_classes", TORCH_FN(error_classes));
   m.impl("_share_inputs", TORCH_FN(share_inputs));
   m.impl("_all_ranks_true", TORCH_FN(all_ranks_true));
   m.impl("_gather_values", TORCH_FN(gather_values));

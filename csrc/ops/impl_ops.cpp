@@ -63,13 +63,14 @@ int64_t version(const at::Tensor& self) {
 }
 
 // Everything Python caches about a ShardedTensor, in one call: its version stamp, local shards and
-// their indices in the layout, pin_memory, and the layout's fingerprint (which changes only when the
-// layout does, so Python knows whether the spec it keeps still describes the tensor).
-std::tuple<int64_t, std::vector<at::Tensor>, std::vector<int64_t>, bool, int64_t>
+// their indices in the layout, pin_memory, the layout's serial (which changes only when the layout
+// does, so Python knows whether the spec it keeps still describes the tensor) and its fingerprint (what
+// ranks agree on, NOTE [ What ranks agree on about a placement ]).
+std::tuple<int64_t, std::vector<at::Tensor>, std::vector<int64_t>, bool, int64_t, int64_t>
 state(const at::Tensor& self) {
   const auto* impl = unsafe_get_sharded_impl(self, "_state");
-  return {impl->version(), impl->local_shards(), impl->local_shard_indices(), impl->pin_memory(),
-          static_cast<int64_t>(impl->layout()->fingerprint())};
+  return {impl->version(),    impl->local_shards(),     impl->local_shard_indices(),
+          impl->pin_memory(), impl->layout()->serial(), static_cast<int64_t>(impl->layout()->fingerprint())};
 }
 
 // The layout in the schema's argument-group form (see ops/layout_args.h), plus the chunk dim when the

@@ -1,7 +1,9 @@
 """Device and dtype moves of a ShardedTensor: ``cpu()``, ``cuda()``, ``to()``.
 
 Each converts the local shards and returns a new ShardedTensor whose placements name the new device
-type (ranks kept), as upstream does; a CUDA target is always this rank's current device.
+type (ranks kept), as upstream does; a CUDA target is always this rank's current device. This rank's
+placements name its device exactly; other ranks' placements name only the device type (their index is
+their owner's business), so every rank builds a layout the others agree with.
 """
 
 from __future__ import annotations
@@ -10,8 +12,10 @@ import copy
 import warnings
 
 import torch
+import torch.distributed as dist
 
 from .shard import Shard
+from .utils import _PlacementResolver
 
 
 def _check_memory_format(memory_format) -> None:
@@ -101,10 +105,17 @@ class _DeviceMoves:
             local_shards.append(Shard(tensor, md))
         metadata = copy.deepcopy(self.metadata())
         metadata.tensor_properties.dtype = dtype
+        me = dist.get_rank(self._process_group)
+        resolve = _PlacementResolver(self._process_group)
         for md in metadata.shards_metadata:
-            placement_device = md.placement.device()
-            if placement_device.type != device.type:
-                md.placement._device = device if device.type != "cuda" else torch.device("cuda", device.index)
+            if md.placement.device().type == device.type:
+                continue
+            # This rank's shards are where their tensors now are. Another rank's shards get the device
+            # TYPE only: the index is its owner's (which GPU of its host); ranks agree on owners and
+            # device types, not on each other's indices (NOTE [ What ranks agree on about a
+            # placement ], csrc/layout/layout.h). Upstream writes this rank's device everywhere.
+            owned = resolve.owner(md.placement) == me
+            md.placement._device = device if owned else torch.device(device.type)
         pg = process_group if process_group is not None else self._process_group
         return type(self)._init_from_local_shards_and_global_metadata(
             local_shards, metadata, process_group=pg, init_rrefs=self._init_rrefs

@@ -95,14 +95,15 @@ def _bound(owner, slot: int, version: int, tensor: torch.Tensor, metadata: Shard
 class StateView:
     """Metadata and local shards of one version of a ShardedTensor's impl (built lazily)."""
 
-    __slots__ = ("version", "tensors", "indices", "pin_memory", "layout_fp", "metadata", "shards")
+    __slots__ = ("version", "tensors", "indices", "pin_memory", "layout_serial", "layout_fp", "metadata", "shards")
 
-    def __init__(self, version, tensors, indices, pin_memory, layout_fp):
+    def __init__(self, version, tensors, indices, pin_memory, layout_serial, layout_fp):
         self.version = version
         self.tensors = tensors
         self.indices = indices
         self.pin_memory = pin_memory
-        self.layout_fp = layout_fp
+        self.layout_serial = layout_serial  # changes with the layout object (spec tracking)
+        self.layout_fp = layout_fp  # what ranks agree on (boxes, owners, device types)
         self.metadata = None
         self.shards = None
 
@@ -149,8 +150,7 @@ def properties_of(st, pin_memory: bool) -> TensorProperties:
 
 def _fresh_view(st) -> StateView:
     with _plain():
-        version, tensors, indices, pin_memory, layout_fp = _ops._state(st)
-    return StateView(version, tensors, indices, pin_memory, layout_fp)
+        return StateView(*_ops._state(st))
 
 
 def read_state(st) -> StateView:
@@ -190,18 +190,18 @@ def sharding_spec(st):
     """The spec ``st`` was built or resharded with while its layout is still the one that spec gave;
     otherwise (the layout was changed by a direct C++ op call) the spec inferred from the layout."""
     view = read_state(st)
-    if st._sharding_spec is None or st._spec_layout_fp != view.layout_fp:
+    if st._sharding_spec is None or st._spec_layout_serial != view.layout_serial:
         from ..sharding_spec.api import _infer_sharding_spec_from_shards_metadata
 
         st._sharding_spec = _infer_sharding_spec_from_shards_metadata(metadata(st).shards_metadata)
-        st._spec_layout_fp = view.layout_fp
+        st._spec_layout_serial = view.layout_serial
     return st._sharding_spec
 
 
 def set_spec(st, spec) -> None:
     """Record ``spec`` as describing ``st``'s current layout (None: infer it when asked)."""
     st._sharding_spec = spec
-    st._spec_layout_fp = read_state(st).layout_fp if spec is not None else None
+    st._spec_layout_serial = read_state(st).layout_serial if spec is not None else None
 
 
 def layout_args(st):

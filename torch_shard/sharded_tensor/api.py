@@ -75,7 +75,7 @@ class ShardedTensorBase(torch.Tensor):
         the cached views of the impl, RPC bookkeeping."""
         self._state_view = None
         self._sharding_spec = None
-        self._spec_layout_fp = None
+        self._spec_layout_serial = None
         self._process_group = process_group
         self._init_rrefs = False
         self._remote_shards = {}
