@@ -92,6 +92,10 @@ void ShardedTensorImpl::check_shards_against(const layout::Layout& layout,
                       layout::dims_str(box.sizes));
     // A placement without a device index ("rank:0/cuda") accepts any device of its type. Tensors
     // without a group (ShardedTensorBase, e.g. a checkpoint loaded to another device) are not checked.
+    // pin_memory is a promise about every CPU shard (TensorProperties.pin_memory, is_pinned()): a shard
+    // that breaks it would make the flag lie after a write or a reshard.
+    TORCH_CHECK_VALUE(!pin_memory_ || !t.is_cpu() || t.is_pinned(), "torch_shard.", op, ": local shard ", k,
+                      " is not in pinned memory, but the ShardedTensor was created with pin_memory=True");
     const layout::Placement& placement = layout.placement(static_cast<size_t>(idx));
     if (!placement.name.empty() && !group_name_.empty()) {
       const c10::Device want = placement.device;

@@ -76,10 +76,14 @@ TORCH_LIBRARY(torch_shard, m) {
   m.def("_agree_shard(int src, int[] global_size, ScalarType dtype, int spec_fingerprint, "
         "str group_name) -> ()");
   // Every rank's `parts` (1-D tensors, at most 3, same count and dtypes everywhere, any lengths) on
-  // every rank, rank-major, after agreeing on `fingerprint`, `flags` and `arguments`; `status` and
-  // `words` are device-side values read with the agreement. See NOTE [ Shared inputs ].
-  m.def("_share_inputs(Tensor[] parts, int fingerprint, int flags, str group_name, float[] arguments=[], "
-        "Tensor? status=None, Tensor? words=None) -> Tensor[]");
+  // every rank, rank-major, after agreeing on `fingerprint`, `flags` and `arguments`. See NOTE [ Shared
+  // inputs ]. The .with_words overload also carries device-side values read with the agreement:
+  // `status` (this rank's input check) and `words` (one per peer); it returns [this rank's status, the
+  // word each rank sent here (W), this rank's words (W)] too, and no parts when that status is not 0.
+  m.def("_share_inputs(Tensor[] parts, int fingerprint, int flags, str group_name, float[] arguments=[]) "
+        "-> Tensor[]");
+  m.def("_share_inputs.with_words(Tensor[] parts, int fingerprint, int flags, str group_name, "
+        "float[] arguments, Tensor? status, Tensor? words) -> (Tensor[], int[])");
   // True on every rank iff `value` is true on every rank.
   m.def("_all_ranks_true(bool value, str group_name) -> bool");
   // Every rank's `value`, in rank order (one agreement round; op kind "compare").
@@ -100,11 +104,13 @@ TORCH_LIBRARY(torch_shard, m) {
   // composition other devices use, also on CPU (for tests). Bag b holds ids[offsets[b]:offsets[b+1]]
   // (the last to the end); both kernels check offsets (non-decreasing, within [0, numel(ids)]),
   // shapes, devices, row_start/rows and argmax, so no call reads or writes out of bounds.
+  // `owned`: how many ids (from offsets[0] on) fall in the shard's rows, when the caller knows it
+  // without reading device memory (the kernels then never read it either); None: counted here.
   m.def("_embedding_bag_partial(Tensor weight, Tensor ids, Tensor offsets, Tensor? per_sample_weights, "
-        "int row_start, str mode, int padding_idx, bool fused=True) -> (Tensor, Tensor)");
+        "int row_start, str mode, int padding_idx, bool fused=True, int? owned=None) -> (Tensor, Tensor)");
   m.def("_embedding_bag_partial_backward(Tensor grad, Tensor ids, Tensor offsets, "
         "Tensor? per_sample_weights, Tensor argmax, int row_start, int rows, str mode, "
-        "int padding_idx) -> Tensor");
+        "int padding_idx, int? owned=None) -> Tensor");
   // [bytes sent to other ranks, bytes received from other ranks, communication rounds, plan cache
   // hits, plan cache misses, data ops done in a single round] since the last reset.
   m.def("_comm_stats(bool reset=False) -> int[]");

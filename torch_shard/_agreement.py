@@ -1,36 +1,59 @@
-"""Helpers for the Python-side agreements that remain: error codes for init_from_local_shards'
-metadata exchange and content fingerprints of specs that shard themselves.
+"""Helpers for the Python-side agreements that remain: error codes (read from the C++ table) and
+content fingerprints of specs that shard themselves.
 
 The data ops agree in C++ (see NOTE [ Agreed exchange ] in csrc/comm/exchange.cpp).
 """
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 from collections.abc import Sequence
 
-_ERROR_CLASSES: list[type[BaseException]] = [
-    ValueError,
-    TypeError,
-    RuntimeError,
-    NotImplementedError,
-    IndexError,
-    AttributeError,
-    KeyError,
-]
+import torch
+import torch.distributed as dist
+
+from . import _C  # noqa: F401  (registers torch.ops.torch_shard.*)
+
+
+def _load_error_classes() -> list[type[BaseException]]:
+    # The one table of error codes is C++'s (ErrorCode in csrc/comm/exchange.h): code k + 1 is
+    # class names[k].
+    classes = []
+    for name in torch.ops.torch_shard._error_classes():
+        cls = getattr(dist, name, None) or getattr(builtins, name, None)
+        if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+            raise ImportError(f"torch_shard: the C++ error table names an unknown exception class {name!r}")
+        classes.append(cls)
+    return classes
+
+
+_ERROR_CLASSES: list[type[BaseException]] = _load_error_classes()
 
 
 def _error_code(error: BaseException | None) -> int:
-    if error is None:
-        return 0
-    for code, cls in enumerate(_ERROR_CLASSES, start=1):
-        if isinstance(error, cls):
-            return code
-    return len(_ERROR_CLASSES) + 1
+    """The code a rank reports for ``error``: its most derived class in the table (an
+    UnsupportedReshardError, both a NotImplementedError and a ValueError, reports NotImplementedError,
+    the earlier base in its MRO); a class outside the table reports RuntimeError's code."""
+    return 0 if error is None else _class_code(type(error))
+
+
+def _class_code(error_class: type[BaseException]) -> int:
+    """The code of exceptions of ``error_class`` (see :func:`_error_code`)."""
+    for cls in error_class.__mro__:
+        if cls in _ERROR_CLASSES:
+            return _ERROR_CLASSES.index(cls) + 1
+    return _ERROR_CLASSES.index(RuntimeError) + 1
 
 
 def _error_class(code: int) -> type[BaseException]:
+    """The class the other ranks raise for a rank that reported ``code``."""
     return _ERROR_CLASSES[code - 1] if 1 <= code <= len(_ERROR_CLASSES) else RuntimeError
+
+
+def _error_class_name(error: BaseException) -> str:
+    """The table's name for ``error``'s class (see :func:`_error_code`)."""
+    return _error_class(_error_code(error)).__name__
 
 
 def fingerprint(*parts: bytes | str | int | Sequence[int]) -> int:

@@ -267,12 +267,13 @@ void clear_plan_cache() {
   cache.lru.clear();
 }
 
-LocalTensors allocate_local(const Layout& layout, int64_t me, c10::ScalarType dtype) {
+LocalTensors allocate_local(const Layout& layout, int64_t me, c10::ScalarType dtype, bool pin_memory) {
   LocalTensors out;
   for (int64_t idx : layout.shards_of(me)) {
     const auto& box = layout.box(static_cast<size_t>(idx));
-    out.tensors.push_back(at::empty(box.sizes, at::TensorOptions().dtype(dtype).device(
-                                                   layout.placement(static_cast<size_t>(idx)).device)));
+    const c10::Device device = layout.placement(static_cast<size_t>(idx)).device;
+    out.tensors.push_back(at::empty(box.sizes, at::TensorOptions().dtype(dtype).device(device).pinned_memory(
+                                                   pin_memory && device.is_cpu())));
     out.indices.push_back(idx);
   }
   return out;

@@ -42,8 +42,9 @@ Moves transfer_moves(const layout::TransferPlan& plan, const layout::Layout& src
                      int64_t me, c10::Device device, c10::ScalarType dtype);
 
 // Uninitialised tensors for the shards of `layout` owned by group rank `me`, each on its placement's
-// device, and their indices.
-LocalTensors allocate_local(const layout::Layout& layout, int64_t me, c10::ScalarType dtype);
+// device (CPU shards in pinned memory when `pin_memory`), and their indices.
+LocalTensors allocate_local(const layout::Layout& layout, int64_t me, c10::ScalarType dtype,
+                            bool pin_memory = false);
 
 } // namespace comm
 } // namespace torch_shard

@@ -258,7 +258,8 @@ void reshard(const at::Tensor& self, std::optional<int64_t> chunk_dim,
     } else {
       src_local = LocalTensors{impl->local_shards(), impl->local_shard_indices()};
       plan = comm::cached_plan(source, target, me, world);
-      out = comm::allocate_local(*target, me, dtype);
+      // A pinned tensor stays pinned (is_pinned() and the metadata keep telling the truth).
+      out = comm::allocate_local(*target, me, dtype, impl->pin_memory());
       moves = comm::transfer_moves(*plan, *source, src_local, *target, out, me, device, dtype);
       moves.fresh_destinations = true; // `out` was just allocated
     }
@@ -369,16 +370,16 @@ void abort_op(c10::string_view op, c10::string_view error_class, c10::string_vie
 // computes the OTHER ranks' results (the embedding ops: mode, padding_idx, max_norm, norm_type). Ranks
 // that differ there would hand back silently different results, or run a collective the others do not
 // (max_norm on a column-sharded weight): all raise.
-// `status` and `words` are the op's device-side values (Agreement::status / words): the validity of
-// this rank's input checked on its device, and a word for each peer (the embedding ops: how many of
-// this rank's ids each peer owns). When either is given, the result ends with one more tensor, int64
-// on the CPU: [this rank's status, the word each rank sent here (W), this rank's words (W)]; when this
-// rank's status is not 0, that tensor is ALL the result (every other rank raises naming this one, and
-// the caller raises its own, detailed error).
-std::vector<at::Tensor> share_inputs(at::TensorList parts, int64_t fingerprint, int64_t flags,
-                                     c10::string_view group_name, c10::ArrayRef<double> arguments,
-                                     const std::optional<at::Tensor>& status,
-                                     const std::optional<at::Tensor>& words) {
+// `status` and `words` (the .with_words overload) are the op's device-side values (Agreement::status /
+// words): the validity of this rank's input checked on its device, and a word for each peer (the
+// embedding ops: how many of this rank's ids each peer owns). They come back as host values: [this
+// rank's status, the word each rank sent here (W), this rank's words (W)]; when this rank's status is
+// not 0 there are no parts (every other rank raises naming this one, and the caller raises its own,
+// detailed error).
+std::tuple<std::vector<at::Tensor>, std::vector<int64_t>>
+share_inputs_with_words(at::TensorList parts, int64_t fingerprint, int64_t flags, c10::string_view group_name,
+                        c10::ArrayRef<double> arguments, const std::optional<at::Tensor>& status,
+                        const std::optional<at::Tensor>& words) {
   auto pg = comm::resolve_group(std::string(group_name), "_share_inputs");
   const int64_t me = pg->getRank();
   const int64_t world = pg->getSize();
@@ -395,8 +396,6 @@ std::vector<at::Tensor> share_inputs(at::TensorList parts, int64_t fingerprint, 
   comm::Moves moves;
   Values mine{};
   std::exception_ptr error;
-  const bool with_words =
-      (status.has_value() && status->defined()) || (words.has_value() && words->defined());
   try {
     TORCH_CHECK_VALUE(nparts <= comm::kNotes, "torch_shard._share_inputs: at most ", comm::kNotes,
                       " parts, got ", nparts);
@@ -504,13 +503,13 @@ std::vector<at::Tensor> share_inputs(at::TensorList parts, int64_t fingerprint, 
       throw;
     }
     // This rank's input failed its device-side check: its caller names the error.
-    at::Tensor info = at::zeros({1 + 2 * world}, at::TensorOptions().dtype(at::kLong));
+    std::vector<int64_t> info(1 + 2 * world, 0);
     info[0] = own_status;
-    return {info};
+    return {std::vector<at::Tensor>{}, std::move(info)};
   }
   // Every rank's parts, rank-major: out[r * nparts + k] is part k of rank r.
   std::vector<at::Tensor> out;
-  out.reserve(world * nparts + (with_words ? 1 : 0));
+  out.reserve(world * nparts);
   for (int64_t r = 0; r < world; ++r) {
     if (r == me) {
       for (int64_t k = 0; k < nparts; ++k) {
@@ -537,16 +536,18 @@ std::vector<at::Tensor> share_inputs(at::TensorList parts, int64_t fingerprint, 
       pos += padded(bytes);
     }
   }
-  if (with_words) {
-    at::Tensor info = at::zeros({1 + 2 * world}, at::TensorOptions().dtype(at::kLong));
-    int64_t* v = info.mutable_data_ptr<int64_t>();
-    for (int64_t p = 0; p < world; ++p) {
-      v[1 + p] = outcome.words_in[p];
-      v[1 + world + p] = outcome.words_out.empty() ? 0 : outcome.words_out[p];
-    }
-    out.push_back(info);
+  std::vector<int64_t> info(1 + 2 * world, 0);
+  for (int64_t p = 0; p < world; ++p) {
+    info[1 + p] = outcome.words_in[p];
+    info[1 + world + p] = outcome.words_out.empty() ? 0 : outcome.words_out[p];
   }
-  return out;
+  return {std::move(out), std::move(info)};
+}
+
+std::vector<at::Tensor> share_inputs(at::TensorList parts, int64_t fingerprint, int64_t flags,
+                                     c10::string_view group_name, c10::ArrayRef<double> arguments) {
+  return std::get<0>(
+      share_inputs_with_words(parts, fingerprint, flags, group_name, arguments, std::nullopt, std::nullopt));
 }
 
 // Every rank's `value`, in rank order (one agreement round, op kind "compare"; a rank that failed
@@ -684,6 +685,7 @@ TORCH_LIBRARY_IMPL(torch_shard, CompositeImplicitAutograd, m) {
   m.impl("_sum_over_ranks", TORCH_FN(sum_over_ranks));
   m.impl("_error_classes", TORCH_FN(error_classes));
   m.impl("_share_inputs", TORCH_FN(share_inputs));
+  m.impl("_share_inputs.with_words", TORCH_FN(share_inputs_with_words));
   m.impl("_all_ranks_true", TORCH_FN(all_ranks_true));
   m.impl("_gather_values", TORCH_FN(gather_values));
 }

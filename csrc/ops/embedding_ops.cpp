@@ -7,8 +7,10 @@
 // gradient to the owned rows the same way (for max, to the row that won each element).
 //
 // Max on CPU takes the fused loops; sums, and every other device, take an equivalent composition of
-// ATen ops (see embedding_bag_partial).
+// ATen ops (see embedding_bag_partial) that never reads device memory on the host: see NOTE [ Partial
+// pooling without host reads ].
 
+#include <algorithm>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -16,12 +18,13 @@
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/TensorOperators.h>
-#include <ATen/ops/aminmax.h>
+#include <ATen/ops/_assert_async.h>
 #include <ATen/ops/arange.h>
-#include <ATen/ops/cat.h>
+#include <ATen/ops/bucketize.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
-#include <ATen/ops/repeat_interleave.h>
+#include <ATen/ops/nonzero_static.h>
+#include <ATen/ops/ones_like.h>
 #include <ATen/ops/where.h>
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
@@ -46,11 +49,11 @@ bool is_max(const char* op, c10::string_view mode) {
 // [0, number of ids], and row_start / rows non-negative with row_start + rows representable. With
 // them no index a kernel forms leaves its tensor: ids outside the shard's rows are skipped, never
 // subtracted from. Ids before offsets[0] belong to no bag and are ignored (the sharded ops always
-// pass offsets[0] == 0). Returns offsets[0], or the number of ids when there are no bags: the
-// first id that belongs to a bag.
-int64_t check_bags(const char* op, const at::Tensor& values, const char* values_name, const at::Tensor& ids,
-                   const at::Tensor& offsets, const std::optional<at::Tensor>& psw, int64_t row_start,
-                   int64_t rows) {
+// pass offsets[0] == 0). On the CPU the offsets are checked on the host; on a GPU the same
+// conditions are a device-side assertion (at::_assert_async), so checking costs no host sync.
+void check_bags(const char* op, const at::Tensor& values, const char* values_name, const at::Tensor& ids,
+                const at::Tensor& offsets, const std::optional<at::Tensor>& psw, int64_t row_start,
+                int64_t rows) {
   TORCH_CHECK_VALUE(values.dim() == 2, op, ": ", values_name, " must be 2-D, got shape ", values.sizes());
   TORCH_CHECK_TYPE(at::isFloatingType(values.scalar_type()), op, ": ", values_name,
                    " must be a floating point tensor, got ", values.scalar_type());
@@ -75,14 +78,21 @@ int64_t check_bags(const char* op, const at::Tensor& values, const char* values_
   TORCH_CHECK_VALUE(row_start >= 0 && rows >= 0, op, ": row_start and rows must be non-negative, got ",
                     row_start, " and ", rows);
   layout::checked_add(row_start, rows, "torch_shard: row_start + rows");
-  // Offsets are read on the host (one small copy for a device tensor): the fused loops and the
-  // composition both trust them.
   const int64_t n = ids.numel();
   const int64_t bags = offsets.numel();
   if (bags == 0) {
-    return n;
+    return;
   }
-  const at::Tensor off = offsets.to(at::kCPU).contiguous();
+  if (!offsets.is_cpu()) {
+    const at::Tensor inside = (offsets >= 0).all() & (offsets <= n).all();
+    const at::Tensor ordered =
+        bags > 1 ? (offsets.slice(0, 1) >= offsets.slice(0, 0, bags - 1)).all() : inside;
+    at::_assert_async(inside & ordered,
+                      "torch_shard._embedding_bag_partial: offsets must be non-decreasing and "
+                      "within [0, the number of ids]");
+    return;
+  }
+  const at::Tensor off = offsets.contiguous();
   const int64_t* o = off.const_data_ptr<int64_t>();
   for (int64_t b = 0; b < bags; ++b) {
     TORCH_CHECK(o[b] >= 0 && o[b] <= n, op, ": offsets must be within [0, ", n,
@@ -90,7 +100,6 @@ int64_t check_bags(const char* op, const at::Tensor& values, const char* values_
     TORCH_CHECK(b == 0 || o[b] >= o[b - 1], op, ": offsets must be non-decreasing, but offsets[", b,
                 "] = ", o[b], " is less than offsets[", b - 1, "] = ", o[b - 1]);
   }
-  return o[0];
 }
 
 // Bag b holds ids[offsets[b] : offsets[b + 1]] (the last bag runs to the end).
@@ -109,27 +118,57 @@ void for_each_owned(const int64_t* ids, const int64_t* offsets, int64_t n, int64
   }
 }
 
-// The ids from `first` on (those that belong to a bag), with the bag of each and their per-sample
-// weights: the index form of the bags, for the ATen compositions.
-struct IndexedBags {
-  at::Tensor ids;
-  at::Tensor bag;
-  std::optional<at::Tensor> psw;
+// NOTE [ Partial pooling without host reads ]
+// The ATen composition selects the ids a shard owns with nonzero_static, whose output size is given,
+// never with masked_select / nonzero, whose output size the host must read from the device (a sync
+// on a GPU). The size is `owned`: how many ids, from offsets[0] on, fall in the shard's rows. The
+// sharded ops know it without reading device memory (each requester counts its ids per owner on its
+// device, and the counts arrive with the agreement: NOTE [ One host read per exchange ]); a direct
+// call without it pays one read to count. A wrong count is an error: checked on the host on the CPU,
+// a device-side assertion on a GPU. Each id's bag comes from bucketize over the offsets (ids before
+// offsets[0] get bag -1 and are left out), not from repeat_interleave, whose output size is data too.
+struct OwnedIds {
+  at::Tensor rows;               // local row of each selected id
+  at::Tensor bag;                // its bag
+  at::Tensor keep;               // false for the padding id (selected, but contributes nothing)
+  std::optional<at::Tensor> psw; // its per-sample weight
 };
 
-IndexedBags index_bags(const at::Tensor& ids, const at::Tensor& offsets, const std::optional<at::Tensor>& psw,
-                       int64_t first) {
-  const int64_t n = ids.numel(), bags = offsets.numel();
-  IndexedBags out;
-  out.ids = ids.slice(0, first, n);
-  if (bags == 0) {
-    out.bag = at::empty({0}, offsets.options());
+OwnedIds owned_ids(const char* op, const at::Tensor& ids, const at::Tensor& offsets,
+                   const std::optional<at::Tensor>& psw, int64_t row_start, int64_t rows, int64_t padding_idx,
+                   std::optional<int64_t> owned) {
+  const int64_t n = ids.numel();
+  const at::Tensor position = at::arange(n, ids.options());
+  const at::Tensor bag = at::bucketize(position, offsets, /*out_int32=*/false, /*right=*/true) - 1;
+  const at::Tensor in_range = (ids >= row_start) & (ids < row_start + rows) & (bag >= 0);
+  int64_t count = 0;
+  if (owned.has_value()) {
+    count = *owned;
+    TORCH_CHECK_VALUE(count >= 0 && count <= n, op, ": owned must be in [0, ", n, "], got ", count);
+    if (in_range.is_cpu()) {
+      const at::Tensor flags = in_range.contiguous();
+      const bool* f = flags.const_data_ptr<bool>();
+      const auto actual = static_cast<int64_t>(std::count(f, f + n, true));
+      TORCH_CHECK_VALUE(actual == count, op, ": owned = ", count, ", but ", actual,
+                        " of the ids (from offsets[0] on) fall in rows [", row_start, ", ", row_start + rows,
+                        ")");
+    } else {
+      at::_assert_async(in_range.sum() == count,
+                        "torch_shard._embedding_bag_partial: owned does not match the "
+                        "number of ids in the shard's rows");
+    }
   } else {
-    const at::Tensor ends = at::cat({offsets.slice(0, 1), at::full({1}, n, offsets.options())});
-    out.bag = at::repeat_interleave(at::arange(bags, offsets.options()), ends - offsets);
+    count = in_range.sum().item<int64_t>(); // a host read: pass `owned` to avoid it on a GPU
   }
+  const at::Tensor which = at::nonzero_static(in_range, count).squeeze(1);
+  OwnedIds out;
+  const at::Tensor selected = ids.index_select(0, which);
+  out.rows = selected - row_start;
+  out.bag = bag.index_select(0, which);
+  out.keep = padding_idx >= 0 ? selected.ne(padding_idx)
+                              : at::ones_like(selected, selected.options().dtype(at::kBool));
   if (psw.has_value() && psw->defined()) {
-    out.psw = psw->slice(0, first, n);
+    out.psw = psw->index_select(0, which);
   }
   return out;
 }
@@ -203,73 +242,66 @@ std::tuple<at::Tensor, at::Tensor> partial_cpu(const at::Tensor& weight, const a
   return {out, arg};
 }
 
-// Ids of the shard's rows [row_start, row_start + rows), padding excluded.
-at::Tensor owned_mask(const at::Tensor& ids, int64_t row_start, int64_t rows, int64_t padding_idx) {
-  at::Tensor keep = (ids >= row_start) & (ids < row_start + rows);
-  if (padding_idx >= 0) {
-    keep = keep & (ids != padding_idx);
-  }
-  return keep;
-}
-
-// The same contract from ATen ops, for devices without the fused loops.
-std::tuple<at::Tensor, at::Tensor> partial_generic(const at::Tensor& weight, const IndexedBags& bags,
-                                                   int64_t num_bags, int64_t row_start, bool max_mode,
-                                                   int64_t padding_idx) {
-  const int64_t dim = weight.size(1), rows = weight.size(0);
-  const at::Tensor keep = owned_mask(bags.ids, row_start, rows, padding_idx);
-  const at::Tensor local_rows = bags.ids.masked_select(keep) - row_start;
-  const at::Tensor which = bags.bag.masked_select(keep);
-  at::Tensor values = weight.index_select(0, local_rows);
-  if (bags.psw.has_value() && !max_mode) {
-    values = values * bags.psw->masked_select(keep).to(weight.scalar_type()).unsqueeze(1);
-  }
+// The same contract from ATen ops (NOTE [ Partial pooling without host reads ]).
+std::tuple<at::Tensor, at::Tensor> partial_generic(const at::Tensor& weight, const OwnedIds& ids,
+                                                   int64_t num_bags, bool max_mode) {
+  const int64_t dim = weight.size(1);
+  at::Tensor values = weight.index_select(0, ids.rows);
+  const at::Tensor keep = ids.keep.unsqueeze(1);
   if (!max_mode) {
-    return {at::zeros({num_bags, dim}, weight.options()).index_add(0, which, values),
-            at::empty({0}, bags.ids.options())};
+    if (ids.psw.has_value()) {
+      values = values * ids.psw->to(weight.scalar_type()).unsqueeze(1);
+    }
+    values = at::where(keep, values, at::zeros({}, values.options()));
+    return {at::zeros({num_bags, dim}, weight.options()).index_add(0, ids.bag, values),
+            at::empty({0}, ids.rows.options())};
   }
   // Max with the winning row: reduce, then find, per (bag, column), a row that equals the max.
+  const auto lowest = at::full({}, -std::numeric_limits<double>::infinity(), values.options());
+  values = at::where(keep, values, lowest);
   at::Tensor out = at::full({num_bags, dim}, -std::numeric_limits<double>::infinity(), weight.options())
-                       .index_reduce(0, which, values, "amax", /*include_self=*/true);
-  at::Tensor winner = values.eq(out.index_select(0, which));
+                       .index_reduce(0, ids.bag, values, "amax", /*include_self=*/true);
+  at::Tensor winner = values.eq(out.index_select(0, ids.bag)) & keep;
   at::Tensor candidate =
-      at::where(winner, local_rows.unsqueeze(1).expand_as(values), at::full({}, -1, bags.ids.options()));
-  at::Tensor arg = at::full({num_bags, dim}, -1, bags.ids.options())
-                       .index_reduce(0, which, candidate, "amax", /*include_self=*/true);
+      at::where(winner, ids.rows.unsqueeze(1).expand_as(values), at::full({}, -1, ids.rows.options()));
+  at::Tensor arg = at::full({num_bags, dim}, -1, ids.rows.options())
+                       .index_reduce(0, ids.bag, candidate, "amax", /*include_self=*/true);
   return {out, arg};
 }
 
-std::tuple<at::Tensor, at::Tensor> embedding_bag_partial(const at::Tensor& weight, const at::Tensor& ids,
-                                                         const at::Tensor& offsets,
-                                                         const std::optional<at::Tensor>& per_sample_weights,
-                                                         int64_t row_start, c10::string_view mode,
-                                                         int64_t padding_idx, bool fused) {
+std::tuple<at::Tensor, at::Tensor>
+embedding_bag_partial(const at::Tensor& weight, const at::Tensor& ids, const at::Tensor& offsets,
+                      const std::optional<at::Tensor>& per_sample_weights, int64_t row_start,
+                      c10::string_view mode, int64_t padding_idx, bool fused, std::optional<int64_t> owned) {
   const bool max_mode = is_max(kForward, mode);
-  const int64_t first =
-      check_bags(kForward, weight, "weight", ids, offsets, per_sample_weights, row_start, weight.size(0));
+  check_bags(kForward, weight, "weight", ids, offsets, per_sample_weights, row_start, weight.size(0));
   // Measured on CPU (250k x 128 float32 shard, 164k ids): the fused loop wins for max (2x over the
   // composition, which needs two index_reduce passes) but loses for sum to ATen's vectorised
   // index_select + index_add, so sums always take the composition.
   if (fused && max_mode && weight.device().is_cpu()) {
     return partial_cpu(weight, ids, offsets, per_sample_weights, row_start, max_mode, padding_idx);
   }
-  return partial_generic(weight, index_bags(ids, offsets, per_sample_weights, first), offsets.numel(),
-                         row_start, max_mode, padding_idx);
+  const OwnedIds selected =
+      owned_ids(kForward, ids, offsets, per_sample_weights, row_start, weight.size(0), padding_idx, owned);
+  return partial_generic(weight, selected, offsets.numel(), max_mode);
 }
 
 at::Tensor embedding_bag_partial_backward(const at::Tensor& grad, const at::Tensor& ids,
                                           const at::Tensor& offsets,
                                           const std::optional<at::Tensor>& per_sample_weights,
                                           const at::Tensor& argmax, int64_t row_start, int64_t rows,
-                                          c10::string_view mode, int64_t padding_idx) {
+                                          c10::string_view mode, int64_t padding_idx,
+                                          std::optional<int64_t> owned) {
   const bool max_mode = is_max(kBackward, mode);
-  const int64_t first =
-      check_bags(kBackward, grad, "grad", ids, offsets, per_sample_weights, row_start, rows);
+  check_bags(kBackward, grad, "grad", ids, offsets, per_sample_weights, row_start, rows);
   const int64_t num_bags = offsets.numel(), dim = grad.size(1);
   TORCH_CHECK_VALUE(grad.size(0) == num_bags, kBackward, ": grad must have one row per bag (", num_bags,
                     "), got shape ", grad.sizes());
   layout::checked_mul(rows, dim, "torch_shard._embedding_bag_partial_backward: rows * dim");
   at::Tensor grad_weight = at::zeros({rows, dim}, grad.options());
+  if (rows == 0) {
+    return grad_weight; // a shard without rows has no gradient (and no row an index could name)
+  }
   if (max_mode) {
     TORCH_CHECK_TYPE(argmax.scalar_type() == at::kLong, kBackward, ": argmax must be int64, got ",
                      argmax.scalar_type());
@@ -279,25 +311,36 @@ at::Tensor embedding_bag_partial_backward(const at::Tensor& grad, const at::Tens
                 ": expected all tensors to be on the same device, but found at least two devices, ",
                 grad.device(), " and ", argmax.device(), "!");
     if (argmax.numel() > 0) {
-      const auto [low, high] = argmax.aminmax();
-      const int64_t lo = low.item<int64_t>(), hi = high.item<int64_t>();
-      TORCH_CHECK_VALUE(lo >= -1 && hi < rows, kBackward, ": argmax holds rows in [", lo, ", ", hi,
-                        "]; expected -1 (none) or a row in [0, ", rows, ")");
+      if (argmax.is_cpu()) {
+        const at::Tensor rows_won = argmax.contiguous();
+        const int64_t* a = rows_won.const_data_ptr<int64_t>();
+        const auto [low, high] = std::minmax_element(a, a + rows_won.numel());
+        const int64_t lo = *low, hi = *high;
+        TORCH_CHECK_VALUE(lo >= -1 && hi < rows, kBackward, ": argmax holds rows in [", lo, ", ", hi,
+                          "]; expected -1 (none) or a row in [0, ", rows, ")");
+      } else {
+        at::_assert_async(
+            (argmax >= -1).all() & (argmax < rows).all(),
+            "torch_shard._embedding_bag_partial_backward: argmax holds a row outside [-1, rows)");
+      }
     }
-    // Each element of each bag's output came from one row (or none: -1).
+    // Each element of each bag's output came from one row (or none: -1). Elements without a row add
+    // nothing (their index is clamped to 0 and their gradient zeroed), so no output size depends on data.
     const at::Tensor valid = argmax.ge(0);
     const at::Tensor cols = at::arange(dim, argmax.options()).expand({num_bags, dim});
-    const at::Tensor flat_index = (argmax * dim + cols).masked_select(valid);
-    grad_weight.view({-1}).index_add_(0, flat_index, grad.masked_select(valid));
+    const at::Tensor flat_index = at::where(valid, argmax * dim + cols, at::zeros({}, argmax.options()));
+    const at::Tensor contrib = at::where(valid, grad, at::zeros({}, grad.options()));
+    grad_weight.view({-1}).index_add_(0, flat_index.reshape({-1}), contrib.reshape({-1}));
     return grad_weight;
   }
-  const IndexedBags bags = index_bags(ids, offsets, per_sample_weights, first);
-  const at::Tensor keep = owned_mask(bags.ids, row_start, rows, padding_idx);
-  at::Tensor contrib = grad.index_select(0, bags.bag.masked_select(keep));
-  if (bags.psw.has_value()) {
-    contrib = contrib * bags.psw->masked_select(keep).to(grad.scalar_type()).unsqueeze(1);
+  const OwnedIds selected =
+      owned_ids(kBackward, ids, offsets, per_sample_weights, row_start, rows, padding_idx, owned);
+  at::Tensor contrib = grad.index_select(0, selected.bag);
+  if (selected.psw.has_value()) {
+    contrib = contrib * selected.psw->to(grad.scalar_type()).unsqueeze(1);
   }
-  grad_weight.index_add_(0, bags.ids.masked_select(keep) - row_start, contrib);
+  contrib = at::where(selected.keep.unsqueeze(1), contrib, at::zeros({}, contrib.options()));
+  grad_weight.index_add_(0, selected.rows, contrib);
   return grad_weight;
 }
 

@@ -105,6 +105,11 @@ class _DeviceMoves:
             local_shards.append(Shard(tensor, md))
         metadata = copy.deepcopy(self.metadata())
         metadata.tensor_properties.dtype = dtype
+        # Shards stay pinned only where .to() hands back the same tensors (nothing changed); a copy to
+        # another device or dtype is not pinned. The same decision on every rank: it depends on the
+        # arguments only.
+        same_tensors = dtype == self.dtype and torch.device(device).type == self.device.type
+        metadata.tensor_properties.pin_memory = metadata.tensor_properties.pin_memory and same_tensors
         me = dist.get_rank(self._process_group)
         resolve = _PlacementResolver(self._process_group)
         for md in metadata.shards_metadata:

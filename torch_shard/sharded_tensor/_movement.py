@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _native
+from .._agreement import _error_class_name
 from . import _state
 from ._construction import group_of
 from .metadata import TensorProperties
@@ -27,16 +28,10 @@ if TYPE_CHECKING:
 
 _ops = torch.ops.torch_shard
 
-# The classes a failing rank reports (the others raise the same class); see ErrorCode in
-# csrc/comm/exchange.h. Subclasses before their bases.
-_REPORTED = (NotImplementedError, IndexError, ValueError, TypeError, RuntimeError)
-
-
 def abort_and_raise(op: str, error: BaseException, process_group) -> None:
     """Tell the other ranks of ``process_group``, which are running data op ``op``, that this rank's
-    arguments failed (so they raise too), then raise ``error`` here."""
-    name = next((cls.__name__ for cls in _REPORTED if isinstance(error, cls)), type(error).__name__)
-    _ops._abort(op, name, process_group.group_name)
+    arguments failed (so they raise the same class, from the one error table), then raise ``error``."""
+    _ops._abort(op, _error_class_name(error), process_group.group_name)
     raise error
 
 

@@ -7,6 +7,10 @@ Every rank calls the op with its own input. The flow is:
    group ranks), then ONE C++ data op (``torch.ops.torch_shard._share_inputs``) that agrees (a bad
    input on any rank raises on every rank instead of hanging the others) and gives every rank every
    rank's packed input (ids, offsets, per-sample weights), small inputs in the agreement round itself.
+   Checks that need the input's VALUES (ids in range, offsets well formed) and the counts of this
+   rank's ids per owner are computed on the input's device and read by the host only with the
+   agreement (:class:`InputChecks`; NOTE [ One host read per exchange ] in csrc/comm/exchange.cpp): on
+   a GPU the whole forward reads device memory on the host once, in that op.
    Received inputs were checked by their sender, so the later steps have no argument errors left;
 2. each rank computes, for every requester, what its weight shard contributes;
 3. one all-to-all returns the contributions to their requesters (autograd-aware: its backward is the
@@ -16,12 +20,14 @@ Every rank calls the op with its own input. The flow is:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from math import prod
 
 import torch
 import torch.distributed as dist
 
+from ..._agreement import _class_code
 from ...sharded_tensor import _state
 from ...sharded_tensor._movement import abort_and_raise
 from ...sharded_tensor.utils import _PlacementResolver
@@ -66,10 +72,10 @@ class Bags:
         return self.offsets.numel()
 
     def bag_of_id(self) -> torch.Tensor:
-        """The bag of every id (needs at least one bag; offsets start at 0, as checked)."""
-        n = self.ids.numel()
-        ends = torch.cat([self.offsets[1:], torch.tensor([n], dtype=torch.int64, device=self.offsets.device)])
-        return torch.repeat_interleave(torch.arange(self.num_bags, device=self.ids.device), ends - self.offsets)
+        """The bag of every id (offsets start at 0 and do not decrease, as checked). From bucketize, not
+        repeat_interleave, whose output size the host would have to read from the device."""
+        positions = torch.arange(self.ids.numel(), device=self.ids.device)
+        return torch.bucketize(positions, self.offsets, right=True) - 1
 
 
 def local_weight(weight, op_name: str):
@@ -105,8 +111,52 @@ def check_device(local: torch.Tensor, tensor: torch.Tensor, arg: str) -> None:
         )
 
 
+class InputChecks:
+    """Checks of this rank's input that need its values, computed on the input's device.
+
+    Each check is a 0-dim bool tensor (True: failed) with the exception class it raises. ``status()``
+    folds them into one int64 error code (the first failed check's, from the one error table) that
+    travels with the agreement, so the host learns the verdict in the read it makes anyway; only when
+    a check failed does this rank run the checks again on the host (``raise_first``), to raise the
+    dense op's exception with its message.
+    """
+
+    def __init__(self) -> None:
+        self._checks: list[tuple[torch.Tensor, type[BaseException], Callable[[], None]]] = []
+
+    def add(self, failed: torch.Tensor, error_class: type[BaseException], raise_on_host: Callable[[], None]) -> None:
+        self._checks.append((failed, error_class, raise_on_host))
+
+    def status(self, device: torch.device) -> torch.Tensor | None:
+        if not self._checks:
+            return None
+        code = torch.zeros((), dtype=torch.int64, device=device)
+        for failed, error_class, _ in reversed(self._checks):
+            code = torch.where(failed.to(device), _class_code(error_class), code)
+        return code
+
+    def raise_first(self) -> None:
+        for _, _, raise_on_host in self._checks:
+            raise_on_host()
+        raise RuntimeError("torch_shard: an input check failed on the device but not on the host; please report this")
+
+
+def check_ids_in_range(checks: InputChecks, ids: torch.Tensor, num_embeddings: int) -> None:
+    """Every id in [0, num_embeddings), as a device-side check (the message names the range seen)."""
+
+    def raise_on_host() -> None:
+        if ids.numel():
+            low, high = (int(v) for v in torch.aminmax(ids))
+            if low < 0 or high >= num_embeddings:
+                raise ValueError(f"Index out of range in Input {low} {high} {num_embeddings}")
+
+    checks.add(((ids < 0) | (ids >= num_embeddings)).any(), ValueError, raise_on_host)
+
+
 def validate_common(input, weight, max_norm, scale_grad_by_freq, sparse, op_name: str, fn_name: str):
     """Checks shared by embedding and embedding_bag, on this rank's arguments, before any exchange.
+    Only what the host knows (types, shapes, devices, flags); the ids' values are checked on their
+    device (:func:`check_ids_in_range`).
 
     Returns :func:`local_weight`'s (local shard, offset, sharded dim). ``op_name`` is the module's name
     ("Embedding"), ``fn_name`` the function's ("embedding"), as they appear in the messages.
@@ -128,10 +178,6 @@ def validate_common(input, weight, max_norm, scale_grad_by_freq, sparse, op_name
     local, start, dim = local_weight(weight, fn_name)
     check_index_dtype(input, "indices", fn_name)
     check_device(local, input, "input")
-    if input.numel():
-        low, high = (int(v) for v in torch.aminmax(input))
-        if low < 0 or high >= weight.size(0):
-            raise ValueError(f"Index out of range in Input {low} {high} {weight.size(0)}")
     return local, start, dim
 
 
@@ -167,12 +213,28 @@ def lookup_arguments(
     ]
 
 
+@dataclass
+class Shared:
+    """What :func:`share_bags` gives every rank."""
+
+    bags: list[Bags]  # every rank's bags, by group rank
+    counts_in: list[int]  # per rank r: the word r sent here (e.g. how many of r's ids this rank owns)
+    counts_out: list[int]  # this rank's words, by rank (e.g. how many of this rank's ids r owns)
+
+
 def share_bags(
-    bags: Bags, weight, error: BaseException | None, op_name: str, arguments: list[float] | None = None
-) -> list[Bags]:
+    bags: Bags,
+    weight,
+    error: BaseException | None,
+    op_name: str,
+    arguments: list[float] | None = None,
+    checks: InputChecks | None = None,
+    words: torch.Tensor | None = None,
+) -> Shared:
     """Give every rank every rank's bags, after agreeing (raising on every rank if any rank's input
-    was rejected, or if the ranks' ``arguments``, from :func:`lookup_arguments`, differ): one C++ data
-    op."""
+    was rejected, by the host or by ``checks`` on its device, or if the ranks' ``arguments``, from
+    :func:`lookup_arguments`, differ): one C++ data op. ``words`` (int64 [world], on the device) are
+    told to the ranks with the agreement; see :class:`Shared`."""
     pg = weight._process_group
     if error is not None:
         abort_and_raise("share_inputs", error, pg)
@@ -180,11 +242,16 @@ def share_bags(
     parts = [bags.offsets, bags.ids]
     if has_psw:
         parts.append(bags.per_sample_weights.detach().reshape(-1))
-    received = _ops._share_inputs(
-        parts, _state.read_state(weight).layout_fp, int(has_psw), pg.group_name, arguments or []
+    status = checks.status(bags.ids.device) if checks is not None else None
+    received, info = _ops._share_inputs.with_words(
+        parts, _state.read_state(weight).layout_fp, int(has_psw), pg.group_name, arguments or [], status, words
     )
+    if info[0] != 0:
+        checks.raise_first()  # this rank's input failed on its device; every other rank raises naming it
+    world = dist.get_world_size(pg)
+    counts_in, counts_out = info[1 : 1 + world], info[1 + world :]
     width = len(parts)
-    return [
+    everyone = [
         Bags(
             ids=received[r * width + 1],
             offsets=received[r * width],
@@ -192,6 +259,7 @@ def share_bags(
         )
         for r in range(len(received) // width)
     ]
+    return Shared(everyone, counts_in, counts_out)
 
 
 def column_order(weight) -> list[tuple[int, int, int]]:
@@ -211,6 +279,23 @@ def row_ranges(weight) -> list[tuple[int, int]]:
     return ranges
 
 
+def owner_of_ids(ids: torch.Tensor, ranges: list[tuple[int, int]]) -> torch.Tensor:
+    """The group rank that owns each id (ids must be in range), on the ids' device."""
+    owned = sorted((lo, rank) for rank, (lo, hi) in enumerate(ranges) if hi > lo)
+    starts = torch.tensor([lo for lo, _ in owned], dtype=torch.int64, device=ids.device)
+    ranks = torch.tensor([rank for _, rank in owned], dtype=torch.int64, device=ids.device)
+    if not owned:
+        return torch.zeros_like(ids)
+    # Row ranges tile [0, rows): the last start <= id is the range of id.
+    return ranks[(torch.bucketize(ids, starts, right=True) - 1).clamp(min=0)]
+
+
+def count_per_rank(owner: torch.Tensor, world: int) -> torch.Tensor:
+    """How many entries of ``owner`` name each rank (int64 [world], on the device; no host read)."""
+    counts = torch.zeros(world, dtype=torch.int64, device=owner.device)
+    return counts.index_add_(0, owner, torch.ones_like(owner))
+
+
 def width_of(order: list[tuple[int, int, int]], rank: int) -> int:
     """Columns group rank ``rank`` holds, from :func:`column_order`."""
     return sum(count for _, count, owner in order if owner == rank)
@@ -226,8 +311,9 @@ def renorm_rows_(local: torch.Tensor, rows: torch.Tensor, max_norm: float, norm_
             return
         # Column shards: every rank holds a slice of each row; combine |w|^p over all slices.
         part = local.index_select(0, rows).abs().pow(norm_type).sum(dim=1)
-        pg = weight._process_group
-        dist.all_reduce(part, group=pg)
+        # Every rank holds the same `rows` (from the same shared inputs) and the agreement checked that
+        # every rank renormalises, so the sum needs no agreement of its own.
+        part = _ops._sum_over_ranks(part, weight._process_group.group_name)
         norms = part.pow(1.0 / norm_type)
         scale = torch.where(norms > max_norm, max_norm / (norms + 1e-7), torch.ones_like(norms))
         local.index_copy_(0, rows, local.index_select(0, rows) * scale.unsqueeze(1).to(local.dtype))

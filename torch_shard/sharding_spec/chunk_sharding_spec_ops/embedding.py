@@ -9,9 +9,13 @@ from ..api import custom_sharding_spec_op
 from ..chunk_sharding_spec import ChunkShardingSpec
 from ._common import (
     Bags,
+    InputChecks,
+    check_ids_in_range,
     column_order,
+    count_per_rank,
     exchange_chunks,
     lookup_arguments,
+    owner_of_ids,
     renorm_rows_,
     row_ranges,
     share_bags,
@@ -36,6 +40,8 @@ def sharded_embedding(types, args, kwargs, pg):
     max_norm = kwargs.get("max_norm")
     norm_type = kwargs.get("norm_type", 2.0)
     error = None
+    checks = InputChecks()
+    words = None
     try:
         # Everything that can fail on this rank happens here, before the exchange (share_bags), so a
         # failure raises on every rank instead of leaving the others in the exchange.
@@ -54,32 +60,42 @@ def sharded_embedding(types, args, kwargs, pg):
             if padding_idx < 0:
                 padding_idx += weight.size(0)
         ids = input.reshape(-1).to(torch.int64)
+        check_ids_in_range(checks, ids, weight.size(0))
         mine = Bags(ids=ids, offsets=torch.zeros(0, dtype=torch.int64, device=ids.device), per_sample_weights=None)
         layout = row_ranges(weight) if dim == 0 else column_order(weight)
+        if dim == 0:
+            # How many of my ids each rank owns: the sizes of the row exchange, known to every rank
+            # with the agreement instead of read from the device.
+            owner = owner_of_ids(ids, layout)
+            words = count_per_rank(owner, len(layout))
         arguments = lookup_arguments(padding_idx, max_norm, norm_type)
     except Exception as exc:  # noqa: BLE001 - raised on every rank by share_bags
         error, mine, arguments = exc, None, None
-    everyone = share_bags(mine, weight, error, "embedding", arguments)
+    shared = share_bags(mine, weight, error, "embedding", arguments, checks, words)
+    everyone = shared.bags
     group = pg.group_name
     dtype = local.dtype
     if dim == 0:
         end = start + local.size(0)
         if max_norm is not None:
+            # (Renormalising reads the rows to touch on the host, as the dense op does.)
             all_ids = torch.cat([b.ids for b in everyone])
             owned = all_ids[(all_ids >= start) & (all_ids < end)]
             renorm_rows_(local, owned - start, max_norm, norm_type, weight, dim)
         local_pad = padding_idx - start if padding_idx is not None and start <= padding_idx < end else None
         send = []
-        for bags in everyone:
-            owned = bags.ids[(bags.ids >= start) & (bags.ids < end)] - start
-            send.append(F.embedding(owned, local, padding_idx=local_pad))
-        # What each owner (by group rank) holds of my ids, in my ids' order: the row ranges tell.
-        masks = [(mine.ids >= lo) & (mine.ids < hi) for lo, hi in layout]
-        shapes = [(int(mask.sum()), local.size(1)) for mask in masks]
+        for rank, bags in enumerate(everyone):
+            # The ids of `rank` I own, in their order; how many, `rank` told me with the agreement.
+            mine_there = (bags.ids >= start) & (bags.ids < end)
+            which = torch.nonzero_static(mine_there, size=shared.counts_in[rank]).squeeze(1)
+            send.append(F.embedding(bags.ids[which] - start, local, padding_idx=local_pad))
+        shapes = [(count, local.size(1)) for count in shared.counts_out]
         received = exchange_chunks(send, shapes, group)
+        # My ids grouped by owner, each group in my ids' order: where each owner's rows go.
+        positions = torch.argsort(owner, stable=True).split(shared.counts_out)
         out = torch.zeros(mine.ids.numel(), weight.size(1), dtype=dtype, device=local.device)
-        for mask, rows in zip(masks, received):
-            out = out.index_put((mask.nonzero().squeeze(1),), rows)
+        for where, rows in zip(positions, received):
+            out = out.index_put((where,), rows)
         return out.view(*input.shape, weight.size(1))
 
     if max_norm is not None:

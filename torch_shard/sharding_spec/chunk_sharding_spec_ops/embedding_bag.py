@@ -9,12 +9,17 @@ from ..api import custom_sharding_spec_op
 from ..chunk_sharding_spec import ChunkShardingSpec
 from ._common import (
     Bags,
+    InputChecks,
     check_device,
+    check_ids_in_range,
     check_index_dtype,
     column_order,
+    count_per_rank,
     exchange_chunks,
     lookup_arguments,
+    owner_of_ids,
     renorm_rows_,
+    row_ranges,
     share_bags,
     validate_common,
     width_of,
@@ -26,59 +31,75 @@ class _PartialPool(torch.autograd.Function):
     with the matching backward into the shard."""
 
     @staticmethod
-    def forward(ctx, weight, ids, offsets, per_sample_weights, row_start, mode, padding_idx):
+    def forward(ctx, weight, ids, offsets, per_sample_weights, row_start, mode, padding_idx, owned):
+        # `owned`: how many of the requester's ids this shard holds (told with the agreement), so the
+        # kernels never read a count from the device.
         pooled, argmax = torch.ops.torch_shard._embedding_bag_partial(
-            weight, ids, offsets, per_sample_weights, row_start, mode, padding_idx
+            weight, ids, offsets, per_sample_weights, row_start, mode, padding_idx, True, owned
         )
         ctx.save_for_backward(ids, offsets, per_sample_weights, argmax)
-        ctx.args = (row_start, weight.size(0), mode, padding_idx)
+        ctx.args = (row_start, weight.size(0), mode, padding_idx, owned)
         return pooled
 
     @staticmethod
     def backward(ctx, grad):
         ids, offsets, per_sample_weights, argmax = ctx.saved_tensors
-        row_start, rows, mode, padding_idx = ctx.args
+        row_start, rows, mode, padding_idx, owned = ctx.args
         grad_weight = torch.ops.torch_shard._embedding_bag_partial_backward(
-            grad.contiguous(), ids, offsets, per_sample_weights, argmax, row_start, rows, mode, padding_idx
+            grad.contiguous(), ids, offsets, per_sample_weights, argmax, row_start, rows, mode, padding_idx, owned
         )
-        return grad_weight, None, None, None, None, None, None
+        return grad_weight, None, None, None, None, None, None, None
 
 
-def _check_offsets(offsets: torch.Tensor, n: int, include_last_offset: bool) -> None:
+def _check_offsets(checks: InputChecks, offsets: torch.Tensor, n: int, include_last_offset: bool) -> None:
     """Offsets of 1-D input: what the dense op requires (its exception types and messages where it
     has them), plus non-decreasing, which the dense op does not check everywhere: bag b holds
     ``ids[offsets[b]:offsets[b + 1]]``, the last one (without ``include_last_offset``) runs to the end.
+    What depends on the offsets' values goes into ``checks`` (on their device; see InputChecks).
     """
-    if include_last_offset:
-        if offsets.numel() == 0:
-            raise RuntimeError("include_last_offset: number of offset should be at least 1")
-        if int(offsets[-1]) != n:
+    if include_last_offset and offsets.numel() == 0:
+        raise RuntimeError("include_last_offset: number of offset should be at least 1")
+    if offsets.numel() == 0:
+        return
+    first, last = offsets[0], offsets[-1]
+    # drop[b]: offsets[b] < offsets[b - 1] (never for b = 0).
+    drop = torch.cat([offsets.new_zeros(1, dtype=torch.bool), offsets[1:] < offsets[:-1]])
+
+    def last_is_not_n() -> None:
+        if int(last) != n:
             raise ValueError(
                 'offsets need to have the input size in the end when the flag "include_last_offset" is on!'
             )
-    if offsets.numel() == 0:
-        return
-    # One host round trip for everything (offsets may live on a GPU).
-    # drop[b]: offsets[b] < offsets[b - 1] (never for b = 0).
-    drop = torch.cat([offsets.new_zeros(1, dtype=torch.bool), offsets[1:] < offsets[:-1]])
-    first, last, drops, where = torch.stack(
-        [offsets[0], offsets[-1], drop.sum(), torch.argmax(drop.to(torch.int8))]
-    ).tolist()
-    if first != 0:
-        raise RuntimeError(
-            "offsets[0] has to be 0, i.e., the first sequence in the mini-batch has to start from "
-            f"position 0. However, got {first}"
-        )
-    if last > n:
-        raise RuntimeError(f"offsets[-1] can not be greater than input's length {n} but got offsets[-1] of {last}")
-    if drops:
-        raise RuntimeError(
-            f"embedding_bag: offsets has to be non-decreasing, but offsets[{where}] = "
-            f"{int(offsets[where])} is less than offsets[{where - 1}] = {int(offsets[where - 1])}"
-        )
+
+    def first_is_not_zero() -> None:
+        if int(first) != 0:
+            raise RuntimeError(
+                "offsets[0] has to be 0, i.e., the first sequence in the mini-batch has to start from "
+                f"position 0. However, got {int(first)}"
+            )
+
+    def last_beyond_n() -> None:
+        if int(last) > n:
+            raise RuntimeError(
+                f"offsets[-1] can not be greater than input's length {n} but got offsets[-1] of {int(last)}"
+            )
+
+    def decreasing() -> None:
+        if bool(drop.any()):
+            where = int(torch.argmax(drop.to(torch.int8)))
+            raise RuntimeError(
+                f"embedding_bag: offsets has to be non-decreasing, but offsets[{where}] = "
+                f"{int(offsets[where])} is less than offsets[{where - 1}] = {int(offsets[where - 1])}"
+            )
+
+    if include_last_offset:
+        checks.add(last != n, ValueError, last_is_not_n)
+    checks.add(first != 0, RuntimeError, first_is_not_zero)
+    checks.add(last > n, RuntimeError, last_beyond_n)
+    checks.add(drop.any(), RuntimeError, decreasing)
 
 
-def _as_bags(input, offsets, per_sample_weights, include_last_offset, mode, local) -> Bags:
+def _as_bags(input, offsets, per_sample_weights, include_last_offset, mode, local, checks: InputChecks) -> Bags:
     """This rank's bags as flat int64 ids and offsets, after checking them (ids themselves were checked
     by validate_common)."""
     if input.dim() > 2:
@@ -101,7 +122,7 @@ def _as_bags(input, offsets, per_sample_weights, include_last_offset, mode, loca
             raise ValueError("offsets has to be a 1D Tensor")
         check_index_dtype(offsets, "offsets", "embedding_bag")
         check_device(local, offsets, "offsets")
-        _check_offsets(offsets, input.numel(), include_last_offset)
+        _check_offsets(checks, offsets, input.numel(), include_last_offset)
         ids = input.to(torch.int64)
         bag_offsets = offsets.to(torch.int64)
         if include_last_offset:
@@ -151,6 +172,8 @@ def sharded_embedding_bag(types, args, kwargs, pg):
     max_norm = kwargs.get("max_norm")
     norm_type = kwargs.get("norm_type", 2.0)
     error = None
+    checks = InputChecks()
+    words = None
     try:
         # Everything that can fail on this rank happens here, before the exchange (share_bags), so a
         # failure raises on every rank instead of leaving the others in the exchange.
@@ -179,14 +202,29 @@ def sharded_embedding_bag(types, args, kwargs, pg):
                 )
             if padding_idx < 0:
                 padding_idx += weight.size(0)
+        check_ids_in_range(checks, input.reshape(-1), weight.size(0))
         mine = _as_bags(
-            input, offsets, kwargs.get("per_sample_weights"), kwargs.get("include_last_offset", False), mode, local
+            input,
+            offsets,
+            kwargs.get("per_sample_weights"),
+            kwargs.get("include_last_offset", False),
+            mode,
+            local,
+            checks,
         )
         order = column_order(weight) if dim == 1 else None
+        if dim == 0:
+            # How many of my ids each rank owns (the `owned` of each owner's partial pooling), told with
+            # the agreement instead of counted from the device by every owner.
+            # Ids that belong to no bag (there are no bags) are nobody's.
+            ranges = row_ranges(weight)
+            owner = owner_of_ids(mine.ids, ranges)
+            words = count_per_rank(owner if mine.num_bags else owner[:0], len(ranges))
         arguments = lookup_arguments(padding_idx, max_norm, norm_type, mode)
     except Exception as exc:  # noqa: BLE001 - raised on every rank by share_bags
         error, mine, arguments = exc, None, None
-    everyone = share_bags(mine, weight, error, "embedding_bag", arguments)
+    shared = share_bags(mine, weight, error, "embedding_bag", arguments, checks, words)
+    everyone = shared.bags
     group = pg.group_name
     embedding_dim = weight.size(1)
 
@@ -227,9 +265,12 @@ def sharded_embedding_bag(types, args, kwargs, pg):
         owned = all_ids[(all_ids >= start) & (all_ids < end)]
         renorm_rows_(local, owned - start, max_norm, norm_type, weight, dim)
     pad = -1 if padding_idx is None else padding_idx
+    pool_mode = "max" if mode == "max" else "sum"
     send = [
-        _PartialPool.apply(local, bags.ids, bags.offsets, bags.per_sample_weights, start, "max" if mode == "max" else "sum", pad)
-        for bags in everyone
+        _PartialPool.apply(
+            local, bags.ids, bags.offsets, bags.per_sample_weights, start, pool_mode, pad, shared.counts_in[rank]
+        )
+        for rank, bags in enumerate(everyone)
     ]
     shapes = [(mine.num_bags, embedding_dim)] * len(everyone)
     received = exchange_chunks(send, shapes, group)

@@ -1,0 +1,281 @@
+"""What the GPU/NCCL paths rely on, shown where a CPU can show it.
+
+No GPU runs these tests here, so CUDA correctness comes from construction (see NOTE [ Communication
+device ], NOTE [ One host read per exchange ] and NOTE [ What ranks agree on about a placement ] in
+csrc/); these tests pin down the parts of that construction a CPU run can observe:
+
+* ranks agree on a placement's owner and device TYPE, never on how a placement is written or on
+  another rank's device index (``.cuda()`` writes this rank's device; ``cpu`` and ``cpu:0`` are one
+  device);
+* the sharded embedding forward never asks the host for a value that lives on the device (no
+  ``.item()``, ``.tolist()``, ``nonzero``, ``masked_select``, ``unique``, ``repeat_interleave`` without
+  an output size): on a GPU the one host read is the agreement's, inside ``_share_inputs``. (C++
+  kernels read CPU memory directly only on branches taken for CPU tensors, guarded by ``is_cpu()``;
+  those do not dispatch, so they are invisible here, as they are to a GPU.);
+* ``_share_inputs`` carries device-side statuses and words with its agreement;
+* ``pin_memory`` is a promise about every CPU shard, checked wherever shards are written.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from torch_shard import _shard_tensor, sharded_tensor
+from torch_shard.sharding_spec import ChunkShardingSpec, EnumerableShardingSpec, ShardMetadata
+from torch_shard.testing import ShardedTensorTestBase, placement, rank_device, requires_cuda, run_tests, with_comms
+
+WORLD = 4
+aten = torch.ops.aten
+
+# ATen ops whose result the host must read from the device (or whose output SIZE depends on device
+# data, which the host must read to allocate it): each is a host sync on a GPU.
+_HOST_READS = {
+    aten._local_scalar_dense.default,  # .item(), int(t), float(t), bool(t)
+    aten.nonzero.default,
+    aten.masked_select.default,
+    aten._unique2.default,
+    aten.unique_dim.default,
+    aten.unique_consecutive.default,
+    aten.bincount.default,
+}
+
+
+class _CountHostReads(TorchDispatchMode):
+    """Counts the ATen ops that read device data on the host (see _HOST_READS), and
+    ``Tensor.tolist`` (which does not dispatch on the CPU)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _HOST_READS:
+            self.seen.append(str(func))
+        if func is aten.repeat_interleave.Tensor and kwargs.get("output_size") is None:
+            self.seen.append(str(func) + " (no output_size)")
+        return func(*args, **kwargs)
+
+    def __enter__(self):
+        self._tolist = torch.Tensor.tolist
+        seen = self.seen
+        original = self._tolist
+
+        def tolist(tensor):
+            seen.append("Tensor.tolist")
+            return original(tensor)
+
+        torch.Tensor.tolist = tolist
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.Tensor.tolist = self._tolist
+        return super().__exit__(*exc)
+
+
+def _rows(n: int = WORLD) -> ChunkShardingSpec:
+    return ChunkShardingSpec(dim=0, placements=[placement(r) for r in range(n)])
+
+
+def _cols() -> ChunkShardingSpec:
+    return ChunkShardingSpec(dim=1, placements=[placement(r) for r in range(WORLD)])
+
+
+class TestDevicePaths(ShardedTensorTestBase):
+    @with_comms(init_rpc=False)
+    def test_placements_written_differently_still_agree(self):
+        """The same owner and device type written differently on different ranks ("cpu" / "cpu:0",
+        "cuda" / "cuda:<index>") is one layout: scatter, reshard and gather go through, and each rank
+        keeps its own spelling. A different owner or device type still raises on every rank."""
+        device = rank_device(self.rank)
+        full = torch.arange(12 * 8, dtype=torch.float32, device=device).view(12, 8)
+
+        def spelled(r: int, dim: int) -> ChunkShardingSpec:
+            # Odd ranks write every placement with an explicit index, even ranks without one.
+            names = []
+            for owner in range(WORLD):
+                kind = torch.device(rank_device(owner)).type
+                index = 0 if kind == "cpu" else owner
+                names.append(f"rank:{owner}/{kind}:{index}" if r % 2 else f"rank:{owner}/{kind}")
+            return ChunkShardingSpec(dim=dim, placements=names)
+
+        st = _shard_tensor(full, spelled(self.rank, 0))
+        self.assertEqual(st.local_tensor(), full.chunk(WORLD)[self.rank])
+        fps = [None] * WORLD
+        dist.all_gather_object(fps, torch.ops.torch_shard._state(st)[5])
+        self.assertEqual(len(set(fps)), 1, "the layout fingerprints of the ranks differ")
+        st.reshard(spelled(self.rank, 1))
+        self.assertEqual(st.local_tensor(), full.chunk(WORLD, dim=1)[self.rank])
+        # A reshard that only respells the placements moves nothing and keeps the shards.
+        before = st.local_tensor()
+        st.reshard(spelled(self.rank + 1, 1))
+        self.assertTrue(st.local_tensor() is before)
+        self.assertEqual(str(st.metadata().shards_metadata[0].placement), str(spelled(self.rank + 1, 1).placements[0]))
+        out = torch.empty_like(full) if self.rank == 1 else None
+        st.gather(1, out)
+        if self.rank == 1:
+            self.assertEqual(out, full)
+        # Owners still count: rank 3 swapping two owners raises on every rank.
+        owners = [0, 1, 3, 2] if self.rank == 3 else list(range(WORLD))
+        with self.assertRaisesRegex(ValueError, "sharding_spec on rank"):
+            st.reshard(ChunkShardingSpec(dim=0, placements=[placement(r) for r in owners]))
+
+    @with_comms(init_rpc=False)
+    def test_moved_tensor_names_only_the_device_type_of_other_ranks(self):
+        """After a device move (here a forced copy, the path .cuda() takes), this rank's placement names
+        its device and the other ranks' name the device type only, so every rank builds the same layout
+        and later data ops agree."""
+        device = rank_device(self.rank)
+        full = torch.arange(16 * 4, dtype=torch.float32, device=device).view(16, 4)
+        st = _shard_tensor(full, _rows())
+        moved = st.to(device=device, copy=True)
+        self.assertFalse(moved is st)
+        kind = torch.device(device).type
+        for r, md in enumerate(moved.metadata().shards_metadata):
+            self.assertEqual(md.placement.rank(), r)
+            self.assertEqual(md.placement.device().type, kind)
+        fps = [None] * WORLD
+        dist.all_gather_object(fps, torch.ops.torch_shard._state(moved)[5])
+        self.assertEqual(len(set(fps)), 1)
+        moved.reshard(_cols())
+        out = torch.empty_like(full) if self.rank == 0 else None
+        moved.gather(0, out)
+        if self.rank == 0:
+            self.assertEqual(out, full)
+
+    @with_comms(init_rpc=False)
+    def test_sharded_embedding_forward_reads_no_device_memory_on_the_host(self):
+        """Row- and column-wise embedding and embedding_bag (sum, mean, max, per-sample weights,
+        padding) run their forward without any op that makes the host read device data: on a GPU the
+        only host read is the agreement's, inside the one _share_inputs call."""
+        device = rank_device(self.rank)
+        torch.manual_seed(0)
+        dense = torch.randn(20, 8, device=device)
+        generator = torch.Generator().manual_seed(10 + self.rank)
+        ids = torch.randint(0, 20, (6, 3), generator=generator).to(device)
+        flat = ids.reshape(-1)
+        offsets = torch.tensor([0, 4, 4, 11], device=device)
+        psw = torch.rand(flat.numel(), generator=generator).to(device)
+        for spec in (_rows(), _cols()):
+            weight = sharded_tensor.empty(spec, 20, 8)
+            with torch.no_grad():
+                weight.local_tensor().copy_(dense[weight.local_shards()[0].metadata.shard_offsets[0] :][
+                    : weight.local_tensor().size(0)
+                ] if spec.dim == 0 else dense[:, weight.local_shards()[0].metadata.shard_offsets[1] :][
+                    :, : weight.local_tensor().size(1)
+                ])
+            cases = [
+                ("embedding", lambda w: F.embedding(ids, w, padding_idx=3)),
+                ("bag sum psw", lambda w: F.embedding_bag(flat, w, offsets, mode="sum", per_sample_weights=psw)),
+                ("bag mean", lambda w: F.embedding_bag(flat, w, offsets, mode="mean", padding_idx=5)),
+                ("bag max 2-D", lambda w: F.embedding_bag(ids, w, mode="max")),
+                ("bag sum last", lambda w: F.embedding_bag(flat, w, torch.tensor([0, 9, 18], device=device), include_last_offset=True, mode="sum")),
+            ]
+            for name, lookup in cases:
+                with _CountHostReads() as counter:
+                    out = lookup(weight)
+                self.assertEqual(counter.seen, [], f"{name}, dim {spec.dim}: host reads of device data")
+                self.assertEqual(out, lookup(dense), atol=1e-5, rtol=1e-5, msg=f"{name}, dim {spec.dim}")
+
+    @with_comms(init_rpc=False)
+    def test_share_inputs_carries_device_status_and_words(self):
+        """_share_inputs: words reach the ranks they are addressed to, and a rank whose device-side
+        status failed gets its status back (no parts) while every other rank raises that class naming it."""
+        group = dist.group.WORLD.group_name
+        device = rank_device(self.rank)
+        part = torch.arange(self.rank + 1, dtype=torch.int64, device=device)
+        words = torch.tensor([10 * self.rank + p for p in range(WORLD)], device=device)
+        status = torch.zeros((), dtype=torch.int64, device=device)
+        out, info = torch.ops.torch_shard._share_inputs.with_words([part], 7, 0, group, [], status, words)
+        self.assertEqual(info[0], 0)
+        self.assertEqual(info[1 : 1 + WORLD], [10 * p + self.rank for p in range(WORLD)])
+        self.assertEqual(info[1 + WORLD :], words.tolist())
+        for r in range(WORLD):
+            self.assertEqual(out[r], torch.arange(r + 1, dtype=torch.int64, device=device))
+        # Rank 2's input fails on its device (a ValueError's code).
+        value_error = torch.ops.torch_shard._error_classes().index("ValueError") + 1
+        status = torch.tensor(value_error if self.rank == 2 else 0, device=device)
+        if self.rank == 2:
+            out, info = torch.ops.torch_shard._share_inputs.with_words([part], 7, 0, group, [], status, None)
+            self.assertEqual(out, [])
+            self.assertEqual(info[0], value_error)
+        else:
+            with self.assertRaisesRegex(ValueError, "rank 2 of the process group rejected its arguments"):
+                torch.ops.torch_shard._share_inputs.with_words([part], 7, 0, group, [], status, None)
+        # The group works on.
+        out = torch.ops.torch_shard._share_inputs([part], 7, 0, group, [])
+        self.assertEqual(len(out), WORLD)
+
+    @with_comms(init_rpc=False)
+    def test_embedding_bad_ids_raise_on_every_rank_from_the_device_check(self):
+        """Out-of-range ids on one rank: that rank raises the dense op's message (its checks repeated on
+        the host), the others the same class naming it."""
+        device = rank_device(self.rank)
+        weight = sharded_tensor.rand(_rows(), 20, 8)
+        ids = torch.tensor([1, 2, 25 if self.rank == 1 else 3], device=device)
+        if self.rank == 1:
+            with self.assertRaisesRegex(ValueError, "Index out of range in Input 1 25 20"):
+                F.embedding(ids, weight)
+        else:
+            with self.assertRaisesRegex(ValueError, "rank 1 of the process group rejected"):
+                F.embedding(ids, weight)
+        offsets = torch.tensor([0, 2, 1] if self.rank == 3 else [0, 1, 2], device=device)
+        with self.assertRaisesRegex(RuntimeError, "non-decreasing" if self.rank == 3 else "rank 3 of the process group"):
+            F.embedding_bag(torch.tensor([1, 2, 3], device=device), weight, offsets)
+
+    @with_comms(init_rpc=False)
+    def test_sum_over_ranks_and_all_to_all_stage_through_the_comm_device(self):
+        """The unchecked collectives behind the embedding ops return on the input's device."""
+        group = dist.group.WORLD.group_name
+        device = rank_device(self.rank)
+        total = torch.ops.torch_shard._sum_over_ranks(torch.full((3,), float(self.rank + 1), device=device), group)
+        self.assertEqual(total, torch.full((3,), 10.0, device=device))
+        self.assertEqual(total.device, torch.device(device))
+        send = torch.arange(WORLD, dtype=torch.float32, device=device) + 100 * self.rank
+        got = torch.ops.torch_shard._all_to_all(send, [1] * WORLD, [1] * WORLD, group)
+        self.assertEqual(got, torch.tensor([100.0 * p + self.rank for p in range(WORLD)], device=device))
+
+    @with_comms(init_rpc=False)
+    def test_pin_memory_is_a_promise_about_every_cpu_shard(self):
+        """A ShardedTensor that says pin_memory=True holds only pinned CPU shards: building one from
+        unpinned shards, or writing an unpinned shard into one, raises instead of leaving is_pinned()
+        and the metadata lying."""
+        shard = torch.zeros(4, 3)  # not pinned (this machine may have no accelerator to pin with)
+        group = dist.group.WORLD.group_name
+        with self.assertRaisesRegex(ValueError, "pinned memory"):
+            torch.ops.torch_shard._make_sharded(
+                [shard], [self.rank], [16, 3], 0, None, None, None,
+                [f"rank:{r}/cpu" for r in range(WORLD)], list(range(WORLD)), torch.float32, None, True,
+                group, self.rank, WORLD,
+            )
+        st = sharded_tensor.zeros(ChunkShardingSpec(dim=0, placements=[f"rank:{r}/cpu" for r in range(WORLD)]), 16, 3)
+        self.assertFalse(st.is_pinned())
+
+
+class TestPinnedOnGpuMachines(ShardedTensorTestBase):
+    @requires_cuda(1)
+    @with_comms(init_rpc=False, backend="gloo")
+    def test_reshard_and_to_keep_pinned_consistent(self):
+        """A pinned ShardedTensor stays pinned through a reshard (new shards are allocated pinned), and
+        .to() another dtype gives an unpinned one whose metadata says so."""
+        spec = ChunkShardingSpec(dim=0, placements=[f"rank:{r}/cpu" for r in range(WORLD)])
+        st = sharded_tensor.zeros(spec, 16, 8, pin_memory=True)
+        self.assertTrue(st.is_pinned())
+        st.reshard(ChunkShardingSpec(dim=1, placements=[f"rank:{r}/cpu" for r in range(WORLD)]))
+        self.assertTrue(st.is_pinned())
+        self.assertTrue(all(s.tensor.is_pinned() for s in st.local_shards()))
+        half = st.to(torch.float16)
+        self.assertFalse(half.is_pinned())
+        self.assertFalse(half.metadata().tensor_properties.pin_memory)
+        grid = EnumerableShardingSpec(
+            [ShardMetadata([0, 0], [16, 4], "rank:0/cpu"), ShardMetadata([0, 4], [16, 4], "rank:1/cpu")]
+        )
+        st.reshard(grid)
+        self.assertTrue(st.is_pinned())
+
+
+if __name__ == "__main__":
+    run_tests()
