@@ -9,13 +9,27 @@ import os
 import time
 import unittest
 
-from torch_shard.testing import MultiProcessTestCase
+import torch
+import torch.distributed as dist
+
+from torch_shard.testing import (
+    MultiProcessTestCase,
+    ShardedTensorTestBase,
+    cuda_only,
+    device_type,
+    gloo_only,
+    placement,
+    rank_device,
+    with_comms,
+)
 
 # Set by test_harness.py in the test process; ranks must see it.
 PROBE_ENV = "TORCH_SHARD_HARNESS_PROBE"
 PROBE_OUTPUT = "torch-shard-harness-probe"
 # Long enough that only the harness ends it.
 HANG_S = 600.0
+# Set by test_harness.py to the device it expects the ranks to run on.
+EXPECTED_DEVICE_ENV = "TORCH_SHARD_HARNESS_EXPECTED_DEVICE"
 
 
 class HarnessCases(MultiProcessTestCase):
@@ -53,3 +67,43 @@ class HangingRankCase(MultiProcessTestCase):
     def test_one_rank_hangs(self):
         if self.rank == 3:
             time.sleep(HANG_S)
+
+
+class DeviceSelectionCases(ShardedTensorTestBase):
+    """What a rank sees of the device selection (TORCH_SHARD_TEST_DEVICE) and the gloo/CUDA guards."""
+
+    @with_comms(init_rpc=False)
+    def test_rank_follows_the_selection(self):
+        # The test process's choice, from the environment it had when the test started.
+        expected = os.environ[EXPECTED_DEVICE_ENV]
+        if (self.device_type, device_type()) != (expected, expected):
+            raise AssertionError(f"rank {self.rank} runs on {self.device_type}, the test process chose {expected}")
+        backend = "nccl" if expected == "cuda" else "gloo"
+        if (self.backend, dist.get_backend()) != (backend, backend):
+            raise AssertionError(f"rank {self.rank}: backend {self.backend} / {dist.get_backend()}, expected {backend}")
+        device = torch.device(f"cuda:{self.rank}" if expected == "cuda" else "cpu")
+        if self.device != device or torch.device(rank_device(self.rank)) != device:
+            raise AssertionError(f"rank {self.rank}: device {self.device}, expected {device}")
+        if placement(self.rank) != f"rank:{self.rank}/{device}":
+            raise AssertionError(f"rank {self.rank}: placement {placement(self.rank)}")
+        guarded = self.gloo_only("the case checks the guard itself")
+        if guarded != (backend == "gloo"):
+            raise AssertionError(f"gloo_only() returned {guarded} on {backend}")
+
+    @gloo_only("the case checks the decorator itself")
+    @with_comms(init_rpc=False, backend="gloo")
+    def test_gloo_only_runs_on_gloo(self):
+        if dist.get_backend() != "gloo":
+            raise AssertionError(f"ran on {dist.get_backend()}")
+
+    # The decorator reads with_comms' backend: this case skips before with_comms would need GPUs.
+    @gloo_only("the case checks the decorator itself")
+    @with_comms(init_rpc=False, backend="nccl")
+    def test_gloo_only_skips_other_backends(self):
+        raise AssertionError(f"ran on {dist.get_backend()}")
+
+    @cuda_only("the case checks the decorator itself")
+    @with_comms(init_rpc=False)
+    def test_cuda_only(self):
+        if not (self.device_type == "cuda" and torch.cuda.current_device() == self.rank):
+            raise AssertionError(f"rank {self.rank} ran on {self.device_type}")

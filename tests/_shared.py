@@ -23,9 +23,9 @@ def grid_spec(rows: int, cols: int, order=(0, 1, 2, 3)) -> EnumerableShardingSpe
 
 def assert_group_still_works(case) -> None:
     """After an op raised on every rank, the default group still runs a scatter and a gather."""
-    full = torch.arange(32.0).view(8, 4)
+    full = torch.arange(32.0, device=case.device).view(8, 4)
     st = _shard_tensor(full, ChunkShardingSpec(dim=0, placements=[placement(r) for r in range(4)]))
-    out = torch.zeros(8, 4) if case.rank == 0 else None
+    out = torch.zeros(8, 4, device=case.device) if case.rank == 0 else None
     st.gather(0, out)
     if case.rank == 0:
         case.assertEqual(out, full)

@@ -46,7 +46,7 @@ class TestOneBadRank(ShardedTensorTestBase):
     @with_comms(init_rpc=False)
     def test_gather_with_out_on_a_non_destination_rank(self):
         st = sharded_tensor.ones(_rows(), 8, 4)
-        out = torch.zeros(8, 4) if self.rank in (0, 3) else None
+        out = torch.zeros(8, 4, device=self.device) if self.rank in (0, 3) else None
         with self.assertRaises(ValueError):
             st.gather(0, out)
         assert_group_still_works(self)
@@ -55,14 +55,14 @@ class TestOneBadRank(ShardedTensorTestBase):
     def test_gather_with_different_destinations(self):
         st = sharded_tensor.ones(_rows(), 8, 4)
         dst = 1 if self.rank == 3 else 0
-        out = torch.zeros(8, 4) if self.rank == dst else None
+        out = torch.zeros(8, 4, device=self.device) if self.rank == dst else None
         with self.assertRaisesRegex(ValueError, "does not match"):
             st.gather(dst, out)
         assert_group_still_works(self)
 
     @with_comms(init_rpc=False)
     def test_shard_tensor_of_a_different_size_on_one_rank(self):
-        full = torch.rand(10, 4) if self.rank == 1 else torch.rand(8, 4)
+        full = torch.rand(10, 4, device=self.device) if self.rank == 1 else torch.rand(8, 4, device=self.device)
         with self.assertRaises(ValueError):
             _shard_tensor(full, _rows())
         assert_group_still_works(self)
@@ -70,7 +70,7 @@ class TestOneBadRank(ShardedTensorTestBase):
     @with_comms(init_rpc=False)
     def test_init_from_local_shards_with_a_bad_shard_on_one_rank(self):
         rows = 3 if self.rank == 2 else 2  # rank 2 overlaps rank 3
-        shards = [Shard(torch.zeros(rows, 4), ShardMetadata([2 * self.rank, 0], [rows, 4], placement(self.rank)))]
+        shards = [Shard(torch.zeros(rows, 4, device=self.device), ShardMetadata([2 * self.rank, 0], [rows, 4], placement(self.rank)))]
         with self.assertRaises(ValueError):
             init_from_local_shards(shards, 8, 4)
         assert_group_still_works(self)
@@ -78,7 +78,7 @@ class TestOneBadRank(ShardedTensorTestBase):
     @with_comms(init_rpc=False)
     def test_embedding_bag_with_an_out_of_range_id_on_one_rank(self):
         weight = sharded_tensor.rand(_rows(), 16, 4)
-        ids = torch.randint(0, 16, (3, 5))
+        ids = torch.randint(0, 16, (3, 5), device=self.device)
         if self.rank == 3:
             ids[0, 0] = 16
         # Rank 3 raises its own error; the others raise the same class, naming rank 3.

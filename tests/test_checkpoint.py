@@ -69,7 +69,7 @@ class TestCheckpointReshardOnLoad(ShardedTensorTestBase):
     @with_comms(init_rpc=False)
     def test_load_with_different_shard_plan(self):
         torch.manual_seed(0)
-        full = torch.rand(10, 21)
+        full = torch.rand(10, 21).to(self.device)
         specs = _specs()
         for (save_name, save_spec), (load_name, load_spec) in itertools.product(specs.items(), repeat=2):
             path = self._tmp_dir()
@@ -81,7 +81,7 @@ class TestCheckpointReshardOnLoad(ShardedTensorTestBase):
             for shard in target.local_shards():
                 self.assertEqual(shard.tensor, _expected_slice(full, shard), msg)
             self.assertEqual(state["step"], torch.tensor(7), msg)
-            out = torch.zeros(10, 21) if self.rank == 1 else None
+            out = torch.zeros(10, 21, device=self.device) if self.rank == 1 else None
             target.gather(1, out)
             if self.rank == 1:
                 self.assertEqual(out, full, msg)
@@ -90,12 +90,12 @@ class TestCheckpointReshardOnLoad(ShardedTensorTestBase):
     @with_comms(init_rpc=False)
     def test_switch_between_sharded_tensor_and_tensor(self):
         torch.manual_seed(1)
-        full = torch.rand(32, dtype=torch.float64)
+        full = torch.rand(32, dtype=torch.float64).to(self.device)
         spec = ChunkShardingSpec(dim=0, placements=[placement(r) for r in (3, 1, 0, 2)])
         # Saved sharded, loaded into a plain tensor on every rank.
         path = self._tmp_dir()
         dcp.save({"t": _shard_tensor(full, spec)}, checkpoint_id=path)
-        plain = {"t": torch.zeros(32, dtype=torch.float64)}
+        plain = {"t": torch.zeros(32, dtype=torch.float64, device=self.device)}
         dcp.load(plain, checkpoint_id=path)
         self.assertEqual(plain["t"], full)
         self._cleanup(path)
@@ -116,6 +116,7 @@ class TestCheckpointReshardOnLoad(ShardedTensorTestBase):
             "bf16": torch.linspace(-3, 3, 24).to(torch.bfloat16).view(6, 4),
             "bool": (torch.arange(24) % 3 == 0).view(6, 4),
         }
+        values = {name: value.to(self.device) for name, value in values.items()}
         path = self._tmp_dir()
         dcp.save({k: _shard_tensor(v, spec) for k, v in values.items()}, checkpoint_id=path)
         cols = ChunkShardingSpec(dim=1, placements=[placement(r) for r in (1, 0)])

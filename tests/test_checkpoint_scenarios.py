@@ -91,9 +91,7 @@ class CheckpointableShardedTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, st):
-        local = st.local_shards()
-        device = local[0].tensor.device if local else torch.device("cpu")
-        obj = torch.Tensor._make_wrapper_subclass(cls, st.size(), dtype=st.dtype, device=device)
+        obj = torch.Tensor._make_wrapper_subclass(cls, st.size(), dtype=st.dtype, device=st.device)
         obj._st = st
         return obj
 
@@ -135,11 +133,12 @@ class TestCheckpointScenarios(ShardedTensorTestBase):
         return holder[0]
 
     def _assert_holds(self, st, full: torch.Tensor, msg: str = "") -> None:
-        """Every local shard of ``st`` equals its box of ``full``, dtype included."""
+        """Every local shard of ``st`` equals its box of ``full``, dtype and device included."""
         for shard in st.local_shards():
             expected = _box_slice(full, shard.metadata)
             self.assertEqual(shard.tensor.dtype, full.dtype, msg)
-            self.assertTrue(torch.equal(shard.tensor.cpu(), expected), f"{msg}: shard {shard.metadata}")
+            self.assertEqual(shard.tensor.device, full.device, msg)
+            self.assertTrue(torch.equal(shard.tensor, expected), f"{msg}: shard {shard.metadata}")
 
     def _assert_metadata_in_bounds(self, path: str, key: str, size) -> None:
         """The saved chunks of ``key`` lie inside the tensor and tile it; empty chunks only for a tensor
@@ -179,8 +178,8 @@ class TestCheckpointScenarios(ShardedTensorTestBase):
             "cols_permuted": _chunks(1, (2, 0, 3, 1)),
         }
         values = {
-            "arange_4x4": torch.arange(16, dtype=torch.float).view(4, 4),
-            "int64_10x7": torch.arange(2**40, 2**40 + 70, dtype=torch.int64).view(10, 7),
+            "arange_4x4": torch.arange(16, dtype=torch.float, device=self.device).view(4, 4),
+            "int64_10x7": torch.arange(2**40, 2**40 + 70, dtype=torch.int64, device=self.device).view(10, 7),
         }
         registry = get_test_extension_registry()
         for (vname, full), (sname, save_spec) in itertools.product(values.items(), specs.items()):
@@ -204,7 +203,7 @@ class TestCheckpointScenarios(ShardedTensorTestBase):
 
     @with_comms(init_rpc=False)
     def test_mesh_change_to_subgroup_and_back(self):
-        full = torch.arange(9 * 6, dtype=torch.float64).view(9, 6) / 7
+        full = torch.arange(9 * 6, dtype=torch.float64, device=self.device).view(9, 6) / 7
         sub = dist.new_group([1, 3])
         # 4 ranks -> the 2-rank group {1, 3} (only its ranks load), by rows and by columns.
         for load_spec in (_chunks(0, (3, 1)), _chunks(1, (1, 3))):
@@ -221,7 +220,7 @@ class TestCheckpointScenarios(ShardedTensorTestBase):
 
     @with_comms(init_rpc=False)
     def test_2d_grid_to_rows_and_cols(self):
-        full = (torch.arange(7 * 5) - 17).to(torch.int32).view(7, 5)
+        full = (torch.arange(7 * 5, device=self.device) - 17).to(torch.int32).view(7, 5)
         specs = {
             "grid": grid_spec(7, 5),
             "grid_transposed": grid_spec(7, 5, order=(0, 2, 1, 3)),
@@ -234,15 +233,15 @@ class TestCheckpointScenarios(ShardedTensorTestBase):
 
     @with_comms(init_rpc=False)
     def test_uneven_shards(self):
-        full = torch.arange(16, dtype=torch.float).view(16, 1)
+        full = torch.arange(16, dtype=torch.float, device=self.device).view(16, 1)
         saving = _rows_plan([(0, 4), (4, 3), (7, 4), (11, 5)])
         for loading in ([(0, 2), (2, 4), (6, 6), (12, 4)], [(0, 6), (6, 2), (8, 1), (9, 7)]):
             self._save_load(full, saving, _rows_plan(loading), f"uneven {loading}")
         # 14 rows in 4 + 4 + 4 + 2, loaded into a plain tensor on every rank.
-        full = torch.arange(14, dtype=torch.float).view(14, 1)
+        full = torch.arange(14, dtype=torch.float, device=self.device).view(14, 1)
         path = self._tmp_dir()
         dcp.save({"uneven": _make(full, _chunks(0, range(4)))}, checkpoint_id=path)
-        plain = {"uneven": torch.rand(14, 1)}
+        plain = {"uneven": torch.rand(14, 1).to(self.device)}
         self._load(plain, path)
         self.assertTrue(torch.equal(plain["uneven"], full))
 
@@ -250,7 +249,7 @@ class TestCheckpointScenarios(ShardedTensorTestBase):
     def test_empty_shards(self):
         # Upstream's case: one element over 4 ranks (3 empty chunks), loaded into the layout DTensor
         # gives [Shard(0), Shard(0)] on a 2 x 2 mesh (one element on rank 0, empty elsewhere).
-        one = torch.rand(1, dtype=torch.float64)
+        one = torch.rand(1, dtype=torch.float64).to(self.device)
         nested = EnumerableShardingSpec(
             [ShardMetadata([0], [1], placement(0))]
             + [ShardMetadata([1], [0], placement(r)) for r in (1, 2, 3)]
@@ -259,7 +258,7 @@ class TestCheckpointScenarios(ShardedTensorTestBase):
         self._save_load(one, nested, _chunks(0, (3, 2, 1, 0)), "1 element, back")
 
         # 7 x 5 by columns over 4 ranks: the last chunk is empty and starts past the end (offset 6).
-        full = torch.arange(35, dtype=torch.int64).view(7, 5) * 3
+        full = torch.arange(35, dtype=torch.int64, device=self.device).view(7, 5) * 3
         path = self._tmp_dir()
         dcp.save({"w": _make(full, _chunks(1, range(4)))}, checkpoint_id=path)
         self._assert_metadata_in_bounds(path, "w", [7, 5])
@@ -293,21 +292,21 @@ class TestCheckpointScenarios(ShardedTensorTestBase):
 
         # No elements at all: one chunk records the tensor; loads into sharded and plain tensors.
         for size, dim in (((0, 5), 0), ((4, 0), 1), ((0, 0), 0)):
-            empty = torch.zeros(size, dtype=torch.bfloat16)
+            empty = torch.zeros(size, dtype=torch.bfloat16, device=self.device)
             path = self._tmp_dir()
             dcp.save({"e": _make(empty, _chunks(dim, range(4)))}, checkpoint_id=path)
             self._assert_metadata_in_bounds(path, "e", list(size))
             target = sharded_tensor.zeros(_chunks(1 - dim, (2, 3)), *size, dtype=torch.bfloat16)
             self._load({"e": target}, path)
             self._assert_holds(target, empty, f"{size}")
-            plain = {"e": torch.ones(size, dtype=torch.bfloat16)}
+            plain = {"e": torch.ones(size, dtype=torch.bfloat16, device=self.device)}
             self._load(plain, path)
             self.assertEqual(plain["e"].shape, torch.Size(size))
 
     @with_comms(init_rpc=False)
     def test_checkpointable_api(self):
         # Upstream's plans: 16 x 1, saved in uneven row blocks, loaded in other uneven row blocks.
-        full = torch.arange(16, dtype=torch.float).view(16, 1)
+        full = torch.arange(16, dtype=torch.float, device=self.device).view(16, 1)
         saving = _rows_plan([(0, 4), (4, 3), (7, 4), (11, 5)])
         loading = _rows_plan([(0, 2), (2, 4), (6, 6), (12, 4)])
         path = self._tmp_dir()
@@ -335,9 +334,9 @@ class TestCheckpointScenarios(ShardedTensorTestBase):
         self._assert_holds(target, full, "ShardedTensor -> wrapper with empty shards")
 
 
-def _linear(seed: int) -> nn.Linear:
+def _linear(seed: int, device: torch.device) -> nn.Linear:
     torch.manual_seed(seed)
-    return nn.Linear(12, 10)
+    return nn.Linear(12, 10).to(device)
 
 
 def _upstream_grid(rows: int, cols: int):
@@ -360,7 +359,7 @@ class TestCrossLibraryCheckpoints(ShardedTensorTestBase):
 
     @with_comms(init_rpc=False)
     def test_dtensor_and_torch_shard(self):
-        full = torch.arange(7 * 5, dtype=torch.float64).view(7, 5) / 3
+        full = torch.arange(7 * 5, dtype=torch.float64, device=self.device).view(7, 5) / 3
         mesh1 = init_device_mesh(self.device_type, (4,))
         mesh2 = init_device_mesh(self.device_type, (2, 2))
         dtensor_layouts = [
@@ -397,7 +396,7 @@ class TestCrossLibraryCheckpoints(ShardedTensorTestBase):
 
     @with_comms(init_rpc=False)
     def test_upstream_and_torch_shard(self):
-        full = torch.arange(7 * 5, dtype=torch.int64).view(7, 5) + 2**40
+        full = torch.arange(7 * 5, dtype=torch.int64, device=self.device).view(7, 5) + 2**40
         theirs = {
             "rows_permuted": UpChunkShardingSpec(dim=0, placements=[placement(r) for r in (3, 1, 0, 2)]),
             "grid": _upstream_grid(7, 5),
@@ -430,12 +429,12 @@ class TestCrossLibraryCheckpoints(ShardedTensorTestBase):
     def test_module_state_dicts(self):
         """A model's state_dict with a sharded weight and a plain bias, saved by one library and loaded
         by another into a differently initialised model."""
-        reference = _linear(1)
+        reference = _linear(1, self.device)
         weight, bias = reference.weight.detach(), reference.bias.detach()
         mesh = init_device_mesh(self.device_type, (4,))
 
         def ours(seed, spec):
-            model = _linear(seed)
+            model = _linear(seed, self.device)
             if isinstance(spec, ChunkShardingSpec):
                 shard_parameter(model, "weight", spec)
             else:  # scatter by rows, then move to the enumerable layout
@@ -444,12 +443,12 @@ class TestCrossLibraryCheckpoints(ShardedTensorTestBase):
             return model
 
         def upstream(seed, spec):
-            model = _linear(seed)
+            model = _linear(seed, self.device)
             up_shard_parameter(model, "weight", spec)
             return model
 
         def dtensor(seed, placements):
-            model = _linear(seed)
+            model = _linear(seed, self.device)
             model.weight = nn.Parameter(distribute_tensor(model.weight.detach(), mesh, placements))
             model.bias = nn.Parameter(distribute_tensor(model.bias.detach(), mesh, [Replicate()]))
             return model
@@ -514,7 +513,7 @@ class TestByteRangeReader(ShardedTensorTestBase):
     @with_comms(init_rpc=False)
     def test_reads_only_the_needed_bytes(self):
         torch.manual_seed(0)
-        full = torch.rand(512, 512)
+        full = torch.rand(512, 512).to(self.device)
         nbytes = full.numel() * full.element_size()
         path = self._tmp_dir()
         dcp.save({"w": _make(full, _chunks(0, range(4))), "step": 3}, checkpoint_id=path)
@@ -535,7 +534,7 @@ class TestByteRangeReader(ShardedTensorTestBase):
 
     @with_comms(init_rpc=False)
     def test_falls_back_for_transformed_and_byte_items(self):
-        full = torch.arange(64 * 8, dtype=torch.int64).view(64, 8)
+        full = torch.arange(64 * 8, dtype=torch.int64, device=self.device).view(64, 8)
         path = self._tmp_dir()
         writer = dcp.FileSystemWriter(path, _extensions=[Rot13Example()])
         dcp.save({"w": _make(full, _chunks(0, range(4))), "note": {"epoch": 5}}, storage_writer=writer)
@@ -550,7 +549,7 @@ class TestByteRangeReader(ShardedTensorTestBase):
     @with_comms(init_rpc=False)
     def test_converts_dtypes_like_dcp(self):
         # DCP's reader copies saved values into the loading tensor's dtype; so does this one.
-        full = torch.arange(16.0).view(4, 4) / 3
+        full = torch.arange(16.0, device=self.device).view(4, 4) / 3
         path = self._tmp_dir()
         dcp.save({"w": _make(full, _chunks(0, range(4)))}, checkpoint_id=path)
         for reader_cls in (dcp.FileSystemReader, ByteRangeFileSystemReader):

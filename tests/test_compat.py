@@ -253,13 +253,19 @@ class UpstreamStyle(ShardedTensorTestBase):
             def forward(self, inputs):
                 return self.ebc(inputs)
 
-        devices = [f"rank:{i}/cpu" for i in range(TEST_GPU_NUM)]
-        local = Model()
+        # The base's device type, as newer upstream test files read it: cuda:<rank> under NCCL.
+        if self.device_type == "cuda":
+            devices = [f"rank:{i}/cuda:{i}" for i in range(TEST_GPU_NUM)]
+            device = torch.device("cuda", self.rank)
+        else:
+            devices = [f"rank:{i}/cpu" for i in range(TEST_GPU_NUM)]
+            device = torch.device("cpu")
+        local = Model().to(device)
         sharded = copy.deepcopy(local)
         shard_module(sharded, ShardingPlan(plan={"ebc": HolderSharder(ChunkShardingSpec(dim=0, placements=devices))}))
         self.assertIsInstance(sharded.ebc, Bags)
         self.assertIsInstance(sharded.ebc.bags["b0"].weight, ShardedTensor)
-        inputs = torch.arange(8).reshape(2, 4)
+        inputs = torch.arange(8, device=device).reshape(2, 4)
         self.assertEqual(local(inputs), sharded(inputs))
 
 
@@ -294,6 +300,19 @@ class TestUpstreamStyleEndToEnd(unittest.TestCase):
 
 class TestComparisonSemantics(TestCase):
     """The test base's assertEqual / assertNotEqual follow PyTorch's TestCase."""
+
+    def test_devices_must_match(self):
+        # Unlike PyTorch's TestCase (exact_device=False there), a tensor on another device differs.
+        a = torch.arange(6.0).view(2, 3)
+        elsewhere = torch.empty(2, 3, device="meta")
+        with self.assertRaisesRegex(self.failureException, "device"):
+            self.assertEqual(a, elsewhere)
+        self.assertNotEqual(a, elsewhere)
+        with self.assertRaisesRegex(self.failureException, "device"):
+            self.assertEqual([a], [elsewhere])
+        if torch.cuda.is_available():
+            self.assertNotEqual(a, a.cuda())
+            self.assertEqual(a, a.cuda(), exact_device=False)
 
     def test_tensors(self):
         a = torch.arange(6.0).view(2, 3)

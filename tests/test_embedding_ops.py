@@ -1,8 +1,9 @@
 """The C++ kernel behind row-wise sharded embedding_bag, single process, against a Python reference.
 
 ``torch.ops.torch_shard._embedding_bag_partial`` pools, per bag, the rows a weight shard owns; its
-fused CPU loops and the ATen composition other devices use (``fused=False``) must agree with each
-other and with a straightforward reference, forward and backward.
+fused CPU loops and the ATen composition other devices use (``fused=False``, also run on CUDA when the
+machine has a GPU) must agree with each other and with a straightforward reference, forward and
+backward. The precondition tests are about the CPU op (its raw-pointer loops) and run on the CPU.
 """
 
 import random
@@ -31,12 +32,12 @@ def _reference(weight, ids, offsets, psw, row_start, mode, padding_idx):
                 picked.append(value)
         if not picked:
             fill = 0.0 if mode == "sum" else float("-inf")
-            outs.append(torch.full((dim,), fill, dtype=weight.dtype))
+            outs.append(torch.full((dim,), fill, dtype=weight.dtype, device=weight.device))
         elif mode == "sum":
             outs.append(torch.stack(picked).sum(0))
         else:
             outs.append(torch.stack(picked).amax(0))
-    return torch.stack(outs) if outs else torch.zeros(0, dim, dtype=weight.dtype)
+    return torch.stack(outs) if outs else torch.zeros(0, dim, dtype=weight.dtype, device=weight.device)
 
 
 class TestEmbeddingBagPartial(TestCase):
@@ -55,15 +56,21 @@ class TestEmbeddingBagPartial(TestCase):
         return weight, ids, offsets, psw, row_start, padding_idx
 
     def test_forward_and_backward_match_reference(self):
+        # The fused loops are CPU code; the ATen composition (fused=False) is also what a CUDA weight
+        # runs, so on a machine with a GPU it is checked there too.
+        paths = [("cpu", True), ("cpu", False)] + ([("cuda", False)] if torch.cuda.is_available() else [])
         rng = random.Random(0)
         for trial in range(120):
             mode = "max" if trial % 3 == 0 else "sum"
             dtype = torch.float64 if trial % 2 else torch.float32
-            weight, ids, offsets, psw, row_start, pad = self._case(rng, mode, trial % 4 == 1, dtype)
-            expected = _reference(weight, ids, offsets, psw, row_start, mode, pad)
-            for fused in (True, False):
+            case = self._case(rng, mode, trial % 4 == 1, dtype)
+            for device, fused in paths:
+                weight, ids, offsets, psw = (None if t is None else t.to(device) for t in case[:4])
+                row_start, pad = case[4:]
+                msg = f"trial {trial} {device} fused={fused}"
+                expected = _reference(weight, ids, offsets, psw, row_start, mode, pad)
                 pooled, argmax = _ops._embedding_bag_partial(weight, ids, offsets, psw, row_start, mode, pad, fused)
-                self.assertEqual(pooled, expected, f"trial {trial} fused={fused}")
+                self.assertEqual(pooled, expected, msg)
                 # Backward: the kernel's gradient equals autograd through the reference.
                 grad = torch.randn_like(pooled)
                 ref_weight = weight.clone().requires_grad_(True)
@@ -76,7 +83,7 @@ class TestEmbeddingBagPartial(TestCase):
                 got = _ops._embedding_bag_partial_backward(
                     grad, ids, offsets, psw, argmax, row_start, weight.size(0), mode, pad
                 )
-                self.assertEqual(got, expected_grad, f"trial {trial} fused={fused} backward")
+                self.assertEqual(got, expected_grad, f"{msg} backward")
 
     def test_bfloat16_accumulates_in_float(self):
         weight = torch.full((1, 4), 0.01, dtype=torch.bfloat16)

@@ -15,6 +15,11 @@ needs a rank that is EXPECTED to die, and all of them a short process-group time
 without the final barrier a broken group could not pass. The processes are spawned (fresh
 interpreters): a fork of this test process could inherit a used OpenMP runtime, which is not
 fork-safe.
+
+Gloo only, on every machine (gloo groups and CPU placements whatever TORCH_SHARD_TEST_DEVICE says):
+what a peer sees of a failed rank is the backend's behaviour, and these expectations are gloo's (a
+closed connection or a timeout raised in the waiting rank, the hub reporting a lost peer). NCCL
+reports a failed peer through its watchdog, which by default aborts the waiting process instead.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ LAUNCH_DEADLINE_S = 240.0
 
 
 def _placements():
+    # gloo and the CPU, on every machine (see the module doc).
     return [f"rank:{r}/cpu" for r in range(WORLD)]
 
 

@@ -9,6 +9,9 @@ ranks start, and every rank runs the same op with 2 threads, then a collective.
 ``_harness_cases`` and checks the outcome the harness reports for each.
 
 ``TestForkServerPreload`` checks that the fork server's preload notices imports that start threads.
+
+``TestDeviceSelection`` checks how ``TORCH_SHARD_TEST_DEVICE`` picks the tests' device and backend, in
+the test process and in its ranks, and the ``gloo_only`` / ``cuda_only`` guards.
 """
 
 import json
@@ -18,13 +21,26 @@ import sys
 import tempfile
 import textwrap
 import unittest
+from unittest import mock
 
 # Only the module: its cases are meant to fail, so they must not become attributes of this one.
 import _harness_cases
 import torch
 import torch.distributed as dist
 
-from torch_shard.testing import MultiProcessTestCase, ShardedTensorTestBase, TestCase, run_tests, with_comms
+import torch_shard.testing as testing
+from torch_shard.testing import (
+    DEVICE_ENV,
+    MultiProcessTestCase,
+    ShardedTensorTestBase,
+    TestCase,
+    default_backend,
+    device_type,
+    placement,
+    rank_device,
+    run_tests,
+    with_comms,
+)
 
 # Far above ATen's parallel grain size (32768 elements), so reductions and element-wise ops split
 # the work over the OpenMP threads.
@@ -59,7 +75,8 @@ class TestOpenMPBeforeRanks(ShardedTensorTestBase):
     def test_parallel_ops_in_ranks(self):
         torch.set_num_threads(THREADS)
         self.assertEqual(THREADS, torch.get_num_threads())
-        total = torch.tensor([parallel_sum()], dtype=torch.float64)
+        # The OpenMP work is on the CPU; the collective runs on the tests' device (NCCL needs CUDA).
+        total = torch.tensor([parallel_sum()], dtype=torch.float64, device=self.device)
         self.assertEqual(EXPECTED_SUM, total.item())
         dist.all_reduce(total)
         self.assertEqual(EXPECTED_SUM * self.world_size, total.item())
@@ -137,6 +154,103 @@ class TestHarnessReports(TestCase):
         report = self.assert_failed(run_case(ghost("test_nothing")))
         self.assertIn("4 of 4 ranks failed", report)
         self.assertIn("cannot import test module 'torch_shard_no_such_test_module'", report)
+
+
+def _machine_has_a_cuda_world() -> bool:
+    return torch.cuda.device_count() >= testing.TEST_WORLD_SIZE and dist.is_nccl_available()
+
+
+class TestDeviceSelection(TestCase):
+    """TORCH_SHARD_TEST_DEVICE, read whenever asked (here in the test process, and by each rank)."""
+
+    def _env(self, value: str | None):
+        """The test process's environment with TORCH_SHARD_TEST_DEVICE set to ``value`` (None: unset)."""
+        env = {k: v for k, v in os.environ.items() if k != DEVICE_ENV}
+        if value is not None:
+            env[DEVICE_ENV] = value
+        return mock.patch.dict(os.environ, env, clear=True)
+
+    def _assert_selected(self, device: str) -> None:
+        backend = "nccl" if device == "cuda" else "gloo"
+        self.assertEqual((device_type(), default_backend()), (device, backend))
+        self.assertEqual((testing.DEVICE_TYPE, testing.DEFAULT_BACKEND), (device, backend))
+        self.assertEqual(rank_device(2), "cuda:2" if device == "cuda" else "cpu")
+        self.assertEqual(placement(3), "rank:3/cuda:3" if device == "cuda" else "rank:3/cpu")
+
+    def test_default_follows_the_machine(self):
+        expected = "cuda" if _machine_has_a_cuda_world() else "cpu"
+        for value in (None, "", "auto", " AUTO "):
+            with self._env(value):
+                self._assert_selected(expected)
+
+    def test_cpu_on_request(self):
+        for value in ("cpu", "CPU"):
+            with self._env(value):
+                self._assert_selected("cpu")
+
+    def test_cuda_on_request(self):
+        with self._env("cuda"):
+            if _machine_has_a_cuda_world():
+                self._assert_selected("cuda")
+                return
+            count = torch.cuda.device_count()
+            message = f"TORCH_SHARD_TEST_DEVICE=cuda asks for one GPU per rank, 4 in all, but this machine has {count}"
+            if count >= testing.TEST_WORLD_SIZE:
+                message = "TORCH_SHARD_TEST_DEVICE=cuda runs the tests on NCCL, but this torch build has no NCCL"
+            for ask in (device_type, default_backend, lambda: rank_device(0), lambda: testing.DEVICE_TYPE):
+                with self.assertRaisesRegex(RuntimeError, message):
+                    ask()
+
+    def test_unknown_value(self):
+        with self._env("tpu"):
+            with self.assertRaisesRegex(ValueError, "TORCH_SHARD_TEST_DEVICE must be 'cpu', 'cuda' or 'auto' \\(or unset\\), but got 'tpu'"):
+                device_type()
+
+    def test_ranks_follow_the_test_process(self):
+        # The fork server started long before (earlier tests): ranks take the environment the test
+        # process has when the test starts, not the one the server was started with.
+        choices = [None, "cpu"] + (["cuda"] if _machine_has_a_cuda_world() else [])
+        for value in choices:
+            with self.subTest(value=value), self._env(value):
+                os.environ[_harness_cases.EXPECTED_DEVICE_ENV] = device_type()
+                result = run_case(_harness_cases.DeviceSelectionCases("test_rank_follows_the_selection"))
+                self.assertTrue(result.wasSuccessful(), result.failures + result.errors)
+                self.assertEqual([], result.skipped)
+
+    def test_unusable_selection_fails_before_any_rank_starts(self):
+        cases = [("tpu", "ValueError: TORCH_SHARD_TEST_DEVICE must be")]
+        if not _machine_has_a_cuda_world():
+            cases.append(("cuda", "RuntimeError: TORCH_SHARD_TEST_DEVICE=cuda "))
+        for value, message in cases:
+            with self.subTest(value=value), self._env(value):
+                case = _harness_cases.DeviceSelectionCases("test_rank_follows_the_selection")
+                result = run_case(case)
+                self.assertEqual([], result.failures)
+                self.assertEqual(1, len(result.errors), result.errors)
+                self.assertIn(message, result.errors[0][1])
+                self.assertEqual([], getattr(case, "_processes", []))
+
+    def test_gloo_only(self):
+        with self._env("cpu"):
+            result = run_case(_harness_cases.DeviceSelectionCases("test_gloo_only_runs_on_gloo"))
+            self.assertTrue(result.wasSuccessful(), result.failures + result.errors)
+            self.assertEqual([], result.skipped)
+        result = run_case(_harness_cases.DeviceSelectionCases("test_gloo_only_skips_other_backends"))
+        self.assertTrue(result.wasSuccessful(), result.failures + result.errors)
+        self.assertEqual(["gloo only: the case checks the decorator itself"], [why for _, why in result.skipped])
+        with self.assertRaisesRegex(ValueError, "needs the reason"):
+            testing.gloo_only("")
+
+    def test_cuda_only(self):
+        with self._env("cpu"):
+            result = run_case(_harness_cases.DeviceSelectionCases("test_cuda_only"))
+            self.assertTrue(result.wasSuccessful(), result.failures + result.errors)
+            self.assertEqual(["CUDA only: the case checks the decorator itself"], [why for _, why in result.skipped])
+        if _machine_has_a_cuda_world():
+            with self._env("cuda"):
+                result = run_case(_harness_cases.DeviceSelectionCases("test_cuda_only"))
+                self.assertTrue(result.wasSuccessful(), result.failures + result.errors)
+                self.assertEqual([], result.skipped)
 
 
 class TestForkServerPreload(TestCase):

@@ -83,6 +83,7 @@ class TestToDTensor(ShardedTensorTestBase):
             (torch.arange(15, dtype=torch.bfloat16).view(5, 3), 1),  # ranks 2 and 3 empty, past the end
         ]
         for full, dim in cases:
+            full = full.to(self.device)
             msg = f"{list(full.shape)} {full.dtype} dim {dim}"
             st = _make(full, _chunks(dim, range(4)))
             shards_before = [s.tensor for s in st.local_shards()]
@@ -101,7 +102,7 @@ class TestToDTensor(ShardedTensorTestBase):
     @with_comms(init_rpc=False)
     def test_zero_copy_2d(self):
         mesh = init_device_mesh(self.device_type, (2, 2))
-        full = torch.arange(7 * 5, dtype=torch.float32).view(7, 5)
+        full = torch.arange(7 * 5, dtype=torch.float32, device=self.device).view(7, 5)
         cases = [
             (grid_spec(7, 5), [DShard(0), DShard(1)]),
             (grid_spec(7, 5, order=(0, 2, 1, 3)), [DShard(1), DShard(0)]),
@@ -123,7 +124,7 @@ class TestToDTensor(ShardedTensorTestBase):
 
     @with_comms(init_rpc=False)
     def test_reshards_a_copy_not_the_input(self):
-        full = torch.arange(9 * 6, dtype=torch.int32).view(9, 6)
+        full = torch.arange(9 * 6, dtype=torch.int32, device=self.device).view(9, 6)
         mesh1 = init_device_mesh(self.device_type, (4,))
         mesh2 = init_device_mesh(self.device_type, (2, 2))
         cases = [
@@ -155,7 +156,7 @@ class TestToDTensor(ShardedTensorTestBase):
         if self.rank not in (1, 3):
             return
         mesh = DeviceMesh.from_group(sub, self.device_type)
-        full = torch.arange(5 * 4, dtype=torch.float64).view(5, 4)
+        full = torch.arange(5 * 4, dtype=torch.float64, device=self.device).view(5, 4)
         for ranks, zero_copy in (((1, 3), True), ((3, 1), False)):
             st = _make(full, _chunks(0, ranks), process_group=sub)
             dt = to_dtensor(st, mesh, [DShard(0)])
@@ -166,9 +167,9 @@ class TestToDTensor(ShardedTensorTestBase):
     @with_comms(init_rpc=False)
     def test_errors(self):
         mesh = init_device_mesh(self.device_type, (4,))
-        st = _make(torch.arange(8.0).view(4, 2), _chunks(0, range(4)))
+        st = _make(torch.arange(8.0, device=self.device).view(4, 2), _chunks(0, range(4)))
         with self.assertRaisesRegex(TypeError, "expected a torch_shard ShardedTensor"):
-            to_dtensor(torch.ones(4, 2), mesh, [DShard(0)])
+            to_dtensor(torch.ones(4, 2, device=self.device), mesh, [DShard(0)])
         with self.assertRaisesRegex(ValueError, r"one placement per mesh dim \(1\), but got 2"):
             to_dtensor(st, mesh, [DShard(0), DShard(1)])
         with self.assertRaisesRegex(IndexError, r"Shard\(dim=2\) on mesh dim 0 is out of range for a 2-D"):
@@ -208,6 +209,7 @@ class TestFromDTensor(ShardedTensorTestBase):
             (torch.arange(12, dtype=torch.float32).view(3, 4), [Replicate()]),
         ]
         for full, placements in cases:
+            full = full.to(self.device)
             msg = f"{list(full.shape)} {placements}"
             dt = distribute_tensor(full, mesh, placements)
             st = from_dtensor(dt)
@@ -229,7 +231,7 @@ class TestFromDTensor(ShardedTensorTestBase):
     @with_comms(init_rpc=False)
     def test_2d_mesh(self):
         mesh = init_device_mesh(self.device_type, (2, 2))
-        full = torch.arange(7 * 5, dtype=torch.float64).view(7, 5)
+        full = torch.arange(7 * 5, dtype=torch.float64, device=self.device).view(7, 5)
         coordinate = mesh.get_coordinate()
         placements_list = [
             [DShard(0), DShard(1)],
@@ -259,17 +261,17 @@ class TestFromDTensor(ShardedTensorTestBase):
         # Upstream's uneven DTensor: 14 rows as 4 + 4 + 4 + 2.
         mesh = init_device_mesh(self.device_type, (4,))
         rows = 2 if self.rank == 3 else 4
-        local = torch.arange(self.rank * 4, self.rank * 4 + rows, dtype=torch.float32).view(rows, 1)
+        local = torch.arange(self.rank * 4, self.rank * 4 + rows, dtype=torch.float32, device=self.device).view(rows, 1)
         dt = DTensor.from_local(local, mesh, [DShard(0)], shape=torch.Size([14, 1]), stride=(1, 1))
         st = from_dtensor(dt, run_check=True)
-        self._assert_sharded(st, torch.arange(14, dtype=torch.float32).view(14, 1))
+        self._assert_sharded(st, torch.arange(14, dtype=torch.float32, device=self.device).view(14, 1))
         self.assertIs(st.local_shards()[0].tensor, dt._local_tensor)
         self.assertEqual(st.local_shards()[0].tensor.data_ptr(), local.data_ptr())
 
     @with_comms(init_rpc=False)
     def test_non_contiguous_local_is_copied(self):
         mesh = init_device_mesh(self.device_type, (4,))
-        local = torch.arange(8, dtype=torch.float32).view(2, 4).t() + 10 * self.rank  # 4 x 2, strided
+        local = torch.arange(8, dtype=torch.float32, device=self.device).view(2, 4).t() + 10 * self.rank  # 4 x 2, strided
         dt = DTensor.from_local(local, mesh, [DShard(0)], shape=torch.Size([16, 2]), stride=(2, 1))
         st = from_dtensor(dt)
         (shard,) = st.local_shards()
@@ -281,12 +283,12 @@ class TestFromDTensor(ShardedTensorTestBase):
         # Upstream's LocalShardsWrapper plan: uneven row blocks at arbitrary offsets.
         plan = [(0, 4), (4, 3), (7, 4), (11, 5)]
         offset, length = plan[self.rank]
-        local = torch.arange(offset, offset + length, dtype=torch.float32).view(length, 1)
+        local = torch.arange(offset, offset + length, dtype=torch.float32, device=self.device).view(length, 1)
         wrapper = LocalShardsWrapper(local_shards=[local], local_offsets=[(offset, 0)])
-        mesh = init_device_mesh("cpu", (4,))
+        mesh = init_device_mesh(self.device_type, (4,))
         dt = DTensor.from_local(wrapper, mesh, [DShard(0)], shape=torch.Size([16, 1]), stride=(1, 1))
         st = from_dtensor(dt)
-        self._assert_sharded(st, torch.arange(16, dtype=torch.float32).view(16, 1))
+        self._assert_sharded(st, torch.arange(16, dtype=torch.float32, device=self.device).view(16, 1))
         # from_local wraps a view of the wrapper; its shards are views of ``local``.
         self.assertIs(st.local_shards()[0].tensor, dt._local_tensor.local_shards()[0])
         self.assertEqual(st.local_shards()[0].tensor.data_ptr(), local.data_ptr())
@@ -295,13 +297,13 @@ class TestFromDTensor(ShardedTensorTestBase):
     @with_comms(init_rpc=False)
     def test_n_d_mesh_over_a_subset_needs_a_group(self):
         mesh = DeviceMesh(self.device_type, [[0, 1], [2, 3]])
-        dt = distribute_tensor(torch.arange(16.0).view(4, 4), mesh, [DShard(0), DShard(1)])
+        dt = distribute_tensor(torch.arange(16.0, device=self.device).view(4, 4), mesh, [DShard(0), DShard(1)])
         st = from_dtensor(dt, process_group=dist.group.WORLD)
         self.assertEqual(st.local_shards()[0].tensor.data_ptr(), dt.to_local().data_ptr())
         sub = dist.new_group([0, 2])
         if self.rank in (0, 2):
             mesh = DeviceMesh(self.device_type, [[0], [2]])
-            dt = distribute_tensor(torch.arange(16.0).view(4, 4), mesh, [DShard(0), DShard(1)])
+            dt = distribute_tensor(torch.arange(16.0, device=self.device).view(4, 4), mesh, [DShard(0), DShard(1)])
             with self.assertRaisesRegex(ValueError, r"2-D mesh over ranks \[0, 2\] needs process_group="):
                 from_dtensor(dt)
             st = from_dtensor(dt, process_group=sub)
@@ -313,17 +315,17 @@ class TestFromDTensor(ShardedTensorTestBase):
         mesh = init_device_mesh(self.device_type, (4,))
         with self.assertRaisesRegex(TypeError, "expected a DTensor"):
             from_dtensor(torch.ones(2))
-        partial = DTensor.from_local(torch.ones(2, 2), mesh, [Partial()])
+        partial = DTensor.from_local(torch.ones(2, 2, device=self.device), mesh, [Partial()])
         with self.assertRaisesRegex(ValueError, r"expected Shard or Replicate placements, but got P\(sum\)"):
             from_dtensor(partial)
         strided = DTensor.from_local(
-            torch.ones(2, 2), mesh, [_StridedShard(0, split_factor=2)], shape=(8, 2), stride=(2, 1)
+            torch.ones(2, 2, device=self.device), mesh, [_StridedShard(0, split_factor=2)], shape=(8, 2), stride=(2, 1)
         )
         with self.assertRaisesRegex(NotImplementedError, "strided shards"):
             from_dtensor(strided)
         # Rank 2's local tensor does not match its box: with run_check every rank raises.
         rows = 3 if self.rank == 2 else 2
-        bad = DTensor.from_local(torch.ones(rows, 2), mesh, [DShard(0)], shape=(8, 2), stride=(2, 1))
+        bad = DTensor.from_local(torch.ones(rows, 2, device=self.device), mesh, [DShard(0)], shape=(8, 2), stride=(2, 1))
         if self.rank == 2:
             with self.assertRaisesRegex(ValueError, r"expected a local tensor of size \[2, 2\] on rank 2"):
                 from_dtensor(bad, run_check=True)
@@ -342,7 +344,7 @@ class TestFromDTensor(ShardedTensorTestBase):
     @with_comms(init_rpc=False)
     def test_round_trips(self):
         mesh = init_device_mesh(self.device_type, (2, 2))
-        full = torch.arange(6 * 9, dtype=torch.int64).view(6, 9)
+        full = torch.arange(6 * 9, dtype=torch.int64, device=self.device).view(6, 9)
         dt = distribute_tensor(full, mesh, [DShard(1), DShard(0)])
         st = from_dtensor(dt)
         back = to_dtensor(st, mesh, [DShard(1), DShard(0)])
@@ -386,7 +388,7 @@ class TestUpstream(ShardedTensorTestBase):
                 UpShardMetadata([4, 3], [3, 2], placement(3)),
             ]
         )
-        full = torch.arange(35, dtype=torch.float32).view(7, 5)
+        full = torch.arange(35, dtype=torch.float32, device=self.device).view(7, 5)
         for up_spec in (up_rows, up_grid):
             msg = type(up_spec).__name__
             theirs = up_sharded_tensor.empty(up_spec, 7, 5)
@@ -408,7 +410,7 @@ class TestUpstream(ShardedTensorTestBase):
 
     @with_comms(init_rpc=False)
     def test_to_upstream(self):
-        full = torch.arange(7 * 5, dtype=torch.int64).view(7, 5) + 2**40
+        full = torch.arange(7 * 5, dtype=torch.int64, device=self.device).view(7, 5) + 2**40
         cases = {
             "rows": _chunks(0, (1, 0, 3, 2)),
             "grid": grid_spec(7, 5),
@@ -446,7 +448,7 @@ class TestUpstream(ShardedTensorTestBase):
 
     @with_comms(init_rpc=False)
     def test_types_and_identity(self):
-        ours = _make(torch.arange(8.0).view(4, 2), _chunks(0, range(4)))
+        ours = _make(torch.arange(8.0, device=self.device).view(4, 2), _chunks(0, range(4)))
         self.assertIs(from_upstream(ours), ours)
         with self.assertRaisesRegex(TypeError, "expected a torch.distributed._shard ShardedTensor"):
             from_upstream(torch.ones(2))

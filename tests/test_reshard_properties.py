@@ -303,7 +303,7 @@ class TestReshardProperties(ShardedTensorTestBase):
             self._check(st, full, b.rank_sorted(), msg)
 
         # Sanity of the counter itself: a pure rank rotation of a 1-D int64 tensor moves every element.
-        full = torch.arange(40, dtype=torch.int64)
+        full = torch.arange(40, dtype=torch.int64, device=self.device)
         source = ChunkShardingSpec(dim=0, placements=[placement(r) for r in range(WORLD)])
         target = ChunkShardingSpec(dim=0, placements=[placement((r + 1) % WORLD) for r in range(WORLD)])
         st = _shard_tensor(full, source)

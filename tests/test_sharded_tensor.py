@@ -8,16 +8,17 @@ NCCL/CUDA on a 4-GPU machine and with gloo/CPU elsewhere; the GPU-count/NCCL/ROC
 Adaptations beyond that are commented where they happen.
 """
 
-# CUDA-only parts (guarded with ``_CUDA``, i.e. the 4-GPU/NCCL set-up where placement(r) is cuda:r, or
+# CUDA-only parts (guarded with ``self.device_type == "cuda"``, i.e. the CUDA/NCCL set-up where
+# placement(r) is cuda:r, or
 # skipped with a reason; everything else in each test also runs on CPU/gloo):
-#   * TestShardedTensorEnumerable.test_sharded_tensor_to_cuda: skipped (requires_cuda(4)); all of it is
-#     about .cuda() moving shards onto the current GPU.
+#   * TestShardedTensorEnumerable.test_sharded_tensor_to_cuda: skipped unless the tests run on CUDA
+#     (cuda_only); all of it is about .cuda() moving shards onto the current GPU.
 #   * TestShardedTensorEnumerable.test_sharded_tensor_to_cpu: the mixed cpu/cuda-placement case. Its
 #     cuda -> cpu move runs on CPU as a forced copy (to(device="cpu", copy=True)), because cpu() of an
 #     all-CPU tensor is the tensor itself.
 #   * TestShardedTensorEnumerable.test_sharded_tensor_to_test: the moves to "cuda" / to(self.rank); the
 #     dtype conversions, moves to cpu, to(tensor), to(device, dtype) and the process_group form run on
-#     CPU (with DEVICE_TYPE for upstream's "cuda").
+#     CPU (with self.device_type for upstream's "cuda").
 #   * TestShardedTensorEnumerable.test_sharded_tensor_device: torch.cuda.current_device() becomes the
 #     rank's device without GPUs.
 #   * TestShardedTensorFromLocalShards.test_init_from_local_shards_invalid_pin_memory: skipped
@@ -63,9 +64,10 @@ from torch_shard.sharding_spec import (
     ShardMetadata,
 )
 from torch_shard.testing import (
-    DEVICE_TYPE,
     ShardedTensorTestBase,
     TestCase,
+    cuda_only,
+    device_type,
     placement,
     rank_device,
     requires_cuda,
@@ -78,14 +80,11 @@ from torch_shard.testing._test_st_common import (
     _chunk_sharding_specs_list_for_test,
 )
 
-# The 4-GPU/NCCL set-up: placement(r) is "rank:r/cuda:r" and each rank's current device is cuda:r.
-_CUDA = DEVICE_TYPE == "cuda"
-
 
 def _other_device() -> str:
-    """A device other than this machine's shard device, for the "device does not match" checks:
-    cpu when shards live on GPUs (as upstream), meta otherwise."""
-    return "cpu" if _CUDA else "meta"
+    """A device other than the tests' shard device, for the "device does not match" checks: cpu when
+    shards live on GPUs (as upstream), meta otherwise."""
+    return "cpu" if device_type() == "cuda" else "meta"
 
 
 class TestShardedTensorMetadata(TestCase):
@@ -591,7 +590,7 @@ class TestShardedTensorChunked(ShardedTensorTestBase):
         # The split: for rank!=3 ceil(h/4)=3  for rank=3 1
         expected_h = 1 if self.rank == 3 else math.ceil(h / 4)
         self.assertEqual((expected_h, w), local_shard.size())
-        self.assertEqual(local_shard, torch.ones(expected_h, w))
+        self.assertEqual(local_shard, torch.ones(expected_h, w, device=rank_device(self.rank)))
 
     @with_comms
     def test_gather_even(self) -> None:
@@ -620,7 +619,7 @@ class TestShardedTensorChunked(ShardedTensorTestBase):
         st.gather(dst, full_tensor)
 
         if self.rank == dst:
-            self.assertEqual(full_tensor, torch.ones(h, w))
+            self.assertEqual(full_tensor, torch.ones(h, w, device=rank_device(dst)))
         else:
             self.assertIsNone(full_tensor)
 
@@ -652,7 +651,7 @@ class TestShardedTensorChunked(ShardedTensorTestBase):
         st.gather(dst, full_tensor)
 
         if self.rank == dst:
-            self.assertEqual(full_tensor, torch.ones(h, w))
+            self.assertEqual(full_tensor, torch.ones(h, w, device=rank_device(dst)))
         else:
             self.assertIsNone(full_tensor)
 
@@ -680,7 +679,7 @@ class TestShardedTensorChunked(ShardedTensorTestBase):
         # The split: for rank!=3 ceil(h/4)=3  for rank=3 1
         expected_h = 1 if self.rank == 3 else math.ceil(h / 4)
         self.assertEqual((expected_h, w), local_shard.size())
-        self.assertEqual(local_shard, torch.zeros(expected_h, w))
+        self.assertEqual(local_shard, torch.zeros(expected_h, w, device=rank_device(self.rank)))
 
     @with_comms
     def test_create_sharded_tensor_with_rand(self):
@@ -760,7 +759,7 @@ class TestShardedTensorChunked(ShardedTensorTestBase):
         self.assertEqual((expected_h, w), local_shard.size())
         self.assertEqual(
             local_shard,
-            torch.full(size=(expected_h, w), fill_value=fill_value, dtype=torch.int32),
+            torch.full(size=(expected_h, w), fill_value=fill_value, dtype=torch.int32, device=rank_device(self.rank)),
         )
 
     @with_comms
@@ -1570,7 +1569,7 @@ class TestShardedTensorEnumerable(ShardedTensorTestBase):
             torch.device(rank_device(self.rank)), local_shard.tensor.device
         )
         self.assertEqual((5, 5), local_shard.tensor.size())
-        self.assertEqual(local_shard.tensor, torch.ones(5, 5))
+        self.assertEqual(local_shard.tensor, torch.ones(5, 5, device=rank_device(self.rank)))
 
     @with_comms
     def test_gather_even(self) -> None:
@@ -1611,7 +1610,7 @@ class TestShardedTensorEnumerable(ShardedTensorTestBase):
         st.gather(dst, full_tensor)
 
         if self.rank == dst:
-            self.assertEqual(full_tensor, torch.ones(h, w))
+            self.assertEqual(full_tensor, torch.ones(h, w, device=rank_device(dst)))
         else:
             self.assertIsNone(full_tensor)
 
@@ -1654,7 +1653,7 @@ class TestShardedTensorEnumerable(ShardedTensorTestBase):
         st.gather(dst, full_tensor)
 
         if self.rank == dst:
-            self.assertEqual(full_tensor, torch.ones(h, w))
+            self.assertEqual(full_tensor, torch.ones(h, w, device=rank_device(dst)))
         else:
             self.assertIsNone(full_tensor)
 
@@ -1690,7 +1689,7 @@ class TestShardedTensorEnumerable(ShardedTensorTestBase):
         st = sharded_tensor.zeros(spec, h, w)
         # test ability to move st to CPU
         spec_before_move = st.sharding_spec()
-        if _CUDA:
+        if self.device_type == "cuda":
             new_st = st.cpu(process_group=gloo_pg)
         else:
             # Not upstream: without GPUs st already lives on the CPU, so cpu() returns st itself; a
@@ -1718,7 +1717,7 @@ class TestShardedTensorEnumerable(ShardedTensorTestBase):
         for meta in metas:
             self.assertEqual(str(meta.placement.device()), "cpu")
 
-        if not _CUDA:
+        if self.device_type != "cuda":
             # CUDA only: a ShardedTensor with shards on both CPU and GPUs.
             return
 
@@ -1754,7 +1753,7 @@ class TestShardedTensorEnumerable(ShardedTensorTestBase):
             self.assertEqual(str(meta.placement.device()), "cpu")
 
     # Entirely about .cuda(): moving shards to the current GPU (and keeping them there).
-    @requires_cuda(4)
+    @cuda_only("moves shards onto the current GPU with .cuda()")
     @with_comms
     def test_sharded_tensor_to_cuda(self):
         cpu_spec = ChunkShardingSpec(
@@ -1826,7 +1825,7 @@ class TestShardedTensorEnumerable(ShardedTensorTestBase):
         st = sharded_tensor.zeros(spec, h, w)
         # test same dtype, device return itself
         # Upstream: device="cuda" (the shards' device type).
-        st_self = st.to(dtype=st.dtype, device=DEVICE_TYPE)
+        st_self = st.to(dtype=st.dtype, device=self.device_type)
         self.assertTrue(st_self is st)
 
         # test dtype to
@@ -1835,13 +1834,13 @@ class TestShardedTensorEnumerable(ShardedTensorTestBase):
         self.assertEqual(st_16.dtype, torch.float16)
         # test device to
         st_cpu = st.to(device=torch.device("cpu"))
-        if _CUDA:
+        if self.device_type == "cuda":
             self.assertFalse(st_cpu is st)
         else:
             # Not upstream: already on the CPU, so nothing changes and st itself comes back.
             self.assertTrue(st_cpu is st)
         self.assertEqual(st_cpu.local_tensor().device.type, "cpu")
-        if _CUDA:
+        if self.device_type == "cuda":
             st_cuda = st_cpu.to(device=torch.device("cuda"))
             self.assertEqual(st_cuda.local_tensor().device.type, "cuda")
             # non-kwarg device to
@@ -1855,19 +1854,19 @@ class TestShardedTensorEnumerable(ShardedTensorTestBase):
         # with string like device conversion
         st_cpu = st_cuda.to("cpu")
         self.assertEqual(st_cpu.local_tensor().device.type, "cpu")
-        if _CUDA:
+        if self.device_type == "cuda":
             st_cuda = st_cpu.to("cuda")
             self.assertEqual(st_cuda.local_tensor().device.type, "cuda")
         # with int like device conversion
         st_cpu = st_cuda.to("cpu")
         self.assertEqual(st_cpu.local_tensor().device.type, "cpu")
-        if _CUDA:
+        if self.device_type == "cuda":
             st_cuda = st_cpu.to(self.rank)
             self.assertEqual(st_cuda.local_tensor().device.type, "cuda")
 
         # test tensor to
         # Upstream: device="cuda" and device="cuda:2" (the current GPU and another rank's GPU).
-        cuda_tensor = torch.randn(3, 4, dtype=torch.float16, device=DEVICE_TYPE)
+        cuda_tensor = torch.randn(3, 4, dtype=torch.float16, device=self.device_type)
         st_cuda = st.to(cuda_tensor)
         self.assertFalse(st_cuda is st)
         self.assertEqual(st_cuda.dtype, torch.float16)
@@ -1882,13 +1881,13 @@ class TestShardedTensorEnumerable(ShardedTensorTestBase):
         self.assertEqual(st_cpu_16.local_tensor().device.type, "cpu")
 
         # Upstream: "cuda".
-        st_cuda_32 = st_cpu_16.to(DEVICE_TYPE, torch.float32)
+        st_cuda_32 = st_cpu_16.to(self.device_type, torch.float32)
         self.assertEqual(st_cuda_32.dtype, torch.float32)
-        self.assertEqual(st_cuda_32.local_tensor().device.type, DEVICE_TYPE)
+        self.assertEqual(st_cuda_32.local_tensor().device.type, self.device_type)
 
         # test pass additional process group
         gloo_pg = dist.new_group(backend="gloo")
-        if _CUDA:
+        if self.device_type == "cuda":
             st_gloo = st.to(device="cpu", process_group=gloo_pg)
         else:
             # Not upstream: st already is on the CPU with this dtype, so without copy=True to()
@@ -1915,7 +1914,7 @@ class TestShardedTensorEnumerable(ShardedTensorTestBase):
         # local shards(no movements)
         st = sharded_tensor.zeros(spec, h, w)
         # Upstream: torch.device(torch.cuda.current_device()), which is cuda:<rank> under NCCL.
-        if _CUDA:
+        if self.device_type == "cuda":
             current_device = torch.device(torch.cuda.current_device())
         else:
             current_device = torch.device(rank_device(self.rank))

@@ -43,7 +43,7 @@ class TestShardedTensorImpl(ShardedTensorTestBase):
     def test_impl_holds_the_layout(self):
         st = sharded_tensor.rand(_row_spec(8), 16, 5)
         self.assertTrue(_ops.is_sharded(st))
-        self.assertFalse(_ops.is_sharded(torch.zeros(2)))
+        self.assertFalse(_ops.is_sharded(torch.zeros(2, device=self.device)))
         offsets, sizes, index, placements, owners, chunk_dim = _ops._layout(st)
         md = st.metadata().shards_metadata
         self.assertEqual(offsets.tolist(), [s.shard_offsets for s in md])
@@ -110,7 +110,7 @@ class TestShardedTensorImpl(ShardedTensorTestBase):
     def test_unsupported_ops_fail_cleanly(self):
         st = sharded_tensor.ones(_row_spec(), 8, 4)
         with self.assertRaisesRegex(RuntimeError, r"(?s)torch function 'add'.*not supported for ShardedTensor!$"):
-            torch.add(st, torch.ones(8, 4))
+            torch.add(st, torch.ones(8, 4, device=self.device))
         with self.assertRaisesRegex(RuntimeError, "not supported for ShardedTensor!$"):
             st.sum()
         # Below torch function, at the dispatcher: the same error, naming the aten op.
@@ -145,7 +145,7 @@ class TestShardedTensorImpl(ShardedTensorTestBase):
                 st.data_ptr()
             # `.data = dense` must not silently turn the impl into something else.
             with self.assertRaisesRegex(TypeError, "cannot assign"):
-                st.data = torch.zeros(8, 4)
+                st.data = torch.zeros(8, 4, device=self.device)
         self.assertTrue(_ops.is_sharded(st))
 
     @with_comms(init_rpc=False)
@@ -188,15 +188,16 @@ class TestPythonEditsReachCpp(ShardedTensorTestBase):
         # must see the new tensors, not the ones the impl was built with.
         spec = _row_spec()
         st = sharded_tensor.zeros(spec, 8, 4)
-        st.local_shards()[0].tensor = torch.full((2, 4), float(self.rank + 1))
-        out = torch.zeros(8, 4) if self.rank == 0 else None
+        dev = self.device
+        st.local_shards()[0].tensor = torch.full((2, 4), float(self.rank + 1), device=dev)
+        out = torch.zeros(8, 4, device=dev) if self.rank == 0 else None
         st.gather(0, out)
         if self.rank == 0:
-            expected = torch.arange(1, 5).repeat_interleave(2).float().unsqueeze(1).expand(8, 4)
+            expected = torch.arange(1, 5, device=dev).repeat_interleave(2).float().unsqueeze(1).expand(8, 4)
             self.assertEqual(out, expected)
-        self.assertEqual(_ops._local_shards(st)[0], torch.full((2, 4), float(self.rank + 1)))
+        self.assertEqual(_ops._local_shards(st)[0], torch.full((2, 4), float(self.rank + 1), device=dev))
         st.reshard(ChunkShardingSpec(dim=1, placements=[placement(r) for r in range(4)]))
-        self.assertEqual(st.local_tensor(), torch.arange(1, 5).repeat_interleave(2).float().unsqueeze(1))
+        self.assertEqual(st.local_tensor(), torch.arange(1, 5, device=dev).repeat_interleave(2).float().unsqueeze(1))
 
     @with_comms(init_rpc=False)
     def test_swapped_shard_of_wrong_size_is_rejected_at_assignment(self):
@@ -206,16 +207,16 @@ class TestPythonEditsReachCpp(ShardedTensorTestBase):
         st = sharded_tensor.zeros(_row_spec(), 8, 4)
         shard = st.local_shards()[0]
         with self.assertRaisesRegex(ValueError, "Shard tensor size does not match"):
-            shard.tensor = torch.zeros(3, 4)
+            shard.tensor = torch.zeros(3, 4, device=self.device)
         with self.assertRaisesRegex(TypeError, "dtype"):
-            shard.tensor = torch.zeros(2, 4, dtype=torch.int32)
+            shard.tensor = torch.zeros(2, 4, dtype=torch.int32, device=self.device)
         with self.assertRaisesRegex(AttributeError, "read-only"):
             shard.metadata = shard.metadata
         self.assertEqual(st.local_tensor().shape, torch.Size([2, 4]))
-        out = torch.ones(8, 4) if self.rank == 0 else None
+        out = torch.ones(8, 4, device=self.device) if self.rank == 0 else None
         st.gather(0, out)
         if self.rank == 0:
-            self.assertEqual(out, torch.zeros(8, 4))
+            self.assertEqual(out, torch.zeros(8, 4, device=self.device))
 
     @with_comms(init_rpc=False)
     def test_stale_shard_cannot_write_after_reshard(self):
@@ -223,8 +224,8 @@ class TestPythonEditsReachCpp(ShardedTensorTestBase):
         stale = st.local_shards()[0]
         st.reshard(ChunkShardingSpec(dim=1, placements=[placement(r) for r in range(4)]))
         with self.assertRaisesRegex(RuntimeError, "call local_shards\\(\\) again"):
-            stale.tensor = torch.ones(2, 4)
-        self.assertEqual(st.local_tensor(), torch.zeros(8, 1))
+            stale.tensor = torch.ones(2, 4, device=self.device)
+        self.assertEqual(st.local_tensor(), torch.zeros(8, 1, device=self.device))
 
 
 class TestMakeShardedGroup(ShardedTensorTestBase):

@@ -643,7 +643,7 @@ class TestCustomShardingSpec(ShardedTensorTestBase):
         local_shard = local_shards[0].tensor
         self.assertEqual(torch.device(rank_device(self.rank)), local_shard.device)
         self.assertEqual((2, 2), local_shard.size())
-        self.assertEqual(local_shard, torch.ones(2, 2))
+        self.assertEqual(local_shard, torch.ones(2, 2, device=rank_device(self.rank)))
 
 
 # Pending (later issue, needs ``torch_shard._shard_tensor``):

@@ -1,9 +1,21 @@
 """Test support for torch_shard: the port of upstream's ShardedTensorTestBase and ``with_comms``.
 
-World size is 4, one process per rank. On a machine with at least 4 GPUs and NCCL the tests run
-with NCCL and ``cuda:<rank>`` placements; anywhere else with gloo and ``cpu`` placements. Ported
-tests take devices and placement strings from :func:`placement` / :func:`rank_device`, so the same
-test body runs on both.
+World size is 4, one process per rank. The device and backend of the distributed tests come from the
+machine, or from the environment variable ``TORCH_SHARD_TEST_DEVICE``:
+
+* unset (or ``auto``): CUDA with NCCL when ``torch.cuda.device_count() >= 4`` and NCCL is available,
+  otherwise the CPU with gloo;
+* ``cuda``: CUDA with NCCL. Without 4 GPUs (or without NCCL) every distributed test FAILS with an
+  error saying so: a run that asked for GPUs must not pass on the CPU, nor skip its way to green;
+* ``cpu``: the CPU with gloo, also on a GPU machine.
+
+Shards of rank ``r`` live on ``cuda:r`` (each rank's current CUDA device) or on the CPU. The variable
+is read whenever a test asks (:func:`device_type`, :func:`placement`, ...), not once at import: a rank
+process sees the environment of the test process as it was when the test started, so the test process
+and its ranks always agree. Tests take devices and placement strings from :func:`placement` /
+:func:`rank_device` (or ``self.device`` / ``self.device_type`` in a ShardedTensorTestBase), so the same
+test body runs on both; assertions that hold only on gloo are guarded with
+:meth:`ShardedTensorTestBase.gloo_only` or the :func:`gloo_only` decorator, which give the reason.
 """
 
 from __future__ import annotations
@@ -22,12 +34,18 @@ from ._case import TestCase
 from ._multiprocess import MultiProcessTestCase
 
 __all__ = [
+    "DEVICE_ENV",
     "DEVICE_TYPE",
+    "DEFAULT_BACKEND",
     "MultiProcessTestCase",
     "ShardedTensorTestBase",
     "TEST_GPU_NUM",
     "TEST_WORLD_SIZE",
     "TestCase",
+    "cuda_only",
+    "default_backend",
+    "device_type",
+    "gloo_only",
     "placement",
     "rank_device",
     "requires_cuda",
@@ -39,24 +57,65 @@ __all__ = [
 TEST_WORLD_SIZE = 4
 # Upstream's name for the world size of these tests (one rank per GPU there).
 TEST_GPU_NUM = TEST_WORLD_SIZE
+#: The environment variable that picks the tests' device: "cpu", "cuda", or unset / "auto".
+DEVICE_ENV = "TORCH_SHARD_TEST_DEVICE"
 # Loopback only; tests never reach for another interface.
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-_USE_CUDA = (
-    torch.cuda.is_available()
-    and torch.cuda.device_count() >= TEST_WORLD_SIZE
-    and dist.is_nccl_available()
-)
-DEVICE_TYPE = "cuda" if _USE_CUDA else "cpu"
-DEFAULT_BACKEND = "nccl" if _USE_CUDA else "gloo"
 # Collectives in tests move kilobytes; a minute means something is stuck.
 PG_TIMEOUT = timedelta(seconds=60)
 
 
+def _cuda_device_count() -> int:
+    # Counting creates no CUDA context in the test process (its ranks set up CUDA themselves).
+    return torch.cuda.device_count()
+
+
+def device_type() -> str:
+    """``"cuda"`` or ``"cpu"``: the device the distributed tests run on (see the module doc).
+
+    Raises ValueError for an unknown ``TORCH_SHARD_TEST_DEVICE`` and RuntimeError when it asks for CUDA
+    on a machine without ``TEST_WORLD_SIZE`` GPUs or without NCCL.
+    """
+    raw = os.environ.get(DEVICE_ENV, "")
+    requested = raw.strip().lower()
+    if requested in ("", "auto"):
+        enough = _cuda_device_count() >= TEST_WORLD_SIZE and dist.is_nccl_available()
+        return "cuda" if enough else "cpu"
+    if requested == "cpu":
+        return "cpu"
+    if requested == "cuda":
+        count = _cuda_device_count()
+        if count < TEST_WORLD_SIZE:
+            raise RuntimeError(
+                f"{DEVICE_ENV}=cuda asks for one GPU per rank, {TEST_WORLD_SIZE} in all, but this machine has "
+                f"{count}; unset it (or set it to cpu) to run the tests on the CPU with gloo"
+            )
+        if not dist.is_nccl_available():
+            raise RuntimeError(f"{DEVICE_ENV}=cuda runs the tests on NCCL, but this torch build has no NCCL")
+        return "cuda"
+    raise ValueError(f"{DEVICE_ENV} must be 'cpu', 'cuda' or 'auto' (or unset), but got {raw!r}")
+
+
+def default_backend() -> str:
+    """The process-group backend of the tests' device: ``"nccl"`` for CUDA, ``"gloo"`` for the CPU."""
+    return "nccl" if device_type() == "cuda" else "gloo"
+
+
+def __getattr__(name: str):
+    # DEVICE_TYPE / DEFAULT_BACKEND (upstream-style module constants) are computed when asked for, so
+    # a module importing them reads the environment of its own import (see the module doc).
+    if name == "DEVICE_TYPE":
+        return device_type()
+    if name == "DEFAULT_BACKEND":
+        return default_backend()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def rank_device(rank: int) -> str:
     """The device a rank's shards live on in tests: ``cuda:<rank>`` with GPUs, else ``cpu``."""
-    return f"cuda:{rank}" if DEVICE_TYPE == "cuda" else "cpu"
+    return f"cuda:{rank}" if device_type() == "cuda" else "cpu"
 
 
 def placement(rank: int, device_index: int | None = None) -> str:
@@ -72,13 +131,61 @@ def worker_placement(rank: int) -> str:
 def requires_cuda(n: int = 1):
     """Skip (with a reason) unless at least ``n`` CUDA devices exist: for tests about CUDA itself."""
     return unittest.skipUnless(
-        torch.cuda.is_available() and torch.cuda.device_count() >= n,
-        f"needs {n} CUDA device(s); this machine has {torch.cuda.device_count() if torch.cuda.is_available() else 0}",
+        _cuda_device_count() >= n,
+        f"needs {n} CUDA device(s); this machine has {_cuda_device_count()}",
     )
 
 
+def gloo_only(reason: str):
+    """Decorator: run the test only when its default process group is gloo; skip it, with ``reason``,
+    on any other backend (NCCL). For tests whose every assertion is about gloo. It goes above
+    ``with_comms`` (so a skip happens before any group exists) and reads the backend ``with_comms``
+    was given, else the tests' default. A part of a test uses :meth:`ShardedTensorTestBase.gloo_only`.
+    """
+    if not reason:
+        raise ValueError("gloo_only needs the reason the test holds only on gloo")
+
+    def decorate(func):
+        comms_backend = getattr(func, "_comms_backend", None)
+
+        @wraps(func)
+        def wrapper(self, *args, **kwargs):
+            if dist.is_available() and dist.is_initialized():
+                raise RuntimeError("gloo_only must decorate the test above with_comms (no process group yet)")
+            if (comms_backend or self.backend) != "gloo":
+                raise unittest.SkipTest(f"gloo only: {reason}")
+            return func(self, *args, **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
+def cuda_only(reason: str):
+    """Decorator: run the test only when the tests run on CUDA (see the module doc); skip it, with
+    ``reason``, on the CPU. For tests about CUDA itself (``.cuda()`` moves); put it above ``with_comms``.
+    Unlike :func:`requires_cuda` it follows ``TORCH_SHARD_TEST_DEVICE``, read when the test runs."""
+    if not reason:
+        raise ValueError("cuda_only needs the reason the test needs CUDA")
+
+    def decorate(func):
+        @wraps(func)
+        def wrapper(self, *args, **kwargs):
+            if device_type() != "cuda":
+                raise unittest.SkipTest(f"CUDA only: {reason}")
+            return func(self, *args, **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
 class ShardedTensorTestBase(MultiProcessTestCase):
-    """Upstream's ShardedTensorTestBase: 4 ranks, process group and RPC set-up helpers."""
+    """Upstream's ShardedTensorTestBase: 4 ranks, process group and RPC set-up helpers.
+
+    ``device_type`` / ``backend`` are the tests' device and backend (see the module doc), ``device`` is
+    this rank's device (``cuda:<rank>`` or ``cpu``): build dense references and ``out`` tensors there.
+    """
 
     @property
     def world_size(self) -> int:
@@ -86,16 +193,47 @@ class ShardedTensorTestBase(MultiProcessTestCase):
 
     @property
     def backend(self) -> str:
-        return DEFAULT_BACKEND
+        return default_backend()
 
     @property
     def device_type(self) -> str:
-        return DEVICE_TYPE
+        return device_type()
+
+    @property
+    def device(self) -> torch.device:
+        """This rank's device: where its shards live, and where its dense references belong."""
+        return torch.device(rank_device(self.rank))
+
+    def setUp(self) -> None:
+        if self.rank == self.MAIN_PROCESS_RANK:
+            # An unusable TORCH_SHARD_TEST_DEVICE fails here, once, before any rank starts.
+            device_type()
+        super().setUp()
+
+    def _backend_in_use(self) -> str:
+        """The default group's backend once the test has one, else the one it would get."""
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_backend()
+        return self.backend
+
+    def gloo_only(self, reason: str) -> bool:
+        """True when the test runs on gloo: ``if self.gloo_only("why"):`` guards assertions that hold
+        only there (round counts of the hub, ...); ``reason`` says why, for the reader and for the
+        log line of a run on another backend, where the guarded part does not run."""
+        if not reason:
+            raise ValueError("gloo_only needs the reason the guarded part holds only on gloo")
+        if self._backend_in_use() == "gloo":
+            return True
+        print(f"{self.id()} rank {self.rank}: skipped a gloo-only part: {reason}", file=sys.stderr)
+        return False
 
     def init_pg(self, backend: str | None = None) -> None:
         backend = backend or self.backend
         if backend not in ["nccl", "gloo", "mpi", "hccl"]:
             raise RuntimeError(f"Backend {backend} not supported!")
+        if self.device_type == "cuda":
+            # Before the group exists: NCCL binds each rank to its current device.
+            torch.cuda.set_device(self.rank)
         dist.init_process_group(
             backend=backend,
             world_size=self.world_size,
@@ -103,13 +241,11 @@ class ShardedTensorTestBase(MultiProcessTestCase):
             init_method=f"file://{self.file_name}",
             timeout=PG_TIMEOUT,
         )
-        if backend == "nccl":
-            torch.cuda.set_device(self.rank)
 
     def init_rpc(self) -> None:
         options = rpc.TensorPipeRpcBackendOptions(rpc_timeout=PG_TIMEOUT.total_seconds())
         options.init_method = f"file://{self.file_name}"
-        if DEVICE_TYPE == "cuda":
+        if self.device_type == "cuda":
             for rank in range(self.world_size):
                 options.set_device_map(f"worker{rank}", {rank: self.rank, self.rank: rank})
         rpc.init_rpc(
@@ -146,7 +282,7 @@ class ShardedTensorTestBase(MultiProcessTestCase):
 def with_comms(func=None, init_rpc: bool = True, backend: str | None = None):
     """Run the test between init_comms and destroy_comms (RPC too unless ``init_rpc=False``).
 
-    ``backend=None`` means the machine's default: NCCL with 4 GPUs, gloo otherwise.
+    ``backend=None`` means the tests' default (see the module doc): NCCL on CUDA, gloo on the CPU.
     """
     if func is None:
         return partial(with_comms, init_rpc=init_rpc, backend=backend)
@@ -154,12 +290,14 @@ def with_comms(func=None, init_rpc: bool = True, backend: str | None = None):
     @wraps(func)
     def wrapper(self, *args, **kwargs):
         chosen = backend or self.backend
-        if chosen == "nccl" and torch.cuda.device_count() < self.world_size:
+        if chosen == "nccl" and _cuda_device_count() < self.world_size:
             raise unittest.SkipTest(f"NCCL test needs {self.world_size} GPUs")
         self.init_comms(init_rpc=init_rpc, backend=chosen)
         func(self, *args, **kwargs)
         self.destroy_comms(destroy_rpc=init_rpc)
 
+    # For decorators above this one (gloo_only): the backend the test asked for, None for the default.
+    wrapper._comms_backend = backend
     return wrapper
 
 

@@ -6,8 +6,9 @@ compare with ``==`` and break on tensors (``bool(t1 != t2)`` is ambiguous), so t
 PyTorch's comparison semantics:
 
 * tensors (and numpy arrays) by value with ``torch.testing.assert_close``: dtype must match
-  (``exact_dtype``), device need not (``exact_device=False``), NaNs compare equal, default tolerances
-  per dtype; a sequence compared with a tensor becomes a tensor of that tensor's dtype and device;
+  (``exact_dtype``), and so must the device (``exact_device=True``), NaNs compare equal, default
+  tolerances per dtype; a sequence compared with a tensor becomes a tensor of that tensor's dtype and
+  device;
 * numbers with the float32 tolerances (1 == 1.0 passes; 0.1 + 0.2 == 0.3 passes), booleans against
   booleans, 0/1 and single-element tensors, numbers against single-element tensors;
 * strings, sets and types exactly; ``None`` only equals ``None``;
@@ -16,6 +17,13 @@ PyTorch's comparison semantics:
 * anything else with ``==``.
 
 ``assertNotEqual(a, b)`` passes exactly when ``assertEqual(a, b)`` fails.
+
+One default differs from PyTorch's TestCase: ``exact_device`` is True here (PyTorch's is still False,
+marked there as to be made True). The suite runs on the CPU and on GPUs (``TORCH_SHARD_TEST_DEVICE``);
+a dense reference built on the CPU and compared with a shard on ``cuda:r`` would pass a device-blind
+comparison on GPUs while never checking where the shard lives, and would look right on a CPU-only
+machine. Tests build references on the shard's device instead; ``exact_device=False`` remains for a
+comparison that is meant to cross devices.
 """
 
 from __future__ import annotations
@@ -178,7 +186,7 @@ class TestCase(unittest.TestCase):
         rtol=None,
         equal_nan=True,
         exact_dtype=True,
-        exact_device=False,
+        exact_device=True,
         exact_layout=False,
         exact_stride=False,
     ) -> None:

@@ -11,19 +11,39 @@ from .. import sharded_tensor
 from ..sharding_spec import ChunkShardingSpec
 from . import TEST_WORLD_SIZE, placement
 
+
+def _initial_placements() -> list[str]:
+    try:
+        return [placement(rank) for rank in range(TEST_WORLD_SIZE)]
+    except (RuntimeError, ValueError):
+        # An unusable TORCH_SHARD_TEST_DEVICE: importing must still work; each test says why it fails.
+        return []
+
+
 # As upstream, a module-level list that _chunk_sharding_specs_list_for_test shuffles in place, so
 # specs depend on earlier calls in the same process. Each test runs in fresh rank processes, which
 # makes that deterministic per test.
-PLACEMENTS = [placement(rank) for rank in range(TEST_WORLD_SIZE)]
+PLACEMENTS = _initial_placements()
+
+
+def _placements_of_this_run() -> list[str]:
+    """PLACEMENTS, rebuilt in rank order if they were made for another device. A rank may have this
+    module from the fork server, imported before the rank took the test's TORCH_SHARD_TEST_DEVICE."""
+    current = [placement(rank) for rank in range(TEST_WORLD_SIZE)]
+    if sorted(PLACEMENTS) != sorted(current):
+        PLACEMENTS[:] = current
+    return PLACEMENTS
+
 
 DEFAULT_GPU_NUM = TEST_WORLD_SIZE
 
 
 def _chunk_sharding_specs_list_for_test(sharding_dims, seed=0):
+    placements = _placements_of_this_run()
     spec_list = []
     for i in range(len(sharding_dims)):
-        random.Random(seed + i).shuffle(PLACEMENTS)
-        spec_list.append(ChunkShardingSpec(dim=sharding_dims[i], placements=copy.deepcopy(PLACEMENTS)))
+        random.Random(seed + i).shuffle(placements)
+        spec_list.append(ChunkShardingSpec(dim=sharding_dims[i], placements=copy.deepcopy(placements)))
     return spec_list
 
 
