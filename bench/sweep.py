@@ -71,36 +71,37 @@ def _cell(values: list[float]) -> str:
 
 
 def table(runs: list[dict]) -> str:
-    """Markdown: one row per (setting, round-1 mode, size), ratio medians over the runs (min-max)."""
-    groups: dict[tuple, list[dict]] = {}
+    """Markdown: one row per (setting, size, round-1 mode), ratio medians over the runs (min-max).
+
+    A setting's modes sit in adjacent rows for each size, so they compare at a glance.
+    """
+    groups: dict[tuple, list[dict[str, float]]] = {}
     for run in runs:
-        key = (run["hosts"], run["world"] // run["hosts"], run["round_one"] or "-")
-        groups.setdefault(key, []).append(run)
-    header = ["setting", "round 1", "N", "runs"] + [f"{op} {r}" for op in OPS for r in RATIOS]
+        for n, seconds in run["seconds"].items():
+            key = (run["hosts"], run["world"] // run["hosts"], int(n), run["round_one"] or "-")
+            groups.setdefault(key, []).append(seconds)
+    header = ["setting", "N", "round 1", "runs"] + [f"{op} {r}" for op in OPS for r in RATIOS]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    ms_header = ["setting", "round 1", "N"] + [f"{op} {who}" for op in OPS for who in ("ts", "floor")]
+    ms_header = ["setting", "N", "round 1"] + [f"{op} {who}" for op in OPS for who in ("ts", "floor")]
     ms_lines = ["| " + " | ".join(ms_header) + " |", "|" + "---|" * len(ms_header)]
-    for (hosts, per_host, mode), group in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
-        sizes = sorted({int(n) for run in group for n in run["seconds"]})
-        for n in sizes:
-            per_run = [run["seconds"][str(n)] for run in group if str(n) in run["seconds"]]
-            rs = [ratios(s) for s in per_run]
-            cells = [f"{hosts}x{per_host}", mode, str(n), str(len(rs))]
-            cells += [_cell([r[f"{op} {name}"] for r in rs]) for op in OPS for name in RATIOS]
-            lines.append("| " + " | ".join(cells) + " |")
-            ms = [f"{hosts}x{per_host}", mode, str(n)]
-            for op in OPS:
-                ts, _, _, fl = CASES[op]
-                ms += [f"{statistics.median(s[ts] for s in per_run) * 1e3:.2f}",
-                       f"{statistics.median(s[fl] for s in per_run) * 1e3:.2f}"]
-            ms_lines.append("| " + " | ".join(ms) + " |")
-    return ("ratios: median over runs (min-max); setting = hosts x ranks per host; < 1 means torch_shard is faster\n\n"
+    for (hosts, per_host, n, mode), per_run in sorted(groups.items()):
+        label = [f"{hosts}x{per_host}", str(n), mode]
+        rs = [ratios(s) for s in per_run]
+        cells = [*label, str(len(rs))] + [_cell([r[f"{op} {name}"] for r in rs]) for op in OPS for name in RATIOS]
+        lines.append("| " + " | ".join(cells) + " |")
+        ms = list(label)
+        for op in OPS:
+            ts, _, _, fl = CASES[op]
+            ms += [f"{statistics.median(s[ts] for s in per_run) * 1e3:.2f}",
+                   f"{statistics.median(s[fl] for s in per_run) * 1e3:.2f}"]
+        ms_lines.append("| " + " | ".join(ms) + " |")
+    return ("ratios: median over runs (min-max); setting = hosts x ranks per host; < 1: torch_shard is faster\n\n"
             + "\n".join(lines)
             + "\n\ntorch_shard and floor, ms (median over runs of each run's median)\n\n"
             + "\n".join(ms_lines))
 
 
-def run_once(launcher, hosts: int, per_host: int, bench_args: list[str], timeout: float) -> dict:
+def run_once(launcher, hosts: int, per_host: int, bench_args: list[str], timeout: float, mtu: int) -> dict:
     """One launch of bench_data_paths.py; returns its JSON record."""
     fd, path = tempfile.mkstemp(prefix="sweep-", suffix=".json")
     os.close(fd)
@@ -109,7 +110,7 @@ def run_once(launcher, hosts: int, per_host: int, bench_args: list[str], timeout
         if hosts == 1:
             launcher.run_one_host(argv, per_host, timeout=timeout)
         else:
-            with launcher.TwoHosts() as two:
+            with launcher.TwoHosts(mtu=mtu) as two:
                 two.torchrun(argv, per_host, timeout=timeout)
         with open(path) as f:
             return json.load(f)
@@ -126,11 +127,15 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="launches per setting (default 3)")
     parser.add_argument("--sizes", type=int, nargs="+", default=[64, 512, 2048],
                         help="N of the N x N float32 tensors; multiples of every world size (default 64 512 2048)")
-    parser.add_argument("--repeats", type=int, default=0,
-                        help="timed repeats per case (default: 20 for N <= 512, else 5)")
+    # bench_data_paths.py's own defaults (40 repeats up to N = 512, 7 above) suit 4 ranks; 16 ranks on
+    # 2 cores take several times as long per op, and the spread over --runs launches says more than
+    # more repeats inside one.
+    parser.add_argument("--repeats", type=int, default=10,
+                        help="timed repeats per case in each launch; 0: the bench's own defaults (default 10)")
     parser.add_argument("--round-one", nargs="+", choices=("auto", "all_to_all"),
                         help="run every setting once per exchange mode (default: the build's own)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per launch")
+    parser.add_argument("--mtu", type=int, default=1500, help="MTU of the link between the two hosts (default 1500)")
     parser.add_argument("--save", metavar="PATH", help="also write every run's record there (JSON)")
     parser.add_argument("--from", dest="load", metavar="PATH", help="print the table of a saved sweep and exit")
     args = parser.parse_args()
@@ -154,12 +159,11 @@ def main() -> None:
             for mode in modes:
                 label = f"{hosts}x{per_host}" + (f" round 1 {mode}" if mode else "") + f", run {run + 1}/{args.runs}"
                 bench_args = ["--sizes", *map(str, args.sizes)]
-                # The bench's own defaults (40 / 7) are for 4 ranks; 16 ranks on 2 cores need fewer.
                 bench_args += ["--repeats", str(args.repeats)] if args.repeats else []
                 bench_args += ["--round-one", mode] if mode else []
                 t0 = time.monotonic()
                 try:
-                    record = run_once(launcher, hosts, per_host, bench_args, args.timeout)
+                    record = run_once(launcher, hosts, per_host, bench_args, args.timeout, args.mtu)
                 except launcher.TorchrunError as exc:
                     failures.append(f"{label}: {exc}")
                     print(f"{label}: FAILED", flush=True)
@@ -173,6 +177,8 @@ def main() -> None:
         with open(args.save, "w") as f:
             json.dump(records, f, indent=1)
     if records:
+        if any(h == 2 for h, _ in settings):
+            print(f"two hosts: network namespaces joined by a veth pair, MTU {args.mtu}\n")
         print(table(records))
     for failure in failures:
         print(f"\n{failure}")
