@@ -11,10 +11,12 @@ of each ratio and its spread (min-max over the runs):
 
 Settings: one host, ``torchrun --standalone`` with W ranks (--one-host, gloo over loopback); two
 hosts, network namespaces joined by a veth pair with k ranks each (--two-hosts; needs root, see
-scripts/torchrun_hosts.py). --round-one runs every setting once per given exchange mode.
+scripts/torchrun_hosts.py; the link is as fast as loopback here unless --rate caps it, e.g. --rate
+1gbit). --round-one runs every setting once per given exchange mode.
 
     python bench/sweep.py                                   # 1x4 1x8 1x16 2x2 2x4 2x8, 3 runs each
     python bench/sweep.py --one-host 4 --two-hosts 2 --runs 1 --round-one auto all_to_all
+    python bench/sweep.py --one-host --two-hosts 2 4 --rate 1gbit --save runs.json
     python bench/sweep.py --from runs.json                  # the table again, from a saved sweep
 
 (``make bench-sweep``, ``make bench-multihost``.)
@@ -101,7 +103,7 @@ def table(runs: list[dict]) -> str:
             + "\n".join(ms_lines))
 
 
-def run_once(launcher, hosts: int, per_host: int, bench_args: list[str], timeout: float, mtu: int) -> dict:
+def run_once(launcher, hosts: int, per_host: int, bench_args: list[str], timeout: float, link: dict) -> dict:
     """One launch of bench_data_paths.py; returns its JSON record."""
     fd, path = tempfile.mkstemp(prefix="sweep-", suffix=".json")
     os.close(fd)
@@ -110,7 +112,7 @@ def run_once(launcher, hosts: int, per_host: int, bench_args: list[str], timeout
         if hosts == 1:
             launcher.run_one_host(argv, per_host, timeout=timeout)
         else:
-            with launcher.TwoHosts(mtu=mtu) as two:
+            with launcher.TwoHosts(**link) as two:
                 two.torchrun(argv, per_host, timeout=timeout)
         with open(path) as f:
             return json.load(f)
@@ -136,6 +138,7 @@ def main() -> None:
                         help="run every setting once per exchange mode (default: the build's own)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per launch")
     parser.add_argument("--mtu", type=int, default=1500, help="MTU of the link between the two hosts (default 1500)")
+    parser.add_argument("--rate", help="cap the link between the two hosts, in tc's units (e.g. 1gbit; default: none)")
     parser.add_argument("--save", metavar="PATH", help="also write every run's record there (JSON)")
     parser.add_argument("--from", dest="load", metavar="PATH", help="print the table of a saved sweep and exit")
     args = parser.parse_args()
@@ -151,6 +154,7 @@ def main() -> None:
             print(f"two-host settings skipped: {reason}")
             settings = [s for s in settings if s[0] == 1]
     modes = args.round_one or [None]
+    link = {"mtu": args.mtu, "rate": args.rate}
     records: list[dict] = []
     failures: list[str] = []
     start = time.monotonic()
@@ -163,7 +167,7 @@ def main() -> None:
                 bench_args += ["--round-one", mode] if mode else []
                 t0 = time.monotonic()
                 try:
-                    record = run_once(launcher, hosts, per_host, bench_args, args.timeout, args.mtu)
+                    record = run_once(launcher, hosts, per_host, bench_args, args.timeout, link)
                 except launcher.TorchrunError as exc:
                     failures.append(f"{label}: {exc}")
                     print(f"{label}: FAILED", flush=True)
@@ -178,7 +182,8 @@ def main() -> None:
             json.dump(records, f, indent=1)
     if records:
         if any(h == 2 for h, _ in settings):
-            print(f"two hosts: network namespaces joined by a veth pair, MTU {args.mtu}\n")
+            cap = f"capped at {args.rate}" if args.rate else "not capped"
+            print(f"two hosts: network namespaces joined by a veth pair, MTU {args.mtu}, link {cap}\n")
         print(table(records))
     for failure in failures:
         print(f"\n{failure}")

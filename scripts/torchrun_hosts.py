@@ -5,7 +5,8 @@ Two hosts: two network namespaces joined by a veth pair, each end addressed insi
 static rendezvous on the first address, and gloo binds the namespace's veth (GLOO_SOCKET_IFNAME).
 Traffic between the two hosts then crosses a real network interface (TCP over the veth, MTU 1500 by
 default) instead of loopback, as it would between machines; traffic within a host stays on its own
-loopback. Both hosts still share this machine's cores and memory.
+loopback. Both hosts still share this machine's cores and memory, and the link is as fast as the
+machine copies bytes between namespaces unless a rate caps it (``rate``/--rate, tc's token bucket).
 
 Every run gets its own namespaces, named after this process's pid and a counter (the veth ends carry
 the same names), so runs never collide, and the master port is free in a namespace made for the run.
@@ -297,14 +298,36 @@ def _run_nodes(launch, nnodes: int, timeout: float, capture: bool) -> list[NodeR
     return results
 
 
+_RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)$")
+_RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
+
+
+def _shaping_args(rate: str, dev: str) -> list[str]:
+    """``tc`` arguments that cap ``dev``'s egress at ``rate`` (tc's units: "800mbit", "2gbit")."""
+    match = _RATE.match(rate)
+    if match is None:
+        raise ValueError(f"link rate must look like 800mbit or 2gbit, got {rate!r}")
+    bytes_per_s = float(match.group(1)) * _RATE_UNITS[match.group(2)] / 8
+    # A token-bucket filter: its bucket must hold at least a timer tick's worth of bytes to reach the
+    # rate; 10 ms' worth does on any kernel tick.
+    burst = max(64 << 10, int(bytes_per_s / 100))
+    return ["qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", str(burst), "latency", "100ms"]
+
+
 class TwoHosts:
     """Two network namespaces joined by a veth pair, for as long as the ``with`` block runs.
 
     ``names[i]`` is host i's namespace and the name of its veth end; host i has ``ADDRESSES[i]``.
+    ``rate`` (e.g. "1gbit") caps the link in each direction with a token-bucket filter (tc tbf);
+    without it the link is as fast as the machine moves bytes between namespaces. (Delay cannot be
+    added where tc's netem is missing.)
     """
 
-    def __init__(self, mtu: int = 1500):
+    def __init__(self, mtu: int = 1500, rate: str | None = None):
         self.mtu = mtu
+        self.rate = rate
+        if rate is not None:
+            _shaping_args(rate, "check")
         stem = f"{_NAME_PREFIX}{os.getpid()}x{next(_counter) % 100}"
         self.names = (stem + "a", stem + "b")
         self._signals = _ExitOnSignal()
@@ -323,6 +346,9 @@ class TwoHosts:
                 _ip("-n", ns, "addr", "add", f"{address}/{PREFIX_LEN}", "dev", ns)
                 _ip("-n", ns, "link", "set", "lo", "up")
                 _ip("-n", ns, "link", "set", ns, "up")
+                if self.rate is not None:
+                    subprocess.run(["ip", "netns", "exec", ns, "tc", *_shaping_args(self.rate, ns)],
+                                   capture_output=True, text=True, check=True, timeout=30)
                 _write_hosts_file(ns)
         except BaseException as exc:
             self.__exit__(type(exc), exc, exc.__traceback__)
@@ -380,6 +406,7 @@ def main() -> None:
     parser.add_argument("--nproc-per-node", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before both sides are stopped")
     parser.add_argument("--mtu", type=int, default=1500, help="veth MTU (two hosts)")
+    parser.add_argument("--rate", help="cap the link between the hosts, in tc's units (e.g. 1gbit)")
     parser.add_argument("script", nargs=argparse.REMAINDER, help="-- SCRIPT [ARGS...]")
     args = parser.parse_args()
     script = args.script[1:] if args.script[:1] == ["--"] else args.script
@@ -392,7 +419,7 @@ def main() -> None:
             reason = unavailable_reason()
             if reason is not None:
                 sys.exit(reason)
-            with TwoHosts(mtu=args.mtu) as hosts:
+            with TwoHosts(mtu=args.mtu, rate=args.rate) as hosts:
                 hosts.torchrun(script, args.nproc_per_node, timeout=args.timeout, capture=False)
     except TorchrunError as exc:
         codes = ", ".join("stopped" if r.returncode is None else f"exit {r.returncode}" for r in exc.results)
