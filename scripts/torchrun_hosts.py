@@ -308,9 +308,10 @@ def _shaping_args(rate: str, dev: str) -> list[str]:
     if match is None:
         raise ValueError(f"link rate must look like 800mbit or 2gbit, got {rate!r}")
     bytes_per_s = float(match.group(1)) * _RATE_UNITS[match.group(2)] / 8
-    # A token-bucket filter: its bucket must hold at least a timer tick's worth of bytes to reach the
-    # rate; 10 ms' worth does on any kernel tick.
-    burst = max(64 << 10, int(bytes_per_s / 100))
+    # A token-bucket filter whose bucket holds 1 ms at the rate: bytes up to the bucket's size pass at
+    # full speed, so a larger bucket would let a benchmark's single messages (a few hundred KiB) through
+    # unshaped; a smaller one can keep a kernel that refills it once per timer tick below the rate.
+    burst = max(16 << 10, int(bytes_per_s / 1000))
     return ["qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", str(burst), "latency", "100ms"]
 
 
