@@ -72,6 +72,17 @@ bench: build
 	$(RUN_ENV) $(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_embedding.py
 	$(RUN_ENV) $(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_checkpoint.py
 
+# bench_data_paths.py over several settings, 3 launches each, in one table of ratios (median, min-max):
+# bench-sweep runs one host with 4, 8, 16 ranks and two hosts (network namespaces joined by a veth
+# pair; needs root) with 2, 4, 8 ranks each; bench-multihost the two-host settings only. Extra
+# arguments through SWEEP_ARGS, e.g. SWEEP_ARGS="--round-one auto all_to_all" (see bench/sweep.py).
+.PHONY: bench-sweep bench-multihost
+bench-sweep: build
+	$(RUN_ENV) $(PY) bench/sweep.py $(SWEEP_ARGS)
+
+bench-multihost: build
+	$(RUN_ENV) $(PY) bench/sweep.py --one-host --two-hosts 2 4 8 $(SWEEP_ARGS)
+
 # AddressSanitizer + UndefinedBehaviorSanitizer build in build-sanitize/ (the normal build is untouched),
 # then the C++-heavy tests against it; any sanitizer report fails.
 sanitize: setup

@@ -2,7 +2,8 @@
 all-to-all floor.
 
 Run with 4 ranks: ``torchrun --standalone --nproc-per-node=4 bench/bench_data_paths.py`` (or
-``make bench``). Gloo on CPU, float32 N x N for each N of --sizes (default 64 512 2048 4096):
+``make bench``); any world size W works, with every N a multiple of W. Gloo on CPU, float32 N x N for
+each N of --sizes (default 64 512 2048 4096):
 
 * scatter from rank 0 into row chunks: upstream ``_shard_tensor``, torch_shard ``_shard_tensor``,
   DTensor ``distribute_tensor(src_data_rank=0)`` with ``[Shard(0)]``;
@@ -20,17 +21,23 @@ Variants run interleaved; times are the slowest rank's, median over --repeats af
 64 x 64 case is also printed in microseconds (small-op latency: fixed per-op costs dominate).
 ``--memory``: instead of times, rank 0's peak memory during gather above its starting RSS, as a
 multiple of the output size (a separate run: it changes malloc settings).
+
+``--json PATH``: rank 0 also writes the run's times (seconds per case and size) there, for drivers such
+as bench/sweep.py that collect many runs. ``--round-one auto|all_to_all`` sets torch_shard's exchange
+mode for round 1 first (see bench/_round_one.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 
 import torch
 import torch.distributed as dist
 import torch.distributed._shard.api as up_api
 import torch.distributed._shard.sharding_spec as up_spec
+from _round_one import ROUND_ONE_MODES, set_round_one
 from _timing import timed_cases
 from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
 
@@ -168,6 +175,21 @@ def time_size(n: int, repeats: int, mesh) -> dict[str, float]:
     return res
 
 
+def write_json(path: str, rows, world: int, round_one: str | None, repeats: dict[int, int]) -> None:
+    """The run's medians (seconds) per size and case, with what a table of many runs needs to label it."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    record = {
+        "torch": torch.__version__,
+        "world": world,
+        "hosts": world // local if local and world % local == 0 else None,
+        "round_one": round_one,
+        "repeats": {str(n): repeats[n] for n, _ in rows},
+        "seconds": {str(n): r for n, r in rows},
+    }
+    with open(path, "w") as f:
+        json.dump(record, f, indent=1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[64, 512, 2048, 4096])
@@ -175,6 +197,10 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=4096, help="tensor size for --memory")
     parser.add_argument(
         "--memory", action="store_true", help="measure rank 0's peak memory during gather instead of time"
+    )
+    parser.add_argument("--json", metavar="PATH", help="rank 0 writes the times there as JSON")
+    parser.add_argument(
+        "--round-one", choices=ROUND_ONE_MODES, help="torch_shard's round-1 exchange mode (default: leave it)"
     )
     args = parser.parse_args()
     if args.memory:
@@ -188,15 +214,32 @@ def main() -> None:
         dist.destroy_process_group()
         return
     rank, world = dist.get_rank(), dist.get_world_size()
+    # Row and column chunks of equal size on every rank: the floors' collectives (gloo's scatter
+    # among them) need equal pieces, and the all-to-all floor counts W equal blocks.
+    uneven = [n for n in args.sizes if n % world]
+    if uneven:
+        if rank == 0:
+            print(f"bench_data_paths: every size must be a multiple of the world size {world}; not {uneven}")
+        dist.destroy_process_group()
+        raise SystemExit(2)
+    round_one = None
+    if args.round_one is not None:
+        round_one = args.round_one if set_round_one(args.round_one) else None
+        if round_one is None and rank == 0:
+            print(f"this build has no torch.ops.torch_shard._set_round_one: --round-one {args.round_one} not applied")
     mesh = init_device_mesh("cpu", (world,))
     rows = []
+    repeats = {}
     for n in args.sizes:
-        repeats = args.repeats or (40 if n <= 512 else 7)
-        rows.append((n, time_size(n, repeats, mesh)))
+        repeats[n] = args.repeats or (40 if n <= 512 else 7)
+        rows.append((n, time_size(n, repeats[n], mesh)))
     if rank != 0:
         dist.destroy_process_group()
         return
-    print(f"torch {torch.__version__}, {world} gloo ranks, float32 N x N, slowest rank, median; ms")
+    if args.json:
+        write_json(args.json, rows, world, round_one, repeats)
+    mode = f", round 1: {round_one}" if round_one else ""
+    print(f"torch {torch.__version__}, {world} gloo ranks{mode}, float32 N x N, slowest rank, median; ms")
     header = (f"{'N':>5} | {'scatter up':>10} {'ts':>7} {'dt':>7} {'ts/up':>6} {'ts/dt':>6} | "
               f"{'reshard up':>10} {'ts':>7} {'dt':>7} {'floor':>7} {'ts/up':>6} {'ts/dt':>6} {'ts/fl':>6} | "
               f"{'gather up':>9} {'ts':>7} {'ts/up':>6} {'dt full':>8}")
