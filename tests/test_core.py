@@ -437,7 +437,7 @@ class TestPlanCacheAndRounds(ShardedTensorTestBase):
             # boxes and sizes everywhere, so every payload went, rank 3's into the chunk it thinks it
             # owns), every rank raises and drops what arrived.
             owners = [0, 1, 3, 2] if self.rank == 3 else list(range(WORLD))
-            names = [f"rank:{r}/cpu" for r in owners]
+            names = [placement(r) for r in owners]
             with self.assertRaisesRegex(ValueError, "sharding_spec on rank"):
                 _shard_tensor(big, ChunkShardingSpec(dim=0, placements=names))
             # The hub's sizes differ (it owes zero-byte messages instead), or it fails locally.
