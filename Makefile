@@ -89,7 +89,7 @@ sanitize: setup
 	bash scripts/sanitize.sh $(PY)
 
 clean:
-	rm -rf build build-sanitize *.egg-info torch_shard/_C*.so $(STAMP_BUILD)
+	rm -rf build build-sanitize *.egg-info torch_shard/_C*.so torch_shard/_testing_C*.so $(STAMP_BUILD)
 
 # Upstream's own torch.distributed._shard test files, run through torch_shard.compat (see
 # tests/upstream/README.md). The files are not shipped: point UPSTREAM_TESTS at a copy of them.

@@ -18,10 +18,15 @@ SANITIZE = os.environ.get("TORCH_SHARD_SANITIZE", "0") == "1"
 SANITIZE_FLAGS = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"]
 
 
-def _sources():
+# csrc/testing/ is the test-only library torch_shard._testing_C (torch.ops.torch_shard_testing.*); the
+# product library torch_shard._C is everything else under csrc/.
+TESTING_DIR = os.path.join("csrc", "testing")
+
+
+def _sources(testing: bool):
     # Paths relative to setup.py: setuptools rejects absolute source paths in editable builds.
     files = glob.glob(os.path.join("csrc", "**", "*.cpp"), recursive=True)
-    return sorted(files)
+    return sorted(f for f in files if f.startswith(TESTING_DIR + os.sep) == testing)
 
 
 # No -std flag: torch.utils.cpp_extension adds the standard its headers need (C++20 for torch 2.13;
@@ -48,12 +53,13 @@ setup(
     packages=find_packages(include=["torch_shard", "torch_shard.*"]),
     ext_modules=[
         CppExtension(
-            "torch_shard._C",
-            _sources(),
+            name,
+            _sources(testing=name.endswith("_testing_C")),
             include_dirs=[os.path.join(HERE, "csrc")],
             extra_compile_args=extra_compile_args,
             extra_link_args=extra_link_args,
         )
+        for name in ("torch_shard._C", "torch_shard._testing_C")
     ],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
 )

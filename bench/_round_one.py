@@ -1,26 +1,32 @@
-"""The exchange's round-1 mode, for benchmarks that compare its variants."""
+"""Variants of torch_shard's exchange round 1, for benchmarks that measure each mechanism against its
+absence (the switches are test-only: torch.ops.torch_shard_testing._set_exchange)."""
 
 from __future__ import annotations
 
-import torch
-
-import torch_shard  # noqa: F401  (loads the extension, which registers torch.ops.torch_shard)
-
-ROUND_ONE_MODES = ("auto", "all_to_all")
+# Variant name -> the switches it turns off (all others on, as in the product).
+VARIANTS: dict[str, dict[str, bool]] = {
+    "auto": {},
+    "all_to_all": {"hub": False},  # round 1 as one all-to-all everywhere
+    "no_ride": {"ride": False},  # no payloads riding the hub's messages
+    "no_ahead": {"ahead": False},  # the hub's big payloads wait for round 2
+    "no_history": {"slot_history": False},  # the slot stays at its default size
+}
+ROUND_ONE_MODES = tuple(VARIANTS)
 
 
 def set_round_one(mode: str) -> bool:
-    """Set how round 1 of torch_shard's exchange runs on this rank: ``"auto"`` (the library's choice,
-    the hub relay where it applies) or ``"all_to_all"`` (everywhere). Every rank must set the same.
-
-    The switch is a test-only op that may move or go: returns False, changing nothing, where this
-    build has no such op, so a benchmark can still run (and report that the mode was not applied).
-    """
-    if mode not in ROUND_ONE_MODES:
+    """Set round 1 of torch_shard's exchange on this rank to variant ``mode`` (see VARIANTS). Every
+    rank must set the same. Returns False, changing nothing, where this build has no testing library,
+    so a benchmark can still run (and report that the variant was not applied)."""
+    if mode not in VARIANTS:
         raise ValueError(f"round-one mode must be one of {ROUND_ONE_MODES}, got {mode!r}")
+    import torch  # here: the sweep driver imports this module without torch
+
     try:
-        op = torch.ops.torch_shard._set_round_one
-    except (AttributeError, RuntimeError):
+        import torch_shard._testing_C  # noqa: F401  (registers torch.ops.torch_shard_testing)
+
+        op = torch.ops.torch_shard_testing._set_exchange
+    except (ImportError, AttributeError, RuntimeError):
         return False
-    op(mode)
+    op(**VARIANTS[mode])
     return True

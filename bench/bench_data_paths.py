@@ -226,7 +226,7 @@ def main() -> None:
     if args.round_one is not None:
         round_one = args.round_one if set_round_one(args.round_one) else None
         if round_one is None and rank == 0:
-            print(f"this build has no torch.ops.torch_shard._set_round_one: --round-one {args.round_one} not applied")
+            print(f"this build has no torch_shard._testing_C: --round-one {args.round_one} not applied")
     mesh = init_device_mesh("cpu", (world,))
     rows = []
     repeats = {}

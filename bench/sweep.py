@@ -34,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _round_one import ROUND_ONE_MODES
+
 HERE = Path(__file__).resolve().parent
 BENCH = HERE / "bench_data_paths.py"
 
@@ -134,7 +136,7 @@ def main() -> None:
     # more repeats inside one.
     parser.add_argument("--repeats", type=int, default=10,
                         help="timed repeats per case in each launch; 0: the bench's own defaults (default 10)")
-    parser.add_argument("--round-one", nargs="+", choices=("auto", "all_to_all"),
+    parser.add_argument("--round-one", nargs="+", choices=ROUND_ONE_MODES,
                         help="run every setting once per exchange mode (default: the build's own)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per launch")
     parser.add_argument("--mtu", type=int, default=1500, help="MTU of the link between the two hosts (default 1500)")
@@ -173,7 +175,7 @@ def main() -> None:
                     print(f"{label}: FAILED", flush=True)
                     continue
                 if mode and record["round_one"] != mode:
-                    failures.append(f"{label}: this build cannot set the round-1 mode (no _set_round_one op)")
+                    failures.append(f"{label}: this build cannot set the round-1 mode (no torch_shard._testing_C)")
                 records.append(record)
                 print(f"{label}: {time.monotonic() - t0:.0f} s", flush=True)
     print(f"\nsweep: {len(records)} runs in {(time.monotonic() - start) / 60:.1f} min\n")

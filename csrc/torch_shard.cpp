@@ -9,6 +9,8 @@
 
 #include <torch/library.h>
 
+#include "testing_hooks.h"
+
 // A layout travels as one argument group, the same in every schema that takes one (see
 // csrc/ops/layout_args.h):
 //   int? chunk_dim, Tensor? shard_offsets, Tensor? shard_sizes, Tensor? placement_index,
@@ -114,14 +116,6 @@ TORCH_LIBRARY(torch_shard, m) {
   // [bytes sent to other ranks, bytes received from other ranks, communication rounds, plan cache
   // hits, plan cache misses, data ops done in a single round] since the last reset.
   m.def("_comm_stats(bool reset=False) -> int[]");
-  m.def("_clear_plan_cache() -> ()");
-  // TEST-ONLY (NOTE [ Fault injection ], csrc/comm/exchange.cpp): this process's next exchange of data
-  // op `op` ("" for any: "shard", "gather", "reshard", "share_inputs", ...) fails right after the
-  // agreement round; action "raise" (RuntimeError) or "exit" (the process ends, exit code 43), or
-  // "exit_before" (the process ends before round 1); "none" disarms.
-  m.def("_inject_fault(str op, str action) -> ()");
-  // TEST-ONLY: "all_to_all" turns off NOTE [ Round 1 through a hub ] in this process ("auto": on).
-  m.def("_set_round_one(str mode) -> ()");
 }
 
 PyMethodDef* torch_shard_python_methods(); // csrc/bindings.cpp
@@ -136,5 +130,17 @@ extern "C" PyObject* PyInit__C(void) {
       -1,                                                              // size
       torch_shard_python_methods(),                                    // methods
   };
-  return PyModule_Create(&module_def);
+  PyObject* module = PyModule_Create(&module_def);
+  if (module == nullptr) {
+    return nullptr;
+  }
+  // For torch_shard._testing_C only (csrc/testing_hooks.h): the product itself never uses it.
+  PyObject* hooks = PyCapsule_New(const_cast<torch_shard::TestingHooks*>(&torch_shard::testing_hooks()),
+                                  "torch_shard._C._testing_hooks", nullptr);
+  if (hooks == nullptr || PyModule_AddObject(module, "_testing_hooks", hooks) < 0) {
+    Py_XDECREF(hooks);
+    Py_DECREF(module);
+    return nullptr;
+  }
+  return module;
 }

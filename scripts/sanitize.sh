@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build torch_shard._C with AddressSanitizer and UndefinedBehaviorSanitizer in its own folder
+# Build torch_shard._C (and the test-only torch_shard._testing_C) with AddressSanitizer and UndefinedBehaviorSanitizer in its own folder
 # (build-sanitize/, the normal build is untouched) and run the C++-heavy tests against it, with the
 # sanitizer runtime preloaded into the (uninstrumented) Python interpreter. Any report fails the run.
 #
@@ -24,7 +24,7 @@ for entry in torch_shard/*; do
     *) ln -s "$PWD/$entry" "$PKG/$(basename "$entry")" ;;
   esac
 done
-cp "$OUT"/lib/torch_shard/_C*.so "$PKG/"
+cp "$OUT"/lib/torch_shard/_C*.so "$OUT"/lib/torch_shard/_testing_C*.so "$PKG/"
 
 # 3. Run. The interpreter is not instrumented, so the runtimes are preloaded; leak checking is off
 #    (CPython and torch keep allocations alive until exit by design); UBSan stops at the first report.

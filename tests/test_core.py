@@ -20,6 +20,8 @@ from torch_shard.sharding_spec import ChunkShardingSpec, EnumerableShardingSpec,
 from torch_shard.testing import ShardedTensorTestBase, gloo_only, placement, run_tests, with_comms
 
 _ops = torch.ops.torch_shard
+# Test-only ops (torch_shard._testing_C, loaded by torch_shard.testing).
+_testing_ops = torch.ops.torch_shard_testing
 WORLD = 4
 # Why the round counts below (``_comm_stats``: collectives, single-round ops) are checked on gloo only.
 ROUNDS_ON_GLOO = (
@@ -284,13 +286,13 @@ class TestPlanCacheAndRounds(ShardedTensorTestBase):
         results = {}
         for cached in (True, False):
             st = _shard_tensor(full, _rows())
-            _ops._clear_plan_cache()
+            _testing_ops._clear_plan_cache()
             _ops._comm_stats(True)
             seen = []
             for _ in range(3):
                 for spec in (_cols(), grid, _rows()):
                     if not cached:
-                        _ops._clear_plan_cache()
+                        _testing_ops._clear_plan_cache()
                     st.reshard(spec)
                     seen.append([s.tensor.clone() for s in st.local_shards()])
             stats = _ops._comm_stats(False)
@@ -472,7 +474,7 @@ class TestPlanCacheAndRounds(ShardedTensorTestBase):
         try:
             rounds = {}
             for mode in ("all_to_all", "auto"):
-                _ops._set_round_one(mode)
+                _testing_ops._set_exchange(hub=mode == "auto")
                 rounds[mode] = run()
             self.assertEqual(rounds["auto"][:4], [1, 1, 1, 1])  # 64^2: every op in one round
             # 512^2 from and to the hub, and 1024^2 float64 from it: in (or ahead of) its round-1
@@ -485,9 +487,8 @@ class TestPlanCacheAndRounds(ShardedTensorTestBase):
                 if i not in riding:
                     self.assertEqual(auto, all_to_all, f"step {i}")
         finally:
-            _ops._set_round_one("auto")
-        with self.assertRaisesRegex(ValueError, "mode must be 'auto' or 'all_to_all'"):
-            _ops._set_round_one("ring")
+            _testing_ops._set_exchange()
+        self.assertEqual(_testing_ops._exchange_settings(), [1, 1, 1, 1])
         assert_group_still_works(self)
         dist.destroy_process_group(sub)
 

@@ -3,8 +3,8 @@
 The agreement round makes every argument error raise on every rank. What it cannot prevent is a rank
 that fails later, once every rank has agreed and the data moves: a bug, a lost device, a killed
 process. Then the other ranks must still raise (a timeout or a closed connection from the backend)
-instead of hanging. The test-only hook ``torch.ops.torch_shard._inject_fault(op, action)`` (NOTE
-[ Fault injection ] in csrc/comm/exchange.cpp) makes this process's next exchange of ``op`` fail right
+instead of hanging. The test-only hook ``torch.ops.torch_shard_testing._inject_fault(op, action)`` (NOTE
+[ Fault injection ] in csrc/testing/testing_ops.cpp) makes this process's next exchange of ``op`` fail right
 after the agreement: "raise" throws, "exit" ends the process on the spot (exit code 43). With
 "exit_before" the process ends as it enters the exchange, so its peers run the agreement round without
 it: on a small CPU group that round goes through a hub (group rank 0, NOTE [ Round 1 through a hub ]),
@@ -62,7 +62,7 @@ def _reshard_scenario(rank: int, action: str, fault_rank: int):
     tensor = torch.arange(256 * 512, dtype=torch.float32).view(256, 512)
     st = torch_shard._shard_tensor(tensor, ChunkShardingSpec(dim=0, placements=_placements()))
     if rank == fault_rank:
-        torch.ops.torch_shard._inject_fault("reshard", action)
+        torch.ops.torch_shard_testing._inject_fault("reshard", action)
     st.reshard(ChunkShardingSpec(dim=1, placements=_placements()))
 
 
@@ -75,7 +75,7 @@ def _embedding_scenario(rank: int, action: str, fault_rank: int):
         ChunkShardingSpec(dim=0, placements=_placements()),
     )
     if rank == fault_rank:
-        torch.ops.torch_shard._inject_fault("share_inputs", action)
+        torch.ops.torch_shard_testing._inject_fault("share_inputs", action)
     F.embedding_bag(torch.tensor([1, 5, 9, 13]), weight, torch.tensor([0, 2]), mode="sum")
 
 
@@ -251,10 +251,10 @@ class TestFaultHook(unittest.TestCase):
 
     def test_arguments(self):
         with self.assertRaisesRegex(ValueError, "action must be 'raise', 'exit', 'exit_before' or 'none'"):
-            torch.ops.torch_shard._inject_fault("reshard", "explode")
+            torch.ops.torch_shard_testing._inject_fault("reshard", "explode")
         with self.assertRaisesRegex(ValueError, "unknown data op 'scatter'"):
-            torch.ops.torch_shard._inject_fault("scatter", "raise")
-        torch.ops.torch_shard._inject_fault("", "none")
+            torch.ops.torch_shard_testing._inject_fault("scatter", "raise")
+        torch.ops.torch_shard_testing._inject_fault("", "none")
 
 
 if __name__ == "__main__":

@@ -130,13 +130,5 @@ struct Outcome {
 // the agreement carries an error.
 Outcome exchange(c10d::ProcessGroup& pg, c10::Device device, const Agreement& agreement, Moves* moves);
 
-// TEST-ONLY: arms a failure of this process in its next exchange of data op `op` ("" for any op):
-// `action` "raise" or "exit" (after the agreement), "exit_before" (before round 1), or "none" to
-// disarm. See NOTE [ Fault injection ] in exchange.cpp.
-void inject_fault(const std::string& op, const std::string& action);
-
-// The exit code of a process ended by an injected "exit" fault.
-constexpr int kInjectedExitCode = 43;
-
 } // namespace comm
 } // namespace torch_shard

@@ -4,6 +4,7 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
+#include <torch/version.h>
 
 namespace torch_shard {
 namespace comm {
@@ -78,12 +79,13 @@ CommStats& comm_stats() {
 
 void all_to_all_bytes(c10d::ProcessGroup& pg, at::Tensor& recv, at::Tensor& send,
                       std::vector<int64_t>& recv_splits, std::vector<int64_t>& send_splits) {
-  // alltoall_base is the spelling every supported torch (2.11-2.14) has; 2.13 deprecates it in favour
-  // of all_to_all_single, which 2.11 lacks.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  // torch 2.13 renamed alltoall_base to all_to_all_single; a process group written in Python (torch's
+  // threaded test group) overrides the new name, which the old one does not reach.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 13)
+  pg.all_to_all_single(recv, send, recv_splits, send_splits)->wait();
+#else
   pg.alltoall_base(recv, send, recv_splits, send_splits)->wait();
-#pragma GCC diagnostic pop
+#endif
   comm_stats().collectives += 1;
 }
 

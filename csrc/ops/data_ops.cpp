@@ -605,10 +605,6 @@ std::vector<int64_t> get_comm_stats(bool reset) {
   return out;
 }
 
-void clear_plan_cache() {
-  comm::clear_plan_cache();
-}
-
 // Unchecked all-to-all of a flat tensor: rank p receives send_counts[p] elements from this rank and
 // recv_counts[p] must equal what rank p sends here. Internal (underscore): callers derive the counts
 // from data every rank already agreed on (the sharded embedding ops); mismatched counts abort gloo.
@@ -680,7 +676,6 @@ TORCH_LIBRARY_IMPL(torch_shard, CompositeImplicitAutograd, m) {
   m.impl("_abort", TORCH_FN(abort_op));
   m.impl("_agree_shard", TORCH_FN(agree_shard));
   m.impl("_comm_stats", TORCH_FN(get_comm_stats));
-  m.impl("_clear_plan_cache", TORCH_FN(clear_plan_cache));
   m.impl("_all_to_all", TORCH_FN(all_to_all));
   m.impl("_sum_over_ranks", TORCH_FN(sum_over_ranks));
   m.impl("_error_classes", TORCH_FN(error_classes));

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import rpc
 
+from .. import _testing_C  # noqa: F401  (registers the test-only ops, torch.ops.torch_shard_testing.*)
 from ._case import TestCase
 from ._multiprocess import MultiProcessTestCase
 

@@ -1,0 +1,149 @@
+// The inside of the agreed exchange (comm/exchange.h), shared by the files that implement its parts:
+//   exchange.cpp   the steps: round 1, verdict, round 2 (NOTE [ Agreed exchange ])
+//   agreement.cpp  the header's fields, reading it on the host, the verdict's helpers, error classes
+//   round_one.cpp  how round 1 runs for a group: its slot, the hub or an all-to-all, its cost
+//   hub.cpp        round 1 through a hub (NOTE [ Round 1 through a hub ])
+//   round_two.cpp  the payloads that did not ride in round 1
+// Nothing outside these files includes this header.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include "comm/exchange.h"
+#include "testing_hooks.h"
+
+namespace torch_shard {
+namespace comm {
+
+// ---- The header ----------------------------------------------------------------------------------
+// One header per (sender, receiver) pair, kHeaderWords int64 words. kPeers: how many peers the sender
+// has a message for; kMaxMessage: its largest message to a peer; kFits: its payloads fit their slots
+// (they ride in round 1); kBytes: its payload bytes for THIS receiver. kRoom / kAppended: see NOTE
+// [ Payloads riding the hub's messages ] (meaningful between a rank and the hub only).
+enum HeaderField : int64_t {
+  kOp = 0,
+  kError = 1,
+  kFits = 2,
+  kBytes = 3,
+  kPeers = 4,
+  kMaxMessage = 5,
+  kRoom = 6,
+  kAppended = 7,
+  kValue0 = 8,                      // kAgreedValues agreed values
+  kNote0 = kValue0 + kAgreedValues, // kNotes notes (Agreement::notes)
+  kWord = kNote0 + kNotes,          // the word addressed to this peer (Agreement::words)
+};
+constexpr int64_t kHeaderWords = kWord + 1;
+constexpr int64_t kHeaderBytes = kHeaderWords * static_cast<int64_t>(sizeof(int64_t));
+static_assert(kHeaderBytes % 16 == 0, "slots must stay aligned for every dtype");
+
+// Payloads in a round-1 message start at multiples of 16 bytes (every dtype's alignment).
+inline int64_t padded16(int64_t bytes) {
+  return (bytes + 15) / 16 * 16;
+}
+
+// ---- Switches for tests and benchmarks (testing_hooks.h) --------------------------------------------
+ExchangeOptions exchange_options();
+void set_exchange_options(const ExchangeOptions& options);
+
+// The test-only fault hook's two points (testing_hooks.h): as an exchange starts, and after its verdict.
+void fault_point(OpKind op, int64_t me, bool before_agreement);
+
+// ---- One exchange in progress ---------------------------------------------------------------------
+// Payloads that crossed the wire before the verdict (the hub's sends ahead of its replies), waited for
+// when the exchange ends, however it ends, so no send outlives it. A failed send (a lost peer) is
+// ignored here: the verdict names that peer.
+struct PendingSends {
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  void wait_all();
+  ~PendingSends() { wait_all(); }
+};
+
+struct Exchange {
+  Exchange(c10d::ProcessGroup& pg, c10::Device device, const Agreement& agreement, Moves* moves);
+
+  c10d::ProcessGroup& pg;
+  const c10::Device device;
+  const Agreement& agreement;
+  Moves* const moves; // null only with an error
+  const int64_t world;
+  const int64_t me;
+  const OpKind op;
+  const bool p2p;       // the group's CPU backend is gloo: point-to-point messages are possible
+  const bool failed;    // this rank brings an error (its moves are ignored)
+  ErrorCode error_code; // its class
+  bool device_words;    // the agreement carries device-computed words (read in the one host read)
+
+  // How round 1 runs (the same on every rank: it depends on the group only), see round_one.cpp.
+  bool via_hub = false;
+  int64_t slot_bytes = 0;
+  int64_t block_bytes = 0; // all-to-all round 1: header + slot per peer
+
+  // This rank's part of the pattern.
+  bool fits = false;            // every payload of this rank fits its slot
+  int64_t out_degree = 0;       // peers this rank has a message for
+  int64_t max_message = 0;      // its largest message to a peer
+  std::vector<int64_t> headers; // this rank's headers, row p addressed to rank p
+
+  // Through the hub (NOTE [ Payloads riding the hub's messages ]).
+  int64_t room = 0;   // a non-hub: the hub's payload it takes in round 1 (after the reply, or ahead)
+  int64_t to_hub = 0; // a non-hub: the payload it appends to its message to the hub
+  c10::intrusive_ptr<c10d::Work> ahead; // a non-hub: the receive of the hub's payload sent ahead
+  std::vector<int64_t> appended_out;    // payload bytes this rank appended to its message to p
+  PendingSends sent_ahead;              // the hub: payloads sent ahead of its replies
+  std::vector<at::Tensor> hub_messages; // the hub: every rank's whole round-1 message
+
+  // Round 1's buffers and what it told this rank.
+  at::Tensor send1, recv1;
+  std::vector<int64_t> table; // received headers, row p from rank p
+  std::vector<int64_t> words_out;
+
+  // After the verdict.
+  std::vector<int64_t> declared;     // payload bytes each peer sends here
+  std::vector<int64_t> appended_in;  // of which appended to its round-1 message
+  std::vector<int64_t> round_one_at; // where a payload that came in round 1 starts (-1: none)
+  bool mismatch = false;             // a declared size differs from this rank's plan (a bug)
+
+  int64_t field(int64_t rank, int64_t f) const { return table[rank * kHeaderWords + f]; }
+  // Writes this rank's payload for `peer` into `into`.
+  void write_payload(int64_t peer, const at::Tensor& into) const;
+  // The payload from `peer` that came with round 1 (a slot, appended, or sent ahead into the shard).
+  at::Tensor round_one_payload(int64_t peer) const;
+  // Hands the payload from `peer` to its Incoming.
+  void deliver(int64_t peer, const at::Tensor& bytes) const;
+};
+
+// ---- The parts (each in its file) ----------------------------------------------------------------
+// agreement.cpp: see NOTE [ One host read per exchange ].
+struct HostRead {
+  std::vector<int64_t> words; // Agreement::words (empty when there are none)
+  int64_t status = 0;         // Agreement::status (0 when there is none)
+};
+HostRead read_to_host(const Agreement& agreement, const at::Tensor& rows, int64_t world, int64_t* rows_out);
+std::vector<Values> agreed_values(const int64_t* table, int64_t world);
+int64_t round_two_messages(const int64_t* table, int64_t world);
+bool agreed(const int64_t* table, int64_t world, OpKind op, const Check& check, int64_t me);
+[[noreturn]] void raise_peer_failure(OpKind op, ErrorCode code, int64_t rank);
+[[noreturn]] void raise_own_status(const Agreement& agreement, OpKind op, int64_t code);
+void fill_headers(Exchange& x);
+
+// round_one.cpp: how round 1 runs for this group (sets via_hub, slot_bytes, block_bytes); the
+// all-to-all round 1; the next slot size, recorded from the header table every rank received.
+void plan_round_one(Exchange& x);
+std::vector<int64_t> round_one_cost(int64_t world, bool cpu, bool p2p); // see its definition
+void all_to_all_round_one(Exchange& x);
+void record_next_slot(const Exchange& x);
+
+// hub.cpp: round 1 through the hub; then where each payload that rode in it starts.
+void prepare_hub_payloads(Exchange& x);
+void hub_round_one(Exchange& x);
+
+// round_two.cpp: moves what did not come in round 1 (and this rank's local part).
+void round_two(Exchange& x);
+
+} // namespace comm
+} // namespace torch_shard

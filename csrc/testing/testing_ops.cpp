@@ -1,0 +1,162 @@
+// torch_shard._testing_C: the test-only ops, torch.ops.torch_shard_testing.*, in a library of their own
+// that only tests load (torch_shard.testing imports it). The product library torch_shard._C holds no
+// test-only op and cannot inject a fault or end the process; it hands this library a few hooks
+// (csrc/testing_hooks.h) as a capsule, which this library takes when Python imports it.
+
+#include <Python.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include "testing_hooks.h"
+
+namespace torch_shard {
+namespace testing {
+namespace {
+
+const TestingHooks* hooks = nullptr; // set once, when the module is imported
+
+const TestingHooks& product() {
+  TORCH_CHECK(hooks != nullptr, "torch_shard._testing_C: import the module before using its ops");
+  return *hooks;
+}
+
+// NOTE [ Fault injection ]
+// The fault tests need a rank that fails where no bad argument can make it fail (that is what the
+// agreement is for): a bug, a lost device, a killed process. _inject_fault(op, action) arms one such
+// failure for this process's next exchange of data op `op` ("" for any), through the product's fault
+// hook. Right after the verdict, when its peers have agreed and go on to move data without it: "raise"
+// throws a RuntimeError and "exit" ends the process at once (std::_Exit(kInjectedExitCode): no
+// unwinding, no goodbye to the peers, like a crash). "exit_before" ends the process as it enters the
+// exchange, before round 1, so its peers run the agreement without it. It fires once; "none" disarms.
+constexpr int kInjectedExitCode = 43;
+const char* const kDataOps[] = {"shard", "gather", "reshard", "share_inputs", "compare"};
+
+std::mutex fault_mutex;
+std::string fault_op;     // guarded by fault_mutex
+std::string fault_action; // guarded by fault_mutex
+
+void on_exchange(const char* op, int64_t me, bool before_agreement) {
+  std::string action;
+  {
+    std::lock_guard<std::mutex> lock(fault_mutex);
+    if (fault_action.empty() || (!fault_op.empty() && fault_op != op) ||
+        before_agreement != (fault_action == "exit_before")) {
+      return;
+    }
+    action = fault_action;
+    fault_action.clear();
+  }
+  product().set_fault_hook(nullptr);
+  if (action == "exit" || action == "exit_before") {
+    std::_Exit(kInjectedExitCode);
+  }
+  TORCH_CHECK(false, "torch_shard.", op, ": injected fault on rank ", me,
+              " after the agreement round (test-only, see torch_shard_testing._inject_fault)");
+}
+
+void inject_fault(c10::string_view op, c10::string_view action) {
+  TORCH_CHECK_VALUE(
+      action == "raise" || action == "exit" || action == "exit_before" || action == "none",
+      "torch_shard_testing._inject_fault: action must be 'raise', 'exit', 'exit_before' or 'none', got '",
+      action, "'");
+  bool known = op.empty();
+  for (const char* name : kDataOps) {
+    known = known || op == name;
+  }
+  TORCH_CHECK_VALUE(known, "torch_shard_testing._inject_fault: unknown data op '", op, "'");
+  std::lock_guard<std::mutex> lock(fault_mutex);
+  fault_op = std::string(op);
+  fault_action = action == "none" ? std::string() : std::string(action);
+  product().set_fault_hook(fault_action.empty() ? nullptr : &on_exchange);
+}
+
+// Round 1's mechanisms, for tests of their paths and for benchmarks that measure each against its
+// absence. Set alike on every rank of a group.
+void set_exchange(bool hub, bool ride, bool ahead, bool slot_history) {
+  ExchangeOptions options;
+  options.hub = hub;
+  options.ride = ride;
+  options.ahead = ahead;
+  options.slot_history = slot_history;
+  product().set_exchange_options(options);
+}
+
+std::vector<int64_t> exchange_settings() {
+  const ExchangeOptions options = product().exchange_options();
+  return {options.hub, options.ride, options.ahead, options.slot_history};
+}
+
+void clear_plan_cache() {
+  product().clear_plan_cache();
+}
+
+std::vector<int64_t> round_one_cost(int64_t world, bool cpu, bool p2p) {
+  return product().round_one_cost(world, cpu, p2p);
+}
+
+} // namespace
+} // namespace testing
+} // namespace torch_shard
+
+TORCH_LIBRARY(torch_shard_testing, m) {
+  // This process's next exchange of data op `op` fails: see NOTE [ Fault injection ].
+  m.def("_inject_fault(str op, str action) -> ()");
+  // Round 1's mechanisms on (the product's default) or off, in this process.
+  m.def("_set_exchange(bool hub=True, bool ride=True, bool ahead=True, bool slot_history=True) -> ()");
+  // [hub, ride, ahead, slot_history] as set now (1: on).
+  m.def("_exchange_settings() -> int[]");
+  m.def("_clear_plan_cache() -> ()");
+  // What one round 1 costs among `world` ranks (csrc/testing_hooks.h, TestingHooks::round_one_cost).
+  m.def("_round_one_cost(int world, bool cpu=True, bool p2p=True) -> int[]");
+}
+
+TORCH_LIBRARY_IMPL(torch_shard_testing, CompositeImplicitAutograd, m) {
+  using namespace torch_shard::testing;
+  m.impl("_inject_fault", TORCH_FN(inject_fault));
+  m.impl("_set_exchange", TORCH_FN(set_exchange));
+  m.impl("_exchange_settings", TORCH_FN(exchange_settings));
+  m.impl("_clear_plan_cache", TORCH_FN(clear_plan_cache));
+  m.impl("_round_one_cost", TORCH_FN(round_one_cost));
+}
+
+// Importing the module registers the ops (above) and takes the product's hooks.
+extern "C" PyObject* PyInit__testing_C(void) {
+  static struct PyModuleDef module_def = {
+      PyModuleDef_HEAD_INIT,
+      "_testing_C",
+      "torch_shard's test-only ops: torch.ops.torch_shard_testing.*",
+      -1,
+      nullptr,
+  };
+  PyObject* product_module = PyImport_ImportModule("torch_shard._C");
+  if (product_module == nullptr) {
+    return nullptr;
+  }
+  PyObject* capsule = PyObject_GetAttrString(product_module, "_testing_hooks");
+  Py_DECREF(product_module);
+  if (capsule == nullptr) {
+    return nullptr;
+  }
+  auto* found = static_cast<const torch_shard::TestingHooks*>(
+      PyCapsule_GetPointer(capsule, "torch_shard._C._testing_hooks"));
+  Py_DECREF(capsule);
+  if (found == nullptr) {
+    return nullptr;
+  }
+  if (found->abi_version != torch_shard::kTestingHooksVersion) {
+    PyErr_Format(PyExc_ImportError,
+                 "torch_shard._testing_C was built against testing hooks version %lld, but torch_shard._C "
+                 "has version %lld: rebuild both",
+                 static_cast<long long>(torch_shard::kTestingHooksVersion),
+                 static_cast<long long>(found->abi_version));
+    return nullptr;
+  }
+  torch_shard::testing::hooks = found;
+  return PyModule_Create(&module_def);
+}

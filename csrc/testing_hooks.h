@@ -1,0 +1,44 @@
+// What the test-only library torch_shard._testing_C may change in the product. The product hands it
+// these hooks as a capsule (torch_shard._C._testing_hooks) and never changes them itself: it injects
+// no faults and cannot end the process; only the testing library, which tests load, can.
+//
+// Plain types only: this header is shared by two extension modules and by bindings.cpp (no ATen).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace torch_shard {
+
+// How round 1 of the agreed exchange may run. The defaults are the product's; tests and benchmarks
+// switch a mechanism off to drive other paths or to measure it against its absence.
+struct ExchangeOptions {
+  bool hub = true;   // round 1 through the hub where the group allows (NOTE [ Round 1 through a hub ])
+  bool ride = true;  // payloads riding the hub's messages (NOTE [ Payloads riding the hub's messages ])
+  bool ahead = true; // the hub's big payloads sent ahead of its reply (same NOTE)
+  bool slot_history =
+      true; // the slot follows the group's history (NOTE [ Slot size from the group's history ])
+};
+
+// Called by every exchange of a data op (`op`: "shard", "gather", ...) as it starts (before_agreement)
+// and right after the verdict. Unset (the product's state), it costs one relaxed atomic load.
+using FaultHook = void (*)(const char* op, int64_t me, bool before_agreement);
+
+struct TestingHooks {
+  int64_t abi_version; // kTestingHooksVersion of the product that filled it
+  void (*set_fault_hook)(FaultHook hook);
+  ExchangeOptions (*exchange_options)();
+  void (*set_exchange_options)(const ExchangeOptions& options);
+  void (*clear_plan_cache)();
+  // [through the hub (0/1), slot bytes, messages of the busiest rank, its bytes with headers only, its
+  // bytes with every slot full, messages of any other rank] of one round 1 among `world` ranks.
+  std::vector<int64_t> (*round_one_cost)(int64_t world, bool cpu, bool p2p);
+};
+
+// Bumped whenever TestingHooks changes; the testing library refuses a product of another version.
+constexpr int64_t kTestingHooksVersion = 1;
+
+// The product's hooks (comm/exchange.cpp).
+const TestingHooks& testing_hooks();
+
+} // namespace torch_shard
