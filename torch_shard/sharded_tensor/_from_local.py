@@ -1,11 +1,13 @@
-"""Assembling a ShardedTensor from the shards each rank already holds (init_from_local_shards).
+"""Assembling ShardedTensors from the shards each rank already holds (init_from_local_shards, and
+init_from_local_shards_many for several tensors at once).
 
-One metadata exchange: every rank contributes a compact record (its local boxes as int64 buffers,
-the distinct placements they use, its tensor properties, the global size it claims, and the error
-its local checks raised, if any) through one C++ exchange (``torch.ops.torch_shard._share_inputs``:
-one round, the records riding in its agreement round when they are small). Every rank then runs the
-same checks on the same gathered data, so all ranks accept or all raise the same error. Validation of the
-assembled layout runs in C++ (O(N) for chunk-like layouts, O(N * 2^d) otherwise).
+One metadata exchange per call, whatever the number of tensors: every rank contributes a compact
+record per tensor (its local boxes as int64 buffers, the distinct placements they use, its tensor
+properties, the global size it claims, and the error its local checks raised, if any) through one C++
+exchange (``torch.ops.torch_shard._share_inputs``: one round, the records riding in its agreement round
+when they are small). Every rank then runs the same checks on the same gathered data, so all ranks
+accept or all raise the same error. Validation of each assembled layout runs in C++ (O(N) for
+chunk-like layouts, O(N * 2^d) otherwise).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from .. import _native
 from .._agreement import _error_class, _error_code
 from ..metadata import ShardMetadata
 from ._packing import pack_shards
+from ._state import _BoundShard
 from .metadata import ShardedTensorMetadata, TensorProperties
 from .shard import Shard
 from .utils import _PlacementResolver
@@ -188,12 +191,12 @@ def build_global_metadata(records: list, recalc_metadata: bool, me: int):
     return global_size, properties, offsets, sizes, index, names, my_first
 
 
-def gather_global_metadata(local_shards: list[Shard], global_size, process_group):
-    """Run the local checks, the one exchange, and the global checks; see the module docstring."""
+def _local_record(local_shards: list[Shard], global_size, current_rank: int, process_group):
+    """This rank's checks of one tensor's shards: (whether the size asks for row-wise recalculation,
+    the record it contributes to the exchange, the error its checks raised or None)."""
     recalc = any(dim is None for dim in global_size)
     if recalc:
         global_size = tuple(0 if dim is None else dim for dim in global_size)
-    current_rank = dist.get_rank()
     error: BaseException | None = None
     local_md = None
     try:
@@ -204,19 +207,64 @@ def gather_global_metadata(local_shards: list[Shard], global_size, process_group
             local_md = build_metadata_from_local_shards(local_shards, tensor_size, current_rank, process_group)
     except Exception as exc:  # noqa: BLE001 - reported to every rank through the exchange
         error = exc
-    record = _record(local_md, error)
-    payload = torch.frombuffer(bytearray(pickle.dumps(record, protocol=4)), dtype=torch.uint8)
+    return recalc, _record(local_md, error), error
+
+
+def _for_tensor(error: Exception, index: int, count: int) -> Exception:
+    """``error`` with the tensor it concerns named (same type; the original when it cannot be rebuilt)."""
+    try:
+        return type(error)(f"init_from_local_shards_many: tensor {index} of {count}: {error}")
+    except Exception:  # noqa: BLE001 - an exception type with another constructor: keep it as it is
+        return error
+
+
+def gather_global_metadata_many(local_shards_per_tensor: list, global_sizes: list, process_group, *, name_tensor: bool):
+    """Run the local checks of every tensor, ONE exchange for all of them, then the global checks of
+    each; see the module docstring. Returns one ``(size, properties, local_shards, local_indices,
+    layout_args)`` per tensor, ``local_shards`` being the shards to build it from (new Shard objects
+    where the size was recalculated). Errors concern the first tensor (in order) that has one on any
+    rank, so every rank raises the same; ``name_tensor`` prefixes their messages with the tensor's index.
+    """
+    count = len(local_shards_per_tensor)
+    current_rank = dist.get_rank()
+    checked = [
+        _local_record(shards, size, current_rank, process_group)
+        for shards, size in zip(local_shards_per_tensor, global_sizes)
+    ]
+    message = (count, [record for _, record, _ in checked])
+    payload = torch.frombuffer(bytearray(pickle.dumps(message, protocol=4)), dtype=torch.uint8)
     shared = torch.ops.torch_shard._share_inputs([payload], 0, _INIT_FLAGS, process_group.group_name)
-    records = [pickle.loads(part.numpy().tobytes()) for part in shared]
+    gathered = [pickle.loads(part.numpy().tobytes()) for part in shared]
     me = dist.get_rank(process_group)
-    if error is not None:
-        raise error
-    global_size, properties, offsets, sizes, index, names, my_first = build_global_metadata(records, recalc, me)
-    if recalc:
-        local_shards[0].metadata = ShardMetadata(
-            offsets[my_first].tolist(), sizes[my_first].tolist(), local_shards[0].metadata.placement
+    counts = [n for n, _ in gathered]
+    if any(n != count for n in counts):
+        raise ValueError(
+            "init_from_local_shards_many: every rank must pass the same number of tensors, got "
+            + ", ".join(f"{n} on rank {rank}" for rank, n in enumerate(counts))
         )
-    local_indices = list(range(my_first, my_first + len(local_shards)))
+    results = []
     resolve = _PlacementResolver(process_group)
-    owners = [resolve.owner(_remote_device(name)) if name else -1 for name in names]
-    return global_size, properties, local_indices, _native.LayoutArgs(None, offsets, sizes, index, names, owners)
+    for i, (local_shards, (recalc, _, error)) in enumerate(zip(local_shards_per_tensor, checked)):
+        try:
+            if error is not None:
+                raise error
+            records = [records_of_rank[i] for _, records_of_rank in gathered]
+            size, properties, offsets, sizes, index, names, my_first = build_global_metadata(records, recalc, me)
+        except Exception as exc:
+            if not name_tensor:
+                raise
+            raise _for_tensor(exc, i, count) from exc
+        if recalc:
+            # Upstream writes the recalculated box into the caller's Shard; a Shard bound to another
+            # ShardedTensor cannot take another box, so it is replaced by a new one here.
+            first = local_shards[0]
+            recalculated = ShardMetadata(offsets[my_first].tolist(), sizes[my_first].tolist(), first.metadata.placement)
+            if isinstance(first, _BoundShard):
+                local_shards = [Shard(first.tensor, recalculated), *local_shards[1:]]
+            else:
+                first.metadata = recalculated
+        local_indices = list(range(my_first, my_first + len(local_shards)))
+        owners = [resolve.owner(_remote_device(name)) if name else -1 for name in names]
+        layout = _native.LayoutArgs(None, offsets, sizes, index, names, owners)
+        results.append((size, properties, local_shards, local_indices, layout))
+    return results
