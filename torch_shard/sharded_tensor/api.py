@@ -298,15 +298,7 @@ class ShardedTensor(_RemoteShards, _Pickling, _DeviceMoves, _DCPCheckpointable, 
     ) -> list[ShardedTensor]:
         """:meth:`_init_from_local_shards` for several tensors, with one exchange for all of them; see
         :func:`torch_shard.sharded_tensor.init_from_local_shards_many`."""
-        if isinstance(local_shards, Shard) or not isinstance(local_shards, Sequence):
-            raise TypeError("local_shards must be a sequence with one list of Shards per tensor")
-        if len(global_sizes) != len(local_shards):
-            raise ValueError(
-                f"init_from_local_shards_many: got {len(local_shards)} lists of local shards and "
-                f"{len(global_sizes)} global sizes"
-            )
-        sizes = [(size,) if isinstance(size, (int, type(None))) else tuple(size) for size in global_sizes]
-        return cls._build_from_local_shards([list(s) for s in local_shards], sizes, process_group, init_rrefs, True)
+        return cls._build_from_local_shards(local_shards, global_sizes, process_group, init_rrefs, True)
 
     @classmethod
     def _build_from_local_shards(cls, local_shards, global_sizes, process_group, init_rrefs, many):
