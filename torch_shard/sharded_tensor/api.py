@@ -302,9 +302,15 @@ class ShardedTensor(_RemoteShards, _Pickling, _DeviceMoves, _DCPCheckpointable, 
 
     @classmethod
     def _build_from_local_shards(cls, local_shards, global_sizes, process_group, init_rrefs, many):
-        from . import _from_local
 
         pg = _construction.group_of(process_group)
+        with _construction.no_automatic_gc():
+            return cls._build_all(local_shards, global_sizes, pg, init_rrefs, many)
+
+    @classmethod
+    def _build_all(cls, local_shards, global_sizes, pg, init_rrefs, many):
+        from . import _from_local
+
         built = _from_local.gather_global_metadata_many(local_shards, global_sizes, pg, name_tensor=many)
         tensors = []
         for size, properties, shards, local_indices, layout_args in built:
