@@ -84,8 +84,8 @@ def _tables():
     return [
         # 6 rows row-wise over 4 ranks: 2, 2, 2 and an empty shard on rank 3.
         config(name="t_rw", embedding_dim=8, num_embeddings=6, feature_names=["f_rw"]),
-        # Rank 3's row-wise kernel needs a non-empty table as well: FBGEMM's CPU kernel takes a kernel
-        # whose tables are all empty for a GPU one.
+        # Rank 3's row-wise kernel needs a non-empty table as well: FBGEMM's CPU kernel fails where every
+        # table of a kernel is empty (it takes the kernel for a GPU one).
         config(name="t_rw2", embedding_dim=8, num_embeddings=11, feature_names=["f_rw2"]),
         config(name="t_cw", embedding_dim=16, num_embeddings=5, feature_names=["f_cw"]),
         config(name="t_tw", embedding_dim=8, num_embeddings=7, feature_names=["f_tw"]),
