@@ -22,6 +22,7 @@ class TestFSDP1ThroughTheAlias(unittest.TestCase):
     def test_fsdp1_cases(self):
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parent), env.get("PYTHONPATH", "")]))
+        env["TORCH_SHARD_TEST_DEVICE"] = "cpu"  # the cases are about FSDP1 on the CPU, with gloo
         code = f"""
             import torch_shard.compat
             import sys, unittest
