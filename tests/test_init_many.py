@@ -92,7 +92,7 @@ class TestInitFromLocalShardsMany(ShardedTensorTestBase):
     @with_comms(init_rpc=False)
     def test_one_exchange_for_all_tensors(self):
         count = 20
-        shards = [_row_shard(self.rank, 2, 3, float(i, self.device)) for i in range(count)]
+        shards = [_row_shard(self.rank, 2, 3, float(i), self.device) for i in range(count)]
         exchanges = []
         real = _from_local._exchange
 
@@ -127,7 +127,7 @@ class TestInitFromLocalShardsMany(ShardedTensorTestBase):
 
     @with_comms(init_rpc=False)
     def test_bad_tensor_on_one_rank_raises_on_every_rank(self):
-        shards = [_row_shard(self.rank, 2, 3, float(i, self.device)) for i in range(3)]
+        shards = [_row_shard(self.rank, 2, 3, float(i), self.device) for i in range(3)]
         if self.rank == 2:  # tensor 1 overlaps rank 1's shard on rank 2 only
             shards[1] = [Shard(torch.zeros(2, 3, device=self.device), ShardMetadata([2, 0], [2, 3], placement(2)))]
         with self.assertRaisesRegex(ValueError, "init_from_local_shards_many: tensor 1 of 3: .*overlap"):
@@ -136,7 +136,7 @@ class TestInitFromLocalShardsMany(ShardedTensorTestBase):
 
     @with_comms(init_rpc=False)
     def test_local_error_names_the_rank_on_the_others(self):
-        shards = [_row_shard(self.rank, 2, 3, float(i, self.device)) for i in range(3)]
+        shards = [_row_shard(self.rank, 2, 3, float(i), self.device) for i in range(3)]
         if self.rank == 3:  # a placement naming another rank fails rank 3's local checks for tensor 2
             shards[2] = [Shard(torch.zeros(2, 3, device=self.device), ShardMetadata([6, 0], [2, 3], placement(0)))]
         expected = "rank does not match" if self.rank == 3 else "tensor 2 of 3: init_from_local_shards failed on rank 3"
