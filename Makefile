@@ -21,10 +21,13 @@ RUN_ENV = OMP_NUM_THREADS=$(or $(OMP_NUM_THREADS),1) GLOO_SOCKET_IFNAME=$(or $(G
 
 STAMP_DEPS := $(VENV)/.deps-$(TORCH_VERSION)-3
 STAMP_BUILD := $(VENV)/.build
+# TorchRec for tests/test_torchrec.py: pinned, installed without dependency resolution (see the file).
+TORCHREC_REQUIREMENTS := requirements/torchrec.txt
+STAMP_TORCHREC := $(VENV)/.torchrec-$(TORCH_VERSION)
 CXX_SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h')
 CSRC := $(CXX_SOURCES) setup.py pyproject.toml
 
-.PHONY: all setup build demo test lint format bench sanitize clean
+.PHONY: all setup build torchrec demo test lint format bench sanitize clean
 
 all: build
 
@@ -46,11 +49,21 @@ $(STAMP_BUILD): $(STAMP_DEPS) $(CSRC)
 
 build: $(STAMP_BUILD)
 
+# The pins in $(TORCHREC_REQUIREMENTS) are for torch 2.13.0; with another TORCH_VERSION nothing is
+# installed and tests/test_torchrec.py skips, saying so.
+$(STAMP_TORCHREC): $(TORCHREC_REQUIREMENTS) | $(STAMP_DEPS)
+ifeq ($(TORCH_VERSION),2.13.0)
+	$(PIP) install --quiet --no-deps -r $(TORCHREC_REQUIREMENTS)
+endif
+	touch $@
+
+torchrec: $(STAMP_TORCHREC)
+
 demo: build
 	$(RUN_ENV) $(VENV)/bin/torchrun --standalone --nproc-per-node=4 examples/demo.py
 
 # The linters, the whole suite, then the sanitizer run (CI runs `make test` only).
-test: build lint
+test: build torchrec lint
 	$(PY) -m pytest tests -q
 	bash scripts/sanitize.sh $(PY)
 

@@ -6,6 +6,7 @@ setter of local shards), checked on 4 ranks with real ShardedTensors.
 """
 
 import copy
+import gc
 
 import torch
 import torch.distributed as dist
@@ -210,13 +211,58 @@ class TestPythonEditsReachCpp(ShardedTensorTestBase):
             shard.tensor = torch.zeros(3, 4, device=self.device)
         with self.assertRaisesRegex(TypeError, "dtype"):
             shard.tensor = torch.zeros(2, 4, dtype=torch.int32, device=self.device)
-        with self.assertRaisesRegex(AttributeError, "read-only"):
-            shard.metadata = shard.metadata
         self.assertEqual(st.local_tensor().shape, torch.Size([2, 4]))
         out = torch.ones(8, 4, device=self.device) if self.rank == 0 else None
         st.gather(0, out)
         if self.rank == 0:
             self.assertEqual(out, torch.zeros(8, 4, device=self.device))
+
+    @with_comms(init_rpc=False)
+    def test_metadata_assignment_of_an_equal_value_is_a_no_op(self):
+        # TorchRec's resharding copies an unchanged shard's metadata from the old tensor onto the new
+        # one's local shards (see NOTE [ Assigning a local shard's metadata ]).
+        st = sharded_tensor.zeros(_row_spec(), 8, 4)
+        other = sharded_tensor.ones(_row_spec(), 8, 4)
+        shard = st.local_shards()[0]
+        kept = shard.metadata
+        shard.metadata = other.local_shards()[0].metadata
+        shard.metadata = ShardMetadata([2 * self.rank, 0], [2, 4], placement(self.rank))
+        self.assertIs(shard.metadata, kept)
+        self.assertIs(st.local_shards()[0], shard)  # no write: the view (and its version) is unchanged
+        self.assertIs(st.metadata().shards_metadata[self.rank], kept)
+        shard.tensor = torch.full((2, 4), float(self.rank), device=self.device)  # the shard still writes through
+        out = torch.zeros(8, 4, device=self.device) if self.rank == 0 else None
+        st.gather(0, out)
+        if self.rank == 0:
+            expected = torch.arange(4.0, device=self.device).repeat_interleave(2).unsqueeze(1).expand(8, 4)
+            self.assertEqual(out, expected)
+
+    @with_comms(init_rpc=False)
+    def test_metadata_assignment_that_changes_the_layout_is_rejected(self):
+        st = sharded_tensor.zeros(_row_spec(), 8, 4)
+        shard = st.local_shards()[0]
+        peer = (self.rank + 1) % 4
+        changed = [
+            ShardMetadata([2 * peer, 0], [2, 4], placement(self.rank)),  # another rank's box
+            ShardMetadata([2 * self.rank, 0], [2, 4], placement(peer)),  # another placement
+            ShardMetadata([2 * self.rank, 0], [1, 4], placement(self.rank)),  # another size
+        ]
+        for value in changed:
+            with self.assertRaisesRegex(ValueError, "cannot set the metadata .*reshard.*init_from_local_shards"):
+                shard.metadata = value
+        with self.assertRaisesRegex(TypeError, "must be a ShardMetadata, not list"):
+            shard.metadata = [2 * self.rank, 0]
+        self.assertEqual(st.local_shards()[0].metadata, ShardMetadata([2 * self.rank, 0], [2, 4], placement(self.rank)))
+        self.assertEqual(st.metadata(), sharded_tensor.zeros(_row_spec(), 8, 4).metadata())
+
+    @with_comms(init_rpc=False)
+    def test_metadata_of_a_detached_shard_takes_any_value(self):
+        st = sharded_tensor.zeros(_row_spec(), 8, 4)
+        shard = st.local_shards()[0]
+        del st
+        gc.collect()
+        shard.metadata = ShardMetadata([0, 0], [2, 4], placement(0))
+        self.assertEqual(shard.metadata.shard_offsets, [0, 0])
 
     @with_comms(init_rpc=False)
     def test_stale_shard_cannot_write_after_reshard(self):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -24,6 +24,7 @@ __all__ = [
     "custom_sharded_op_impl",
     "empty",
     "init_from_local_shards",
+    "init_from_local_shards_many",
     "pre_load_state_dict_hook",
     "state_dict_hook",
     "full",
@@ -174,6 +175,48 @@ def init_from_local_shards(
     """
     return ShardedTensor._init_from_local_shards(
         local_shards, *global_size, process_group=process_group, init_rrefs=init_rrefs
+    )
+
+
+def init_from_local_shards_many(
+    local_shards: Sequence[list[Shard]],
+    global_sizes: Sequence[Sequence[int | None]],
+    *,
+    process_group=None,
+    init_rrefs: bool = False,
+) -> list[ShardedTensor]:
+    """Assemble several ShardedTensors, each from the shards every rank holds of it, in ONE exchange.
+
+    The result equals ``[init_from_local_shards(s, *size, ...) for s, size in zip(local_shards,
+    global_sizes)]``, but the ranks exchange the metadata of all the tensors at once instead of once per
+    tensor (a model with one sharded table per embedding builds hundreds of tensors; each separate call
+    is a round trip through every rank of the group).
+
+    Collective: every rank calls it with the same number of tensors, in the same order. Each tensor is
+    checked as :func:`init_from_local_shards` checks it; when any tensor fails on any rank, every rank
+    raises the same error, about the first failing tensor, its message naming the tensor's index.
+
+    Args:
+        local_shards (Sequence[List[Shard]]): per tensor, this rank's shards of it (may be empty).
+        global_sizes (Sequence[Sequence[int]]): per tensor, its global size (a list, tuple or
+            torch.Size; an int for a 1-D tensor). ``None`` entries mean "recompute", as in
+            :func:`init_from_local_shards`.
+
+    Keyword args:
+        process_group (ProcessGroup, optional): the group of every tensor; defaults to the default group.
+        init_rrefs (bool): build RRefs to remote shards (needs RPC).
+
+    Returns:
+        List[ShardedTensor]: one per entry of ``local_shards``, in order.
+
+    Raises:
+        TypeError: ``local_shards`` is not a sequence of lists of Shards.
+        ValueError: ``local_shards`` and ``global_sizes`` differ in length, the ranks pass different
+            numbers of tensors, or a tensor's shards do not form a valid layout (as
+            :func:`init_from_local_shards` raises, on every rank).
+    """
+    return ShardedTensor._init_from_local_shards_many(
+        local_shards, global_sizes, process_group=process_group, init_rrefs=init_rrefs
     )
 
 

@@ -1,17 +1,20 @@
-"""Assembling a ShardedTensor from the shards each rank already holds (init_from_local_shards).
+"""Assembling ShardedTensors from the shards each rank already holds (init_from_local_shards, and
+init_from_local_shards_many for several tensors at once).
 
-One metadata exchange: every rank contributes a compact record (its local boxes as int64 buffers,
-the distinct placements they use, its tensor properties, the global size it claims, and the error
-its local checks raised, if any) through one C++ exchange (``torch.ops.torch_shard._share_inputs``:
-one round, the records riding in its agreement round when they are small). Every rank then runs the
-same checks on the same gathered data, so all ranks accept or all raise the same error. Validation of the
-assembled layout runs in C++ (O(N) for chunk-like layouts, O(N * 2^d) otherwise).
+One metadata exchange per call, whatever the number of tensors: every rank contributes a compact
+record per tensor (its local boxes as int64 buffers, the distinct placements they use, its tensor
+properties, the global size it claims, and the error its local checks raised, if any) through one C++
+exchange (``torch.ops.torch_shard._share_inputs``: one round, the records riding in its agreement round
+when they are small). Every rank then runs the same checks on the same gathered data, so all ranks
+accept or all raise the same error. Validation of each assembled layout runs in C++ (O(N) for
+chunk-like layouts, O(N * 2^d) otherwise).
 """
 
 from __future__ import annotations
 
 import pickle
 from array import array
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -21,6 +24,7 @@ from .. import _native
 from .._agreement import _error_class, _error_code
 from ..metadata import ShardMetadata
 from ._packing import pack_shards
+from ._state import _BoundShard
 from .metadata import ShardedTensorMetadata, TensorProperties
 from .shard import Shard
 from .utils import _PlacementResolver
@@ -188,12 +192,12 @@ def build_global_metadata(records: list, recalc_metadata: bool, me: int):
     return global_size, properties, offsets, sizes, index, names, my_first
 
 
-def gather_global_metadata(local_shards: list[Shard], global_size, process_group):
-    """Run the local checks, the one exchange, and the global checks; see the module docstring."""
+def _local_record(local_shards: list[Shard], global_size, current_rank: int, process_group):
+    """This rank's checks of one tensor's shards: (whether the size asks for row-wise recalculation,
+    the record it contributes to the exchange, the error its checks raised or None)."""
     recalc = any(dim is None for dim in global_size)
     if recalc:
         global_size = tuple(0 if dim is None else dim for dim in global_size)
-    current_rank = dist.get_rank()
     error: BaseException | None = None
     local_md = None
     try:
@@ -204,19 +208,106 @@ def gather_global_metadata(local_shards: list[Shard], global_size, process_group
             local_md = build_metadata_from_local_shards(local_shards, tensor_size, current_rank, process_group)
     except Exception as exc:  # noqa: BLE001 - reported to every rank through the exchange
         error = exc
-    record = _record(local_md, error)
-    payload = torch.frombuffer(bytearray(pickle.dumps(record, protocol=4)), dtype=torch.uint8)
-    shared = torch.ops.torch_shard._share_inputs([payload], 0, _INIT_FLAGS, process_group.group_name)
-    records = [pickle.loads(part.numpy().tobytes()) for part in shared]
-    me = dist.get_rank(process_group)
-    if error is not None:
-        raise error
-    global_size, properties, offsets, sizes, index, names, my_first = build_global_metadata(records, recalc, me)
-    if recalc:
-        local_shards[0].metadata = ShardMetadata(
-            offsets[my_first].tolist(), sizes[my_first].tolist(), local_shards[0].metadata.placement
+    return recalc, _record(local_md, error), error
+
+
+def _for_tensor(error: Exception, index: int, count: int) -> Exception:
+    """``error`` with the tensor it concerns named (same type; the original when it cannot be rebuilt)."""
+    try:
+        return type(error)(f"init_from_local_shards_many: tensor {index} of {count}: {error}")
+    except Exception:  # noqa: BLE001 - an exception type with another constructor: keep it as it is
+        return error
+
+
+def _arguments(local_shards, global_sizes) -> tuple[list, list]:
+    """init_from_local_shards_many's arguments as (list of shard lists, list of size tuples)."""
+    if isinstance(local_shards, (Shard, torch.Tensor)) or not isinstance(local_shards, Sequence):
+        raise TypeError(
+            f"local_shards must be a sequence with one list of Shards per tensor, not {type(local_shards).__name__}"
         )
-    local_indices = list(range(my_first, my_first + len(local_shards)))
+    if isinstance(global_sizes, torch.Tensor) or not isinstance(global_sizes, Sequence):
+        raise TypeError(f"global_sizes must be a sequence with one size per tensor, not {type(global_sizes).__name__}")
+    if len(global_sizes) != len(local_shards):
+        raise ValueError(f"got {len(local_shards)} lists of local shards and {len(global_sizes)} global sizes")
+    shards = []
+    for i, entry in enumerate(local_shards):
+        if isinstance(entry, Shard) or not isinstance(entry, Sequence):
+            raise TypeError(f"local_shards[{i}] must be a list of Shards, not {type(entry).__name__}")
+        shards.append(list(entry))
+    sizes = [(size,) if size is None or isinstance(size, int) else tuple(size) for size in global_sizes]
+    return shards, sizes
+
+
+def _exchange(message, process_group) -> list:
+    """Every rank's ``message`` (any picklable value), in group rank order: ONE agreed exchange."""
+    payload = torch.frombuffer(bytearray(pickle.dumps(message, protocol=4)), dtype=torch.uint8)
+    shared = torch.ops.torch_shard._share_inputs([payload], 0, _INIT_FLAGS, process_group.group_name)
+    return [pickle.loads(part.numpy().tobytes()) for part in shared]
+
+
+def _raise_first(own: BaseException | None, errors: list, what: str) -> None:
+    """Raise this rank's own error if it has one, else the first other rank's ``(code, text)`` as its
+    class."""
+    if own is not None:
+        raise own
+    for rank, error in enumerate(errors):
+        if error is not None:
+            raise _error_class(error[0])(f"{what} failed on rank {rank}: {error[1]}")
+
+
+def gather_global_metadata_many(local_shards, global_sizes, process_group, *, name_tensor: bool):
+    """Run the local checks of every tensor, ONE exchange for all of them, then the global checks of
+    each; see the module docstring. ``local_shards`` and ``global_sizes`` are the caller's arguments
+    (checked here, so an argument error on one rank is raised on every rank instead of leaving the
+    others waiting). Returns one ``(size, properties, local_shards, local_indices, layout_args)`` per
+    tensor, ``local_shards`` being the shards to build it from (new Shard objects where the size was
+    recalculated). Errors concern the first tensor (in order) that has one on any rank, so every rank
+    raises the same; ``name_tensor`` prefixes their messages with the tensor's index.
+    """
+    current_rank = dist.get_rank()
+    call_error = None
+    checked = []
+    try:
+        local_shards, global_sizes = _arguments(local_shards, global_sizes)
+        checked = [
+            _local_record(shards, size, current_rank, process_group) for shards, size in zip(local_shards, global_sizes)
+        ]
+    except Exception as exc:  # noqa: BLE001 - reported to every rank through the exchange
+        call_error = exc
+    count = len(checked)
+    wire_error = None if call_error is None else _record(None, call_error)[:2]
+    gathered = _exchange((count, [record for _, record, _ in checked], wire_error), process_group)
+    me = dist.get_rank(process_group)
+    _raise_first(call_error, [error for _, _, error in gathered], "init_from_local_shards_many")
+    counts = [n for n, _, _ in gathered]
+    if any(n != count for n in counts):
+        raise ValueError(
+            "init_from_local_shards_many: every rank must pass the same number of tensors, got "
+            + ", ".join(f"{n} on rank {rank}" for rank, n in enumerate(counts))
+        )
+    results = []
     resolve = _PlacementResolver(process_group)
-    owners = [resolve.owner(_remote_device(name)) if name else -1 for name in names]
-    return global_size, properties, local_indices, _native.LayoutArgs(None, offsets, sizes, index, names, owners)
+    for i, (shards, (recalc, _, error)) in enumerate(zip(local_shards, checked)):
+        try:
+            if error is not None:
+                raise error
+            records = [records_of_rank[i] for _, records_of_rank, _ in gathered]
+            size, properties, offsets, sizes, index, names, my_first = build_global_metadata(records, recalc, me)
+        except Exception as exc:
+            if not name_tensor:
+                raise
+            raise _for_tensor(exc, i, count) from exc
+        if recalc:
+            # Upstream writes the recalculated box into the caller's Shard; a Shard bound to another
+            # ShardedTensor cannot take another box, so it is replaced by a new one here.
+            first = shards[0]
+            recalculated = ShardMetadata(offsets[my_first].tolist(), sizes[my_first].tolist(), first.metadata.placement)
+            if isinstance(first, _BoundShard):
+                shards = [Shard(first.tensor, recalculated), *shards[1:]]
+            else:
+                first.metadata = recalculated
+        local_indices = list(range(my_first, my_first + len(shards)))
+        owners = [resolve.owner(_remote_device(name)) if name else -1 for name in names]
+        layout = _native.LayoutArgs(None, offsets, sizes, index, names, owners)
+        results.append((size, properties, shards, local_indices, layout))
+    return results

@@ -33,8 +33,10 @@ class _BoundShard(Shard):
     writes through to its ShardedTensor.
 
     ``shard.tensor = t`` replaces the local shard in the C++ impl (checked: ``t`` must have the shard's
-    size and the tensor's dtype), so gather, reshard, pickling and deepcopy see ``t``. It compares,
-    prints, copies and pickles as a plain :class:`Shard`.
+    size and the tensor's dtype), so gather, reshard, pickling and deepcopy see ``t``.
+    ``shard.metadata = md`` accepts a value equal to the shard's metadata (nothing changes) and raises
+    ValueError for any other (see NOTE [ Assigning a local shard's metadata ]). It compares, prints,
+    copies and pickles as a plain :class:`Shard`.
     """
 
     __slots__ = ("_owner", "_slot", "_version")
@@ -57,10 +59,11 @@ class _BoundShard(Shard):
 
     @metadata.setter
     def metadata(self, value: ShardMetadata) -> None:
-        raise AttributeError(
-            "the metadata of a ShardedTensor's local shard is read-only: the layout lives in the "
-            "ShardedTensor (reshard it, or build a new one)"
-        )
+        owner = self._owner()
+        if owner is None:
+            _SLOT_METADATA.__set__(self, value)  # the ShardedTensor is gone: a detached Shard now
+            return
+        check_metadata_assignment(self, value)
 
     def __eq__(self, other):
         if not isinstance(other, Shard):
@@ -249,6 +252,40 @@ def write_local_tensor(st, shard: _BoundShard, tensor: torch.Tensor) -> None:
     _SLOT_TENSOR.__set__(shard, tensor)
     for s in view.shards:
         s._version = view.version
+
+
+# NOTE [ Assigning a local shard's metadata ]
+# Upstream's Shard is a plain dataclass, and code written for it assigns ``shard.metadata`` on the
+# shards of a live ShardedTensor: TorchRec's dynamic resharding copies an unchanged table's shard
+# metadata from the old tensor onto the new one's local shards. Here the layout lives in the C++ impl
+# and is the same on every rank, so an assignment is judged against it:
+#
+# * a value equal to the shard's metadata (offsets, sizes and placement) is accepted and changes
+#   nothing: the shard keeps the metadata object the ShardedTensor's metadata() lists, so both stay one
+#   object, as they are after construction;
+# * any other value raises ValueError saying what to do instead. A shard's box is one entry of the
+#   global layout that every rank holds; changing it on one rank alone would leave the ranks disagreeing
+#   (or, if every rank changed its own, a layout nobody validated), and making an attribute assignment
+#   collective would surprise. The ways that keep every rank consistent exist: ``reshard`` moves the
+#   data to a new layout, ``init_from_local_shards`` builds a new tensor from ``Shard(tensor,
+#   new_metadata)`` objects (one exchange, validated on every rank).
+#
+# A shard whose ShardedTensor is gone is a plain Shard and takes any value, as the tensor setter does.
+
+
+def check_metadata_assignment(shard: _BoundShard, value) -> None:
+    """``shard.metadata = value`` for a shard of a live ShardedTensor; see the NOTE above."""
+    if not isinstance(value, ShardMetadata):
+        raise TypeError(f"a shard's metadata must be a ShardMetadata, not {type(value).__name__}")
+    current = _SLOT_METADATA.__get__(shard)
+    if value == current:
+        return
+    raise ValueError(
+        f"cannot set the metadata of a ShardedTensor's local shard to {value}: it holds {current}, and "
+        "the layout is shared by every rank of the ShardedTensor. To move the data to another layout "
+        "use ShardedTensor.reshard(spec); to describe these tensors with other metadata build a new "
+        "ShardedTensor from Shard(tensor, metadata) objects with init_from_local_shards"
+    )
 
 
 def replace_local_shards(st, shards: list[Shard]) -> None:

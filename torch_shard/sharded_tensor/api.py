@@ -14,7 +14,7 @@ The class is assembled from one module per concern:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch.utils import _pytree as pytree
@@ -284,27 +284,52 @@ class ShardedTensor(_RemoteShards, _Pickling, _DeviceMoves, _DCPCheckpointable, 
         ``global_size`` may contain None: then the shards (one per rank) are laid out row-wise in rank
         order and the size is recomputed. Errors are raised on every rank together.
         """
-        from . import _from_local
+        (st,) = cls._build_from_local_shards([local_shards], [global_size], process_group, init_rrefs, False)
+        return st
+
+    @classmethod
+    def _init_from_local_shards_many(
+        cls,
+        local_shards: Sequence[list[Shard]],
+        global_sizes: Sequence[Sequence[int | None]],
+        *,
+        process_group=None,
+        init_rrefs: bool = False,
+    ) -> list[ShardedTensor]:
+        """:meth:`_init_from_local_shards` for several tensors, with one exchange for all of them; see
+        :func:`torch_shard.sharded_tensor.init_from_local_shards_many`."""
+        return cls._build_from_local_shards(local_shards, global_sizes, process_group, init_rrefs, True)
+
+    @classmethod
+    def _build_from_local_shards(cls, local_shards, global_sizes, process_group, init_rrefs, many):
 
         pg = _construction.group_of(process_group)
-        size, properties, local_indices, layout_args = _from_local.gather_global_metadata(
-            local_shards, global_size, pg
-        )
-        # No global ShardedTensorMetadata is built here: metadata() derives it from the impl on demand.
-        st = _construction.build(
-            cls,
-            local_shards,
-            local_indices,
-            None,
-            None,
-            pg,
-            layout_args=layout_args,
-            validate=False,
-            size=size,
-            properties=properties,
-        )
-        st._post_init(init_rrefs)
-        return st
+        with _construction.no_automatic_gc():
+            return cls._build_all(local_shards, global_sizes, pg, init_rrefs, many)
+
+    @classmethod
+    def _build_all(cls, local_shards, global_sizes, pg, init_rrefs, many):
+        from . import _from_local
+
+        built = _from_local.gather_global_metadata_many(local_shards, global_sizes, pg, name_tensor=many)
+        tensors = []
+        for size, properties, shards, local_indices, layout_args in built:
+            # No global ShardedTensorMetadata is built here: metadata() derives it from the impl on demand.
+            st = _construction.build(
+                cls,
+                shards,
+                local_indices,
+                None,
+                None,
+                pg,
+                layout_args=layout_args,
+                validate=False,
+                size=size,
+                properties=properties,
+            )
+            st._post_init(init_rrefs)
+            tensors.append(st)
+        return tensors
 
     @classmethod
     def _init_from_local_tensor(

@@ -95,6 +95,11 @@ def _start_fork_server(ctx) -> None:
     """Start the fork server (once) with what it preloads; see the NOTE above."""
     global _fork_server_started
     preload = list(_FORKSERVER_PRELOAD)
+    if _compat_installed():
+        # The server imports what the test process has loaded, torch.distributed.checkpoint and
+        # torch.distributed.fsdp among them, which import torch.distributed._shard: the alias must be
+        # in place first, as it was in the test process, or the ranks could not install it.
+        preload.insert(0, "torch_shard.compat")
     full = not torch.cuda.is_available()
     if full:
         preload.append(_PRELOAD_MODULE)
