@@ -13,11 +13,16 @@ namespace torch_shard {
 // How round 1 of the agreed exchange may run. The defaults are the product's; tests and benchmarks
 // switch a mechanism off to drive other paths or to measure it against its absence.
 struct ExchangeOptions {
-  bool hub = true;   // round 1 through the hub where the group allows (NOTE [ Round 1 through a hub ])
-  bool ride = true;  // payloads riding the hub's messages (NOTE [ Payloads riding the hub's messages ])
-  bool ahead = true; // the hub's big payloads sent ahead of its reply (same NOTE)
-  bool slot_history =
-      true; // the slot follows the group's history (NOTE [ Slot size from the group's history ])
+  // Round 1 through the hub where the group allows (NOTE [ Round 1 through a hub ]).
+  bool hub = true;
+  // Payloads riding the hub's messages, after its reply or ahead of it (NOTE [ Payloads riding the
+  // hub's messages ]).
+  bool ride = true;
+  bool ahead = true;
+  // The slot follows the group's history (NOTE [ Slot size from the group's history ]).
+  bool slot_history = true;
+  // The largest group round 1 goes through the hub in (0: the product's).
+  int64_t hub_max_world = 0;
 };
 
 // Called by every exchange of a data op (`op`: "shard", "gather", ...) as it starts (before_agreement)

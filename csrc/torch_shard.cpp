@@ -30,6 +30,10 @@ TORCH_LIBRARY(torch_shard, m) {
   m.def("validate_shards(Tensor shard_offsets, Tensor shard_sizes, int[]? global_size=None) -> ()");
   // [i, j] (i < j) for an overlapping pair of non-empty shards, or [] if none overlap.
   m.def("_find_overlap(Tensor shard_offsets, Tensor shard_sizes) -> int[]");
+  // The fingerprint ranks agree on for a tensor of `dtype` with this layout (boxes, owners, device
+  // types and dtype; not validated), as the data ops compute it.
+  m.def("_layout_fingerprint(int[] global_size, int? chunk_dim, Tensor? shard_offsets, Tensor? shard_sizes, "
+        "Tensor? placement_index, str[] placements, int[] placement_owners, ScalarType dtype) -> int");
   // (elements sent to, elements received from) each rank, for group rank `me` moving data from the
   // source layout to the target layout (both validated; owners are ranks in [0, world)). The data
   // ops' plan, without a group: for tests.

@@ -488,7 +488,7 @@ class TestPlanCacheAndRounds(ShardedTensorTestBase):
                     self.assertEqual(auto, all_to_all, f"step {i}")
         finally:
             _testing_ops._set_exchange()
-        self.assertEqual(_testing_ops._exchange_settings(), [1, 1, 1, 1])
+        self.assertEqual(_testing_ops._exchange_settings(), [1, 1, 1, 1, 0])
         assert_group_still_works(self)
         dist.destroy_process_group(sub)
 

@@ -1,5 +1,4 @@
-"""Helpers for the Python-side agreements that remain: error codes (read from the C++ table) and
-content fingerprints of specs that shard themselves.
+"""Error codes of the agreements, read from the one table in C++ (ErrorCode, csrc/comm/exchange.h).
 
 The data ops agree in C++ (see NOTE [ Agreed exchange ] in csrc/comm/exchange.cpp).
 """
@@ -7,8 +6,6 @@ The data ops agree in C++ (see NOTE [ Agreed exchange ] in csrc/comm/exchange.cp
 from __future__ import annotations
 
 import builtins
-import hashlib
-from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -54,19 +51,3 @@ def _error_class(code: int) -> type[BaseException]:
 def _error_class_name(error: BaseException) -> str:
     """The table's name for ``error``'s class (see :func:`_error_code`)."""
     return _error_class(_error_code(error)).__name__
-
-
-def fingerprint(*parts: bytes | str | int | Sequence[int]) -> int:
-    """A signed 64-bit digest, equal across processes for equal inputs (unlike ``hash``)."""
-    digest = hashlib.blake2b(digest_size=8)
-    for part in parts:
-        if isinstance(part, bytes):
-            digest.update(part)
-        elif isinstance(part, str):
-            digest.update(part.encode())
-        elif isinstance(part, int):
-            digest.update(part.to_bytes(16, "little", signed=True))
-        else:
-            digest.update(b"[" + b",".join(str(int(v)).encode() for v in part) + b"]")
-        digest.update(b"|")
-    return int.from_bytes(digest.digest(), "little", signed=True)

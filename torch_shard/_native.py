@@ -154,6 +154,13 @@ def layout_args_for_shards(shards: Sequence[ShardMetadata], resolve: _PlacementR
     return LayoutArgs(None, packed.offsets, packed.sizes, packed.index, names, owners)
 
 
+def layout_fingerprint(args: LayoutArgs, size: Sequence[int], dtype: torch.dtype) -> int:
+    """The digest every rank must share for a tensor of ``size`` and ``dtype`` laid out by ``args``:
+    the layout's own fingerprint in C++ (boxes, owners and device types; NOTE [ What ranks agree on
+    about a placement ]) combined with the dtype, as the data ops agree on it."""
+    return _ops._layout_fingerprint([int(s) for s in size], *args, dtype)
+
+
 def is_chunk_spec(spec) -> bool:
     """A ChunkShardingSpec whose layout is the standard chunk split (not overridden by a subclass)."""
     from .sharding_spec.chunk_sharding_spec import ChunkShardingSpec

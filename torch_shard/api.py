@@ -9,9 +9,10 @@ import torch.nn as nn
 from torch.distributed import distributed_c10d
 
 from . import _native
-from ._agreement import fingerprint
 from .sharded_tensor import ShardedTensor
 from .sharded_tensor._movement import abort_and_raise, scatter
+from .sharded_tensor.metadata import TensorProperties
+from .sharded_tensor.utils import _PlacementResolver
 from .sharding_spec import ChunkShardingSpec, ShardingSpec
 
 __all__ = ["_shard_tensor", "load_with_process_group", "shard_module", "shard_parameter"]
@@ -36,16 +37,13 @@ def _shard_tensor(
     return _shard_tensor_checked(tensor, sharding_spec, src_rank, process_group, None)
 
 
-def _spec_fingerprint(spec: ShardingSpec) -> int:
-    """Digest of a spec's content (pickled when possible, else its repr), for specs that shard
-    themselves; chunk specs are compared by the layout they give, in C++."""
-    import pickle
-
-    try:
-        data = pickle.dumps(spec, protocol=4)
-    except Exception:  # noqa: BLE001 - specs that do not pickle compare by repr
-        data = repr(spec).encode()
-    return fingerprint(type(spec).__qualname__, data)
+def _spec_fingerprint(spec: ShardingSpec, tensor: torch.Tensor, pg) -> int:
+    """The fingerprint of the layout ``spec`` gives ``tensor`` (C++, the one the data ops agree on), for
+    specs that shard themselves; chunk specs are agreed inside the C++ scatter."""
+    args = _native.layout_args_for_spec(
+        spec, tensor.size(), lambda: TensorProperties.create_from_tensor(tensor), _PlacementResolver(pg)
+    )
+    return _native.layout_fingerprint(args, tensor.size(), tensor.dtype)
 
 
 def _shard_tensor_checked(tensor, sharding_spec, src_rank, process_group, error):
@@ -60,7 +58,7 @@ def _shard_tensor_checked(tensor, sharding_spec, src_rank, process_group, error)
     # Specs that shard themselves (EnumerableShardingSpec raises NotImplementedError, as upstream):
     # agree on src_rank, size, dtype and spec first, as upstream does, then let the spec shard.
     try:
-        spec_fp = _spec_fingerprint(sharding_spec)
+        spec_fp = _spec_fingerprint(sharding_spec, tensor, pg)
     except Exception as exc:  # noqa: BLE001 - every rank must hear about it
         abort_and_raise("shard", exc, pg)
     torch.ops.torch_shard._agree_shard(src_rank, list(tensor.size()), tensor.dtype, spec_fp, pg.group_name)

@@ -381,13 +381,14 @@ def from_dtensor(dt, *, process_group=None, run_check: bool = False) -> ShardedT
     except ValueError as exc:
         error = exc
     if run_check:
-        from ._agreement import fingerprint
+        from . import _native
         from .sharded_tensor._movement import abort_and_raise
 
         if error is not None:
             abort_and_raise("compare", error, pg)
-        boxes = [v for md in shards_md for v in (*md.shard_offsets, *md.shard_sizes)]
-        fp = fingerprint(str(dt.dtype), size, boxes, [md.placement.rank() for md in shards_md])
+        fp = _native.layout_fingerprint(
+            _native.layout_args_for_shards(shards_md, _PlacementResolver(pg)), size, dt.dtype
+        )
         if any(v != fp for v in torch.ops.torch_shard._gather_values(fp, pg.group_name)):
             raise ValueError(
                 "torch_shard.interop.from_dtensor: the ranks of the process group disagree on the "

@@ -145,8 +145,9 @@ int64_t round_one_slot(int64_t world, int64_t history_slot) {
   return slot < kMinUsefulSlot ? 0 : slot;
 }
 
-bool round_one_via_hub(bool cpu, bool p2p, int64_t world, int64_t slot_bytes) {
-  return cpu && p2p && world >= 2 && world <= kHubMaxWorld && slot_bytes <= kHubMaxSlotBytes;
+bool round_one_via_hub(bool cpu, bool p2p, int64_t world, int64_t slot_bytes, int64_t hub_max_world) {
+  const int64_t largest = hub_max_world > 0 ? hub_max_world : kHubMaxWorld;
+  return cpu && p2p && world >= 2 && world <= largest && slot_bytes <= kHubMaxSlotBytes;
 }
 
 void plan_round_one(Exchange& x) {
@@ -154,7 +155,8 @@ void plan_round_one(Exchange& x) {
   const int64_t history = options.slot_history ? slot_history().slot_for(x.pg) : kMinSlotBytes;
   x.slot_bytes = round_one_slot(x.world, history);
   x.block_bytes = kHeaderBytes + x.slot_bytes;
-  x.via_hub = options.hub && round_one_via_hub(x.device.is_cpu(), x.p2p, x.world, x.slot_bytes);
+  x.via_hub = options.hub &&
+              round_one_via_hub(x.device.is_cpu(), x.p2p, x.world, x.slot_bytes, options.hub_max_world);
 }
 
 void record_next_slot(const Exchange& x) {
@@ -200,7 +202,7 @@ void all_to_all_round_one(Exchange& x) {
 std::vector<int64_t> round_one_cost(int64_t world, bool cpu, bool p2p) {
   TORCH_CHECK_VALUE(world >= 1, "torch_shard: world must be at least 1, got ", world);
   const int64_t slot = round_one_slot(world, kMinSlotBytes);
-  const bool hub = round_one_via_hub(cpu, p2p, world, slot);
+  const bool hub = round_one_via_hub(cpu, p2p, world, slot, exchange_options().hub_max_world);
   const int64_t headers = world * kHeaderBytes;
   if (world == 1) {
     return {0, slot, 0, 0, 0, 0};

@@ -35,13 +35,6 @@ int64_t size_and_dtype_fp(const layout::Dims& size, c10::ScalarType dtype) {
   return Fingerprint().add(size).add(static_cast<int64_t>(dtype)).as_int64();
 }
 
-int64_t layout_and_dtype_fp(const Layout& layout, c10::ScalarType dtype) {
-  return Fingerprint()
-      .add(static_cast<int64_t>(layout.fingerprint()))
-      .add(static_cast<int64_t>(dtype))
-      .as_int64();
-}
-
 comm::Agreement agreement(comm::OpKind op, const Values& values, std::exception_ptr error,
                           comm::Check check) {
   comm::Agreement a;

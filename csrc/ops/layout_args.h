@@ -18,6 +18,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
 
 #include "layout/box.h"
@@ -49,6 +50,15 @@ inline std::vector<layout::Box> boxes_from_tensors(const at::Tensor& offsets, co
     boxes[i].sizes.assign(len_ptr + i * ndim, len_ptr + (i + 1) * ndim);
   }
   return boxes;
+}
+
+// What every rank must agree on about a tensor: its layout's fingerprint (boxes, owners and device
+// types, NOTE [ What ranks agree on about a placement ]) and its dtype.
+inline int64_t layout_and_dtype_fp(const layout::Layout& layout, c10::ScalarType dtype) {
+  return layout::Fingerprint()
+      .add(static_cast<int64_t>(layout.fingerprint()))
+      .add(static_cast<int64_t>(dtype))
+      .as_int64();
 }
 
 // `world` bounds the owners (pass -1 when the tensor has no group: owners are then global ranks).

@@ -97,9 +97,24 @@ transfer_counts(c10::IntArrayRef global_size, const at::Tensor& src_offsets, con
   return {std::move(send), std::move(recv)};
 }
 
+// The layout fingerprint the data ops agree on, for the agreements Python runs itself (a spec that
+// shards itself, from_dtensor's check): the one fingerprint there is.
+int64_t layout_fingerprint(c10::IntArrayRef global_size, std::optional<int64_t> chunk_dim,
+                           const std::optional<at::Tensor>& shard_offsets,
+                           const std::optional<at::Tensor>& shard_sizes,
+                           const std::optional<at::Tensor>& placement_index,
+                           std::vector<std::string> placements, c10::IntArrayRef placement_owners,
+                           c10::ScalarType dtype) {
+  const auto layout =
+      layout_from_args(global_size, chunk_dim, shard_offsets, shard_sizes, placement_index, placements,
+                       placement_owners, /*world=*/-1, /*validate=*/false, "_layout_fingerprint");
+  return layout_and_dtype_fp(*layout, dtype);
+}
+
 } // namespace
 
 TORCH_LIBRARY_IMPL(torch_shard, CompositeImplicitAutograd, m) {
+  m.impl("_layout_fingerprint", TORCH_FN(layout_fingerprint));
   m.impl("_transfer_counts", TORCH_FN(transfer_counts));
   m.impl("chunk_layout", TORCH_FN(chunk_layout));
   m.impl("chunk_boxes", TORCH_FN(chunk_boxes));
