@@ -59,8 +59,7 @@ def main() -> None:
     offsets = torch.arange(0, ids.numel(), args.ids_per_bag)
     pooled = torch.randn(args.bags, args.dim)
 
-    import torch._dynamo
-    from torch._dynamo.utils import counters
+    from torch._dynamo.utils import counters  # imports dynamo only now (it takes seconds)
 
     compiled = torch.compile(model)
     compiled_mlp = torch.compile(model.mlp)

@@ -124,8 +124,7 @@ std::string group_name(const at::Tensor& self) {
 
 void set_local_shards(const at::Tensor& self, at::TensorList local_shards,
                       c10::IntArrayRef local_shard_indices) {
-  impl_of(self, "_set_local_shards")
-      ->set_local_shards(local_shards.vec(), local_shard_indices.vec());
+  impl_of(self, "_set_local_shards")->set_local_shards(local_shards.vec(), local_shard_indices.vec());
 }
 
 } // namespace

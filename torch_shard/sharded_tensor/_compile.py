@@ -34,23 +34,22 @@ _DYNAMO = "torch._dynamo"
 _installed = False
 
 
-def _install(cls) -> None:
-    """Wrap ``cls``'s ``__torch_function__`` and ``__torch_dispatch__`` in torch.compiler.disable."""
+def _install(cls, dynamo) -> None:
+    """Wrap ``cls``'s ``__torch_function__`` and ``__torch_dispatch__`` in ``dynamo.disable`` (what
+    torch.compiler.disable calls; ``dynamo`` is the torch._dynamo module, which may still be finishing
+    its import, so it is used directly rather than through ``torch``)."""
     global _installed
     if _installed:
         return
-    import torch
-
     for name in ("__torch_function__", "__torch_dispatch__"):
         method = cls.__dict__[name]  # a classmethod
-        disabled = torch.compiler.disable(method.__func__, reason=GRAPH_BREAK_REASON)
-        setattr(cls, name, classmethod(disabled))
+        setattr(cls, name, classmethod(dynamo.disable(method.__func__, reason=GRAPH_BREAK_REASON)))
     _installed = True
 
 
 class _AfterDynamoImport(importlib.abc.MetaPathFinder):
     """Finds nothing itself: when torch._dynamo is being imported, it wraps the loader of the spec the
-    other finders return so that ``callback`` runs once the module has executed, then leaves
+    other finders return so that ``callback(module)`` runs once the module has executed, then leaves
     ``sys.meta_path``."""
 
     def __init__(self, callback) -> None:
@@ -74,7 +73,7 @@ class _AfterDynamoImport(importlib.abc.MetaPathFinder):
         def exec_module(module) -> None:
             loader_exec(module)
             try:
-                callback()
+                callback(module)
             except Exception as exc:  # noqa: BLE001 - never fail torch._dynamo's import because of us
                 warnings.warn(
                     f"torch_shard: could not prepare ShardedTensor for torch.compile ({exc!r}); dynamo may "
@@ -91,6 +90,6 @@ def prepare_for_compile(cls) -> None:
     """Install the wrappers on ``cls`` now if torch._dynamo is imported, else when it is."""
     module = sys.modules.get(_DYNAMO)
     if module is not None and hasattr(module, "disable"):
-        _install(cls)
+        _install(cls, module)
         return
-    sys.meta_path.insert(0, _AfterDynamoImport(lambda: _install(cls)))
+    sys.meta_path.insert(0, _AfterDynamoImport(lambda dynamo: _install(cls, dynamo)))
