@@ -9,11 +9,13 @@
 //   * the impl ops read or write a ShardedTensorImpl, which no fake tensor is, and which is what
 //     the data ops move.
 // They stay CompositeImplicitAutograd (they must run at the Autograd key, before the Python key a
-// wrapped ShardedTensor carries; see the header of ops/impl_ops.cpp), so FakeTensorMode never sees them
-// as ops and no fake kernel could be registered: the kernel itself checks, before it touches any
-// tensor, that no tracing mode is active and raises this RuntimeError instead. Under torch.compile a
-// ShardedTensor never reaches these ops inside a graph (dynamo breaks the graph at the sharded op; see
-// README, "torch.compile"); the error is for code that calls them on plain tensors while tracing.
+// wrapped ShardedTensor carries; see the header of ops/impl_ops.cpp). Such a kernel runs before
+// FakeTensorMode sees the op (or, for an op without tensor arguments, FakeTensorMode runs it as the
+// op's decomposition), and torch.library refuses a fake kernel for it: so the kernel itself checks,
+// before it touches any tensor, that no tracing mode is active, and raises this RuntimeError instead.
+// Under torch.compile a ShardedTensor never reaches these ops inside a graph (dynamo breaks the graph at
+// the sharded op: NOTE [ ShardedTensor under torch.compile ]); the error is for code that calls them on
+// plain tensors while tracing.
 // The value-reading layout ops (validate_shards, _find_overlap, _transfer_counts, _layout_fingerprint)
 // raise it too when they are given fake or meta tensors: their results are the values they read.
 #pragma once
