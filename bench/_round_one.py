@@ -3,14 +3,12 @@ absence (the switches are test-only: torch.ops.torch_shard_testing._set_exchange
 
 from __future__ import annotations
 
-# Variant name -> the switches it turns off (all others on, as in the product).
+# Variant name -> the switches it changes (all others as in the product).
 VARIANTS: dict[str, dict[str, bool | int]] = {
     "auto": {},
     "all_to_all": {"hub": False},  # round 1 as one all-to-all everywhere
     "no_ride": {"ride": False},  # no payloads riding the hub's messages
-    "no_ahead": {"ahead": False},  # the hub's big payloads wait for round 2
-    "no_history": {"slot_history": False},  # the slot stays at its default size
-    "hub16": {"hub_max_world": 16},  # the hub also for groups of up to 16 ranks
+    "hub8": {"hub_max_world": 8},  # the hub only for groups of up to 8 ranks (the default before 16)
 }
 ROUND_ONE_MODES = tuple(VARIANTS)
 

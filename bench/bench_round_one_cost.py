@@ -29,7 +29,7 @@ def main() -> None:
     cost = torch.ops.torch_shard_testing._round_one_cost
     for name, kind in GROUPS.items():
         print(f"\n{name}: round 1 per rank (the busiest rank: the hub when there is one)\n")
-        print("| W | mode | slot B | messages | KiB, headers only | KiB, slots full | KiB per peer, slots full |")
+        print("| W | mode | slot B | messages | KiB, headers only | KiB, slots full | KiB per message, slots full |")
         print("|---|---|---|---|---|---|---|")
         for world in WORLDS:
             hub, slot, messages, header_bytes, full_bytes, _other = cost(world, **kind)

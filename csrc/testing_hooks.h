@@ -15,12 +15,8 @@ namespace torch_shard {
 struct ExchangeOptions {
   // Round 1 through the hub where the group allows (NOTE [ Round 1 through a hub ]).
   bool hub = true;
-  // Payloads riding the hub's messages, after its reply or ahead of it (NOTE [ Payloads riding the
-  // hub's messages ]).
+  // Payloads riding the hub's messages (NOTE [ Payloads riding the hub's messages ]).
   bool ride = true;
-  bool ahead = true;
-  // The slot follows the group's history (NOTE [ Slot size from the group's history ]).
-  bool slot_history = true;
   // The largest group round 1 goes through the hub in (0: the product's).
   int64_t hub_max_world = 0;
 };
@@ -41,7 +37,7 @@ struct TestingHooks {
 };
 
 // Bumped whenever TestingHooks changes; the testing library refuses a product of another version.
-constexpr int64_t kTestingHooksVersion = 1;
+constexpr int64_t kTestingHooksVersion = 2;
 
 // The product's hooks (comm/exchange.cpp).
 const TestingHooks& testing_hooks();

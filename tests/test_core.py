@@ -330,9 +330,8 @@ class TestPlanCacheAndRounds(ShardedTensorTestBase):
         cases = (
             (64, torch.float32, (1, 1, 1)),  # 4 KiB per rank: in the slots
             (512, torch.float32, (1, 1, 2)),  # 256 KiB per rank: in the hub's messages; reshard is dense
-            # 2 MiB per rank, above the cap: the hub's payloads go ahead of its replies, straight into
-            # the new shards; the gather's take round 2
-            (1024, torch.float64, (1, 2, 2)),
+            # 2 MiB per rank, above the cap: every op takes round 2
+            (1024, torch.float64, (2, 2, 2)),
         )
         for n, dtype, expected in cases:
             full = torch.rand(n, n, dtype=dtype).to(self.device)
@@ -350,16 +349,12 @@ class TestPlanCacheAndRounds(ShardedTensorTestBase):
             self.assertEqual(st.local_tensor(), full[self.rank * n // 4 : (self.rank + 1) * n // 4])
 
     @with_comms(init_rpc=False)
-    def test_repeated_dense_reshards_take_one_round(self):
-        """NOTE [ Slot size from the group's history ]: after one dense reshard of medium messages the
-        group's next round 1 is big enough to carry the next one; a sparse op resets it, and messages
-        above the cap keep two rounds. The results are checked on every backend, the rounds on gloo."""
+    def test_round_one_slot_depends_on_the_group_only(self):
+        """NOTE [ Round 1's cost as the group grows ]: the slot is the group's (16 KiB per peer among 4
+        ranks), whatever ran before: a dense reshard whose messages fit it is done in one round every
+        time, one with 64 KiB messages in two every time, also after the other or after a failed op.
+        The results are checked on every backend, the rounds on gloo."""
         count_rounds = self.gloo_only(ROUNDS_ON_GLOO)
-        n = 512  # 64 KiB per peer: above the minimum slot, below the cap
-        full = torch.rand(n, n, generator=torch.Generator().manual_seed(1)).to(self.device)
-        rows = full[self.rank * n // 4 : (self.rank + 1) * n // 4]
-        cols = full[:, self.rank * n // 4 : (self.rank + 1) * n // 4]
-        st = _shard_tensor(full, _rows())
 
         def assert_rounds(step, expected):
             _ops._comm_stats(True)
@@ -370,31 +365,39 @@ class TestPlanCacheAndRounds(ShardedTensorTestBase):
                 self.assertEqual(collectives, 1 if single_round else 2)
                 self.assertEqual(collectives, expected)
 
-        assert_rounds(lambda: st.reshard(_cols()), 2)
-        self.assertEqual(st.local_tensor(), cols)
-        for spec, expected in ((_rows(), rows), (_cols(), cols), (_rows(), rows)):
-            assert_rounds(lambda spec=spec: st.reshard(spec), 1)
-            self.assertEqual(st.local_tensor(), expected)
-        # To rank 2, not the hub: 256 KiB per sender take round 2, except the hub's own share, which
-        # rides in its round-1 reply to rank 2.
-        out = torch.empty(n, n, device=self.device) if self.rank == 2 else None
-        assert_rounds(lambda: st.gather(2, out), 1 if self.rank == 0 else 2)
-        if self.rank == 2:
-            self.assertEqual(out, full)
-        assert_rounds(lambda: st.reshard(_cols()), 2)  # the sparse gather reset the slot
-        self.assertEqual(st.local_tensor(), cols)
-        # A failed op resets it too, on every rank alike.
-        assert_rounds(lambda: st.reshard(_rows()), 1)
-        with self.assertRaises(IndexError):  # rank 1's dst is out of range
-            st.gather(4 if self.rank == 1 else 0, torch.empty(n, n, device=self.device) if self.rank == 0 else None)
-        assert_rounds(lambda: st.reshard(_cols()), 2)
-        self.assertEqual(st.local_tensor(), cols)
-        # 512 KiB per peer: above the cap, every time.
-        big = torch.rand(1024, 1024, dtype=torch.float64, generator=torch.Generator().manual_seed(2)).to(self.device)
-        st = _shard_tensor(big, _rows())
-        for spec in (_cols(), _rows(), _cols()):
-            assert_rounds(lambda spec=spec: st.reshard(spec), 2)
-        self.assertEqual(st.local_tensor(), big[:, self.rank * 256 : (self.rank + 1) * 256])
+        gen = torch.Generator().manual_seed(1)
+        fits = torch.rand(256, 256, generator=gen).to(self.device)  # 16 KiB per peer
+        over = torch.rand(512, 512, generator=gen).to(self.device)  # 64 KiB per peer
+        small, big = _shard_tensor(fits, _rows()), _shard_tensor(over, _rows())
+        for _ in range(2):
+            for st, full, rounds in ((big, over, 2), (small, fits, 1)):
+                n = full.size(0)
+                for spec, want in ((_cols(), full[:, self.rank * n // 4 : (self.rank + 1) * n // 4]),
+                                   (_rows(), full[self.rank * n // 4 : (self.rank + 1) * n // 4])):
+                    assert_rounds(lambda st=st, spec=spec: st.reshard(spec), rounds)
+                    self.assertEqual(st.local_tensor(), want)
+            with self.assertRaises(IndexError):  # rank 1's dst is out of range: every rank raises
+                small.gather(4 if self.rank == 1 else 0, torch.empty(256, 256, device=self.device) if self.rank == 0 else None)
+
+    @with_comms(init_rpc=False)
+    def test_round_one_cost_stays_within_its_budget(self):
+        """torch_shard_testing._round_one_cost (the same functions plan round 1): a rank's round-1 bytes
+        grow as W headers plus a fixed budget, never W full slots; the hub serves small CPU groups only."""
+        cost = _testing_ops._round_one_cost
+        header = cost(2, False, False)[3] // 2  # 2 messages of one header each
+        for world in (2, 4, 8, 16, 64, 256, 1024):
+            for cpu, p2p in ((True, True), (False, False)):
+                hub, slot, messages, header_bytes, full_bytes, others = cost(world, cpu, p2p)
+                self.assertEqual(bool(hub), cpu and p2p and world <= 16)
+                self.assertLessEqual(world * slot, 256 * 1024)
+                self.assertEqual(slot % 16, 0)
+                self.assertEqual(messages, 2 * (world - 1))
+                if not hub:
+                    self.assertEqual(header_bytes, 2 * (world - 1) * header)
+                    self.assertLessEqual(full_bytes - header_bytes, 2 * 256 * 1024)
+                    self.assertEqual(others, messages)
+        self.assertEqual(cost(4, True, True)[:2], [1, 16384])
+        self.assertEqual(cost(1024, True, True)[:2], [0, 256])
 
     # The hub exists on gloo (CPU) groups only, so this test runs on the CPU: its literal "cpu"
     # placements below are the tensors' device.
@@ -432,17 +435,16 @@ class TestPlanCacheAndRounds(ShardedTensorTestBase):
                 step(lambda st=st, out=out: st.gather(0, out))  # to the hub
                 if self.rank == 0:
                     self.assertEqual(out, full)
-            # 2 MiB per rank: the hub sends each payload ahead of its reply, straight into the new shard.
+            # 2 MiB per rank, above what rides in the hub's messages: round 2.
             big_st = step(lambda: _shard_tensor(big, _rows()))
             self.assertEqual(big_st.local_tensor(), big[self.rank * 256 : (self.rank + 1) * 256])
-            # ... and when the verdict then fails (rank 3 swaps the owners of the last two chunks: same
-            # boxes and sizes everywhere, so every payload went, rank 3's into the chunk it thinks it
-            # owns), every rank raises and drops what arrived.
+            # ... and when the verdict fails (rank 3 swaps the owners of the last two chunks: same boxes
+            # and sizes everywhere), every rank raises before any payload moves.
             owners = [0, 1, 3, 2] if self.rank == 3 else list(range(WORLD))
             names = [placement(r) for r in owners]
             with self.assertRaisesRegex(ValueError, "sharding_spec on rank"):
                 _shard_tensor(big, ChunkShardingSpec(dim=0, placements=names))
-            # The hub's sizes differ (it owes zero-byte messages instead), or it fails locally.
+            # The hub's sizes differ, or it fails locally.
             with self.assertRaisesRegex(ValueError, "different size or dtype"):
                 _shard_tensor(big[:1000] if self.rank == 0 else big, _rows())
             with self.assertRaises(ValueError):
@@ -477,10 +479,10 @@ class TestPlanCacheAndRounds(ShardedTensorTestBase):
                 _testing_ops._set_exchange(hub=mode == "auto")
                 rounds[mode] = run()
             self.assertEqual(rounds["auto"][:4], [1, 1, 1, 1])  # 64^2: every op in one round
-            # 512^2 from and to the hub, and 1024^2 float64 from it: in (or ahead of) its round-1
-            # messages; without the hub, a second round. In the gather to rank 2, the hub's own share
-            # rides in its reply to rank 2 (the others' take round 2).
-            riding = (4, 6, 7, 8) if self.rank == 0 else (4, 7, 8)
+            # 512^2 from and to the hub: in its round-1 messages; without the hub, a second round. In
+            # the gather to rank 2, the hub's own share rides in its reply to rank 2 (the others' take
+            # round 2).
+            riding = (4, 6, 7) if self.rank == 0 else (4, 7)
             self.assertEqual([rounds["auto"][i] for i in riding], [1] * len(riding))
             self.assertEqual([rounds["all_to_all"][i] for i in riding], [2] * len(riding))
             for i, (auto, all_to_all) in enumerate(zip(rounds["auto"], rounds["all_to_all"])):
@@ -488,30 +490,9 @@ class TestPlanCacheAndRounds(ShardedTensorTestBase):
                     self.assertEqual(auto, all_to_all, f"step {i}")
         finally:
             _testing_ops._set_exchange()
-        self.assertEqual(_testing_ops._exchange_settings(), [1, 1, 1, 1, 0])
+        self.assertEqual(_testing_ops._exchange_settings(), [1, 1, 0])
         assert_group_still_works(self)
         dist.destroy_process_group(sub)
-
-    @with_comms(init_rpc=False)
-    def test_slot_history_is_per_group_object(self):
-        """Every new group starts from the minimum slot, also one created after another was destroyed,
-        and builds its own history. The results are checked on every backend, the rounds on gloo."""
-        count_rounds = self.gloo_only(ROUNDS_ON_GLOO)
-        n = 512
-        full = torch.rand(n, n, generator=torch.Generator().manual_seed(3)).to(self.device)
-        for _ in range(2):
-            group = dist.new_group(list(range(WORLD)))
-            st = _shard_tensor(full, _rows(), process_group=group)
-            rounds = []
-            for spec in (_cols(), _rows(), _cols()):
-                _ops._comm_stats(True)
-                st.reshard(spec)
-                rounds.append(_ops._comm_stats(False)[2])
-            if count_rounds:
-                self.assertEqual(rounds, [2, 1, 1])
-            self.assertEqual(st.local_tensor(), full[:, self.rank * n // 4 : (self.rank + 1) * n // 4])
-            del st
-            dist.destroy_process_group(group)
 
     @with_comms(init_rpc=False)
     def test_gather_converts_into_out_and_fills_non_contiguous_out(self):

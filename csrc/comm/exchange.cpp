@@ -85,16 +85,6 @@ void fault_point(OpKind op, int64_t me, bool before_agreement) {
   }
 }
 
-void PendingSends::wait_all() {
-  for (auto& work : works) {
-    try {
-      work->wait();
-    } catch (const std::exception&) {
-    }
-  }
-  works.clear();
-}
-
 Exchange::Exchange(c10d::ProcessGroup& pg, c10::Device device, const Agreement& agreement, Moves* moves)
     : pg(pg), device(device), agreement(agreement), moves(moves), world(pg.getSize()), me(pg.getRank()),
       op(agreement.op), p2p(has_point_to_point(pg)), failed(agreement.error != nullptr),
@@ -124,9 +114,6 @@ void Exchange::write_payload(int64_t peer, const at::Tensor& into) const {
 }
 
 at::Tensor Exchange::round_one_payload(int64_t peer) const {
-  if (appended_in[peer] > 0 && ahead) {
-    return moves->recv[peer].direct; // sent ahead, straight into the shard
-  }
   const at::Tensor& message = me == 0 && appended_in[peer] > 0 ? hub_messages[peer] : recv1;
   return message.narrow(0, round_one_at[peer], declared[peer]);
 }
@@ -183,8 +170,6 @@ void describe_moves(Exchange& x) {
 
 // Raises on every rank unless every rank agreed (the same table everywhere: the same verdict).
 void verdict(Exchange& x, Outcome& outcome) {
-  // Before anything can raise: every rank of the group records the same next slot size.
-  record_next_slot(x);
   if (x.failed) {
     std::rethrow_exception(x.agreement.error);
   }
@@ -252,11 +237,10 @@ void locate_payloads(Exchange& x) {
     }
   }
   for (int64_t p = 0; p < world; ++p) {
-    if (x.appended_in[p] > 0 && !x.ahead) {
+    if (x.appended_in[p] > 0) {
       x.round_one_at[p] = x.me == 0 ? world * kHeaderBytes : at;
     }
   }
-  // (A payload the hub sent ahead is already in place, straight in the shard: it has no offset.)
   for (int64_t p = 0; p < world; ++p) {
     const int64_t limit = x.me == 0 && x.appended_in[p] > 0 ? x.hub_messages[p].numel() : x.recv1.numel();
     TORCH_CHECK(x.round_one_at[p] < 0 || x.round_one_at[p] + x.declared[p] <= limit, "torch_shard.",
@@ -289,7 +273,6 @@ Outcome exchange(c10d::ProcessGroup& pg, c10::Device device, const Agreement& ag
   fault_point(x.op, x.me, /*before_agreement=*/false); // test-only hook (testing_hooks.h)
   locate_payloads(x);
   round_two(x);
-  x.sent_ahead.wait_all();
   TORCH_CHECK(!x.mismatch, "torch_shard.", op_name(x.op),
               ": internal error: a peer sent a different number of bytes than this rank's plan "
               "expects although every rank agreed on the layouts; please report this");

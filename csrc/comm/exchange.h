@@ -62,10 +62,6 @@ struct Moves {
   // tensor's memory (no pack or no unpack at all); `local` then does not run.
   Outgoing self_send;
   Incoming self_recv;
-  // True when the `direct` targets of `recv` are memory no one else sees before the op returns (the
-  // new shards of a scatter or reshard): data may land there before the verdict, and is dropped with
-  // them if the op fails. A gather's `out` is the caller's: never written before the verdict.
-  bool fresh_destinations = false;
 };
 
 // Throws (the same exception on every rank: every rank calls it with the same table) when the agreed

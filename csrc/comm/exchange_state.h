@@ -54,15 +54,6 @@ void set_exchange_options(const ExchangeOptions& options);
 void fault_point(OpKind op, int64_t me, bool before_agreement);
 
 // ---- One exchange in progress ---------------------------------------------------------------------
-// Payloads that crossed the wire before the verdict (the hub's sends ahead of its replies), waited for
-// when the exchange ends, however it ends, so no send outlives it. A failed send (a lost peer) is
-// ignored here: the verdict names that peer.
-struct PendingSends {
-  std::vector<c10::intrusive_ptr<c10d::Work>> works;
-  void wait_all();
-  ~PendingSends() { wait_all(); }
-};
-
 struct Exchange {
   Exchange(c10d::ProcessGroup& pg, c10::Device device, const Agreement& agreement, Moves* moves);
 
@@ -90,11 +81,9 @@ struct Exchange {
   std::vector<int64_t> headers; // this rank's headers, row p addressed to rank p
 
   // Through the hub (NOTE [ Payloads riding the hub's messages ]).
-  int64_t room = 0;   // a non-hub: the hub's payload it takes in round 1 (after the reply, or ahead)
-  int64_t to_hub = 0; // a non-hub: the payload it appends to its message to the hub
-  c10::intrusive_ptr<c10d::Work> ahead; // a non-hub: the receive of the hub's payload sent ahead
+  int64_t room = 0;                     // a non-hub: the hub's payload it takes after the hub's reply
+  int64_t to_hub = 0;                   // a non-hub: the payload it appends to its message to the hub
   std::vector<int64_t> appended_out;    // payload bytes this rank appended to its message to p
-  PendingSends sent_ahead;              // the hub: payloads sent ahead of its replies
   std::vector<at::Tensor> hub_messages; // the hub: every rank's whole round-1 message
 
   // Round 1's buffers and what it told this rank.
@@ -111,7 +100,7 @@ struct Exchange {
   int64_t field(int64_t rank, int64_t f) const { return table[rank * kHeaderWords + f]; }
   // Writes this rank's payload for `peer` into `into`.
   void write_payload(int64_t peer, const at::Tensor& into) const;
-  // The payload from `peer` that came with round 1 (a slot, appended, or sent ahead into the shard).
+  // The payload from `peer` that came with round 1 (in a slot, or appended to a hub message).
   at::Tensor round_one_payload(int64_t peer) const;
   // Hands the payload from `peer` to its Incoming.
   void deliver(int64_t peer, const at::Tensor& bytes) const;
@@ -132,11 +121,10 @@ bool agreed(const int64_t* table, int64_t world, OpKind op, const Check& check, 
 void fill_headers(Exchange& x);
 
 // round_one.cpp: how round 1 runs for this group (sets via_hub, slot_bytes, block_bytes); the
-// all-to-all round 1; the next slot size, recorded from the header table every rank received.
+// all-to-all round 1.
 void plan_round_one(Exchange& x);
 std::vector<int64_t> round_one_cost(int64_t world, bool cpu, bool p2p); // see its definition
 void all_to_all_round_one(Exchange& x);
-void record_next_slot(const Exchange& x);
 
 // hub.cpp: round 1 through the hub; then where each payload that rode in it starts.
 void prepare_hub_payloads(Exchange& x);

@@ -5,7 +5,6 @@
 #include <cstring>
 #include <functional>
 
-#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
 #include "comm/exchange_state.h"
@@ -44,15 +43,10 @@ constexpr int64_t kHub = 0;
 //     when that verdict passes, the payload is exactly the room the receiver made, and the pattern is
 //     sparse (a dense reshard keeps its pipelined round 2 instead of packing before the replies). It
 //     tells the receiver in its own header (kAppended).
-//   * from the hub, above the cap ("ahead"): a rank whose new shard (memory nobody sees before the op
-//     returns, Moves::fresh_destinations) takes the hub's payload in one piece posts that receive
-//     BEFORE round 1, straight into the shard, and says so (kRoom above the cap). The hub then owes it
-//     exactly one message before its reply, sent as soon as that rank's header arrives, before the
-//     verdict: the payload when the hub has no local error and it is exactly the size posted, else 0
-//     bytes (the payload then takes round 2). A failed verdict just drops the shard; the big transfer
-//     of a scatter from the hub overlaps the agreement instead of following it.
 // Both ends then skip that pair in round 2. The cap keeps the copies in and out of the round-1
-// buffers (a direct round-2 message needs none) cheaper than the hop they save.
+// buffers (a direct round-2 message needs none) cheaper than the hop they save. (Sending bigger
+// payloads ahead of the hub's reply, straight into a new shard, was measured and removed: it did not
+// win on one host and on two at 4 and 8 ranks; README's benchmark section has the table.)
 constexpr int64_t kHubAppendMaxBytes = int64_t{1} << 20;
 
 namespace {
@@ -71,7 +65,7 @@ std::vector<int64_t> hub_appends(const Exchange& x, const int64_t* table) {
     return bytes;
   }
   auto room_of = [&](int64_t r) { return table[r * kHeaderWords + kRoom]; };
-  // Appended after the reply: room up to the cap (above it, the payload went ahead).
+  // Appended after the reply: exactly the room the receiver made (at most the cap).
   auto fits_room = [&](int64_t r) {
     const int64_t send = x.moves->send[r].bytes;
     return r != x.me && send > 0 && send == room_of(r) && room_of(r) <= kHubAppendMaxBytes;
@@ -90,18 +84,9 @@ std::vector<int64_t> hub_appends(const Exchange& x, const int64_t* table) {
   return bytes;
 }
 
-// The message the hub owes `rank`, which posted a receive of `bytes` before round 1: its payload, or
-// an empty tensor.
-at::Tensor ahead_payload(const Exchange& x, int64_t rank, int64_t bytes) {
-  if (!x.failed && x.moves->send[rank].bytes == bytes && x.moves->send[rank].direct.defined()) {
-    return x.moves->send[rank].direct;
-  }
-  return at::empty({0}, at::TensorOptions().dtype(at::kByte).device(x.device));
-}
-
-// The hub's side: receives every rank's message, checks what it claims, sends payloads ahead, builds
-// and sends each rank's reply. Sets x.recv1 to its own share and x.hub_messages to every rank's whole
-// round-1 message; x.appended_out receives the payload bytes appended to (or sent ahead of) each reply.
+// The hub's side: receives every rank's message, checks what it claims, builds and sends each rank's
+// reply. Sets x.recv1 to its own share and x.hub_messages to every rank's whole round-1 message;
+// x.appended_out receives the payload bytes appended to each reply.
 void serve_as_hub(Exchange& x) {
   const int64_t world = x.world;
   const int64_t me = x.me;
@@ -125,7 +110,6 @@ void serve_as_hub(Exchange& x) {
   };
   // Where rank p's payload for rank d starts in p's message (-1: none there).
   std::vector<int64_t> source(world * world, -1);
-  std::vector<int64_t> ahead_out(world, 0); // payload bytes sent to each rank ahead of its reply
   for (int64_t p = 0; p < world; ++p) {
     bool arrived = true;
     if (p != me) {
@@ -143,7 +127,8 @@ void serve_as_hub(Exchange& x) {
         const int64_t bytes = hdr(p, d, kBytes);
         const int64_t appended = hdr(p, d, kAppended);
         // Only a rank whose payloads did not fit appends one, and only for the hub.
-        arrived = bytes >= 0 && hdr(p, d, kRoom) >= 0 && appended >= 0 && appended <= kHubAppendMaxBytes &&
+        arrived = bytes >= 0 && hdr(p, d, kRoom) >= 0 && hdr(p, d, kRoom) <= kHubAppendMaxBytes &&
+                  appended >= 0 && appended <= kHubAppendMaxBytes &&
                   (appended == 0 || (d == me && hdr(p, d, kFits) == 0 && appended == bytes));
         if (arrived && hdr(p, d, kFits) != 0 && d != p && bytes > 0) {
           arrived = bytes <= x.slot_bytes;
@@ -152,17 +137,6 @@ void serve_as_hub(Exchange& x) {
         }
       }
       arrived = arrived && end <= hub_message_bound(world, x.slot_bytes);
-    }
-    if (arrived && p != me && hdr(p, me, kRoom) > kHubAppendMaxBytes) {
-      // p posted a receive for its payload before round 1: it goes now, ahead of the reply.
-      const at::Tensor payload = ahead_payload(x, p, hdr(p, me, kRoom));
-      TORCH_INTERNAL_ASSERT(payload.numel() == 0 || payload.numel() == hdr(p, me, kRoom));
-      try {
-        x.sent_ahead.works.push_back(send_bytes(x.pg, payload, p));
-        ahead_out[p] = payload.numel();
-      } catch (const std::exception&) {
-        // A lost peer: the verdict names it.
-      }
     }
     if (!arrived) {
       // The peer is gone (or sent what no torch_shard rank sends): every rank hears it from its header,
@@ -181,13 +155,9 @@ void serve_as_hub(Exchange& x) {
     std::memcpy(table.data() + p * kHeaderWords, &hdr(p, me, 0), kHeaderBytes);
   }
   x.appended_out = hub_appends(x, table.data());
-  for (int64_t d = 0; d < world; ++d) {
-    TORCH_INTERNAL_ASSERT(ahead_out[d] == 0 || x.appended_out[d] == 0);
-    x.appended_out[d] += ahead_out[d];
-  }
   std::vector<int64_t> reply_at(world + 1, 0);
   for (int64_t d = 0; d < world; ++d) {
-    int64_t size = headers_bytes + (ahead_out[d] > 0 ? 0 : x.appended_out[d]);
+    int64_t size = headers_bytes + x.appended_out[d];
     for (int64_t p = 0; p < world; ++p) {
       size += source[p * world + d] >= 0 ? padded16(hdr(p, d, kBytes)) : 0;
     }
@@ -210,11 +180,9 @@ void serve_as_hub(Exchange& x) {
     }
     at::Tensor whole = reply.narrow(0, reply_at[d], reply_at[d + 1] - reply_at[d]);
     if (x.appended_out[d] > 0) {
-      // The hub's own header to d says how much it sent outside the slots (ahead, or after the rest).
+      // The hub's own header to d says how much it appended after the slots.
       reinterpret_cast<int64_t*>(base + me * kHeaderBytes)[kAppended] = x.appended_out[d];
-      if (ahead_out[d] == 0) {
-        x.write_payload(d, whole.narrow(0, at, x.appended_out[d]));
-      }
+      x.write_payload(d, whole.narrow(0, at, x.appended_out[d]));
     }
     if (d == me) {
       x.recv1 = whole;
@@ -240,17 +208,15 @@ void prepare_hub_payloads(Exchange& x) {
   if (!x.via_hub || x.me == kHub || x.failed) {
     return;
   }
-  const ExchangeOptions options = exchange_options();
+  if (!exchange_options().ride) {
+    return;
+  }
   const int64_t expected = x.moves->recv[kHub].bytes; // kDeclared (< 0) never makes room
-  if (options.ride && expected > x.slot_bytes && expected <= kHubAppendMaxBytes) {
+  if (expected > x.slot_bytes && expected <= kHubAppendMaxBytes) {
     x.room = expected;
-  } else if (options.ahead && expected > kHubAppendMaxBytes && x.moves->fresh_destinations &&
-             x.moves->recv[kHub].direct.defined()) {
-    x.room = expected;
-    x.ahead = recv_bytes(x.pg, x.moves->recv[kHub].direct, kHub); // before the reply's receive
   }
   const int64_t bytes = x.moves->send[kHub].bytes;
-  if (options.ride && !x.fits && x.out_degree == 1 && bytes > 0 && bytes <= kHubAppendMaxBytes) {
+  if (!x.fits && x.out_degree == 1 && bytes > 0 && bytes <= kHubAppendMaxBytes) {
     x.to_hub = bytes;
   }
 }
@@ -286,29 +252,15 @@ void hub_round_one(Exchange& x) {
   }
   x.appended_out.assign(world, 0);
   comm_stats().collectives += 1;
-  try {
-    if (x.me == kHub) {
-      serve_as_hub(x);
-    } else {
-      x.recv1 = workspace(hub_message_bound(world, x.slot_bytes) + (x.ahead ? 0 : x.room), x.device, 1);
-      auto sent = send_bytes(x.pg, x.send1, kHub);
-      auto received = recv_bytes(x.pg, x.recv1, kHub);
-      sent->wait();
-      received->wait();
-      if (x.ahead) {
-        x.ahead->wait(); // the hub sends it before the reply: already here
-      }
-      x.appended_out[kHub] = x.to_hub;
-    }
-  } catch (...) {
-    if (x.ahead) {
-      // Never leave a receive into the shard posted (the hub is gone: it fails too).
-      try {
-        x.ahead->wait();
-      } catch (const std::exception&) {
-      }
-    }
-    throw;
+  if (x.me == kHub) {
+    serve_as_hub(x);
+  } else {
+    x.recv1 = workspace(hub_message_bound(world, x.slot_bytes) + x.room, x.device, 1);
+    auto sent = send_bytes(x.pg, x.send1, kHub);
+    auto received = recv_bytes(x.pg, x.recv1, kHub);
+    sent->wait();
+    received->wait();
+    x.appended_out[kHub] = x.to_hub;
   }
   // Built on the host (the hub is a CPU-only mode): no device memory to read.
   TORCH_INTERNAL_ASSERT(x.recv1.is_cpu());

@@ -148,7 +148,6 @@ at::Tensor shard(const std::optional<at::Tensor>& tensor, int64_t src, c10::IntA
     plan = comm::cached_plan(source, target, me, world);
     out = comm::allocate_local(*target, me, dtype);
     moves = comm::transfer_moves(*plan, *source, src_local, *target, out, me, device, dtype);
-    moves.fresh_destinations = true; // `out` was just allocated
     mine = {src, size_and_dtype_fp(global_size.vec(), dtype), static_cast<int64_t>(target->fingerprint()), 0};
   } catch (...) {
     error = std::current_exception();
@@ -262,7 +261,6 @@ void reshard(const at::Tensor& self, std::optional<int64_t> chunk_dim,
       // A pinned tensor stays pinned (is_pinned() and the metadata keep telling the truth).
       out = comm::allocate_local(*target, me, dtype, impl->pin_memory());
       moves = comm::transfer_moves(*plan, *source, src_local, *target, out, me, device, dtype);
-      moves.fresh_destinations = true; // `out` was just allocated
     }
     mine = {layout_and_dtype_fp(*source, dtype), static_cast<int64_t>(target->fingerprint()), 0, 0};
   } catch (...) {

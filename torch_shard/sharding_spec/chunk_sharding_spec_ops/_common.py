@@ -279,13 +279,20 @@ def row_ranges(weight) -> list[tuple[int, int]]:
     return ranges
 
 
+def _host_to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``host`` (a small CPU tensor built from Python values) on ``device`` without a host sync: a copy
+    from pageable memory to a GPU waits for the stream, one from pinned memory does not."""
+    if device.type != "cuda":
+        return host.to(device)
+    return host.contiguous().pin_memory().to(device, non_blocking=True)
+
+
 def owner_of_ids(ids: torch.Tensor, ranges: list[tuple[int, int]]) -> torch.Tensor:
     """The group rank that owns each id (ids must be in range), on the ids' device."""
     owned = sorted((lo, rank) for rank, (lo, hi) in enumerate(ranges) if hi > lo)
-    starts = torch.tensor([lo for lo, _ in owned], dtype=torch.int64, device=ids.device)
-    ranks = torch.tensor([rank for _, rank in owned], dtype=torch.int64, device=ids.device)
     if not owned:
         return torch.zeros_like(ids)
+    starts, ranks = _host_to_device(torch.tensor(owned, dtype=torch.int64).t(), ids.device)
     # Row ranges tile [0, rows): the last start <= id is the range of id.
     return ranks[(torch.bucketize(ids, starts, right=True) - 1).clamp(min=0)]
 
