@@ -105,10 +105,12 @@ TORCH_LIBRARY(torch_shard, m) {
   // Every rank's `value`, in rank order (one agreement round; op kind "compare").
   m.def("_gather_values(int value, str group_name) -> int[]");
   // Unchecked all-to-all of a flat tensor (counts in elements; rank r receives send_counts[r] from
-  // this rank). Internal: counts must come from data every rank agreed on.
+  // this rank). Internal: counts must come from data every rank agreed on. CPU and CUDA kernels; its
+  // autograd (the reverse all-to-all) and a fake kernel that raises are registered in Python.
   m.def("_all_to_all(Tensor input, int[] send_counts, int[] recv_counts, str group_name) -> Tensor");
   // Unchecked elementwise sum over the group's ranks (a new tensor on `input`'s device). Internal: every
-  // rank's shape and dtype must come from data every rank agreed on.
+  // rank's shape and dtype must come from data every rank agreed on. Kernels and registrations as for
+  // _all_to_all (its backward sums the gradients over the ranks).
   m.def("_sum_over_ranks(Tensor input, str group_name) -> Tensor");
   // The Python exception class name of each error code a failing rank reports to the others, in code
   // order from 1: the one table of these codes (csrc/comm/exchange.h, ErrorCode).

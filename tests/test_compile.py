@@ -10,6 +10,12 @@ gradients (the local shard's and the dense layers') and updated weights as the s
 """
 
 import copy
+import os
+import subprocess
+import sys
+import textwrap
+import unittest
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -124,6 +130,63 @@ class TestCompile(ShardedTensorTestBase):
         # Nothing ran: no rank entered the sharded lookup's exchange (which would hang the others),
         # and the same model still runs, eagerly.
         self.assertEqual(model(dense, ids, offsets).shape, (BAGS, 1))
+
+
+def _run_python(code: str) -> subprocess.CompletedProcess:
+    """``code`` in a fresh interpreter (import order is the point), with this checkout importable."""
+    env = dict(os.environ)
+    repo = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo, env.get("PYTHONPATH", "")]))
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+# Whether dynamo would skip ShardedTensor's torch functions: torch.compiler.disable marks its wrapper.
+_CHECK_WRAPPED = """
+from torch_shard.sharded_tensor.api import ShardedTensorBase
+for name in ("__torch_function__", "__torch_dispatch__"):
+    assert getattr(getattr(ShardedTensorBase, name), "_torchdynamo_disable", False), name
+"""
+
+
+class TestCompileWrappersInstalled(unittest.TestCase):
+    """The compiler-disable wrappers are in place whatever the import order (NOTE [ ShardedTensor under
+    torch.compile ]), and importing torch_shard does not import torch._dynamo."""
+
+    def _assert_ok(self, code: str) -> None:
+        proc = _run_python(code)
+        self.assertEqual(proc.returncode, 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+
+    def test_torch_shard_first(self):
+        # A lookup that does not import (find_spec) must not use the hook up.
+        self._assert_ok(
+            """
+            import importlib.util, sys
+            import torch_shard
+            from torch_shard.sharded_tensor.api import ShardedTensorBase
+            assert "torch._dynamo" not in sys.modules
+            assert not hasattr(ShardedTensorBase.__torch_function__, "_torchdynamo_disable")
+            assert importlib.util.find_spec("torch._dynamo") is not None
+            import torch._dynamo
+            """
+            + _CHECK_WRAPPED
+        )
+
+    def test_dynamo_first(self):
+        self._assert_ok("import torch._dynamo\nimport torch_shard\n" + _CHECK_WRAPPED)
+
+    def test_under_compat(self):
+        # torch._dynamo imports torch.distributed._shard (through FSDP): with the alias it is torch_shard.
+        self._assert_ok(
+            """
+            import torch_shard.compat
+            import torch, torch_shard
+            import torch._dynamo
+            assert torch.distributed._shard is torch_shard
+            """
+            + _CHECK_WRAPPED
+        )
 
 
 if __name__ == "__main__":

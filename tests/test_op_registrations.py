@@ -1,13 +1,15 @@
-"""How every torch_shard op is registered, single process: kernels per dispatch key, fake kernels,
-autograd, ``torch.library.opcheck`` over the ops that can be traced, and the error the others raise
-under FakeTensorMode (NOTE [ Ops that cannot be traced ] in csrc/ops/untraceable.h).
+"""How every torch_shard op is registered: kernels per dispatch key, fake kernels, autograd,
+``torch.library.opcheck`` over the ops that can be traced, and the error the others raise under
+FakeTensorMode (NOTE [ Ops that cannot be traced ] in csrc/ops/untraceable.h). Single process, except
+the registered autograd of the two collectives (4 ranks).
 """
 
 import torch
+import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 import torch_shard
-from torch_shard.testing import TestCase, run_tests
+from torch_shard.testing import TEST_WORLD_SIZE, ShardedTensorTestBase, TestCase, rank_device, run_tests, with_comms
 
 _ops = torch.ops.torch_shard
 
@@ -24,6 +26,9 @@ COMMUNICATE = {
     "shard", "gather", "reshard", "_abort", "_agree_shard", "_share_inputs", "_all_ranks_true",
     "_gather_values", "_all_to_all", "_sum_over_ranks",
 }
+# Of those, the two collectives on plain tensors have CPU and CUDA kernels, registered autograd and a fake
+# kernel that raises (the others run at the Autograd key, before the Python key of a ShardedTensor).
+COLLECTIVES = {"_all_to_all", "_sum_over_ranks"}
 # ... build or read a ShardedTensor's C++ impl ...
 READ_IMPL = {
     "_make_sharded", "_local_shards", "_local_shard_indices", "_version", "_state", "_layout", "_group_name",
@@ -110,8 +115,14 @@ class TestRegistrations(TestCase):
         # Python autograd.Function around it; the backward op has none (no double backward).
         self.assertTrue(_has_kernel("_embedding_bag_partial", "Autograd"))
         self.assertFalse(_has_kernel("_embedding_bag_partial_backward", "Autograd"))
+        for name in COLLECTIVES:
+            with self.subTest(op=name):
+                for key in ("CPU", "CUDA", "Autograd"):
+                    self.assertTrue(_has_kernel(name, key), f"{name} has no {key} kernel")
+                self.assertFalse(_has_kernel(name, "CompositeImplicitAutograd"))
+                self.assertTrue(_has_fake_kernel(name))  # it raises: TestUntraceableOps
         # The others run at the Autograd key, before the Python key of a wrapped ShardedTensor.
-        for name in COMMUNICATE | READ_IMPL | READ_VALUES | PLAIN:
+        for name in (COMMUNICATE - COLLECTIVES) | READ_IMPL | READ_VALUES | PLAIN:
             with self.subTest(op=name):
                 self.assertTrue(_has_kernel(name, "CompositeImplicitAutograd"))
                 self.assertFalse(_has_fake_kernel(name))
@@ -256,6 +267,50 @@ class TestUntraceableOps(TestCase):
             meta = torch.zeros(2, 2, dtype=torch.int64, device="meta")
             _ops.validate_shards(meta, meta)
         self.assertEqual(_ops._find_overlap(_long(0, 1).view(2, 1), _long(2, 2).view(2, 1)), [0, 1])
+
+
+class TestCollectivesAutograd(ShardedTensorTestBase):
+    """The registered autograd of _all_to_all and _sum_over_ranks, 4 ranks (gradients on every rank)."""
+
+    @with_comms(init_rpc=False)
+    def test_all_to_all_backward_is_the_reverse_all_to_all(self):
+        group, device, me, world = dist.group.WORLD.group_name, rank_device(self.rank), self.rank, TEST_WORLD_SIZE
+
+        def count(src, dst):  # elements rank src sends to rank dst (uneven, and 0 from rank 0 to rank 1)
+            return 0 if (src, dst) == (0, 1) else src + 2 * dst + 1
+
+        send_counts = [count(me, p) for p in range(world)]
+        recv_counts = [count(p, me) for p in range(world)]
+
+        def sent_by(rank):  # what rank `rank` sends (its input), the same formula on every rank
+            return torch.arange(sum(count(rank, p) for p in range(world)), dtype=torch.float64) + 100 * rank
+
+        def piece(flat, counts, p):
+            start = sum(counts[:p])
+            return flat[start : start + counts[p]]
+
+        x = sent_by(me).to(device).requires_grad_(True)
+        out = torch.ops.torch_shard._all_to_all(x, send_counts, recv_counts, group)
+        for p in range(world):  # the piece from p is what p sent here
+            self.assertEqual(piece(out, recv_counts, p), piece(sent_by(p), [count(p, q) for q in range(world)], me).to(device))
+        # Loss weights: on rank r, received element i weighs 1000 * r + i.
+        def weights(rank):
+            return torch.arange(sum(count(p, rank) for p in range(world)), dtype=torch.float64) + 1000 * rank
+
+        (out * weights(me).to(device)).sum().backward()
+        # What this rank sent to p was p's piece from this rank: its gradient is p's weights there.
+        expected = torch.cat([piece(weights(p), [count(q, p) for q in range(world)], me) for p in range(world)])
+        self.assertEqual(x.grad, expected.to(device))
+
+    @with_comms(init_rpc=False)
+    def test_sum_over_ranks_backward_sums_the_gradients(self):
+        group, device, world = dist.group.WORLD.group_name, rank_device(self.rank), TEST_WORLD_SIZE
+        x = torch.full((3,), float(self.rank + 1), dtype=torch.float64, device=device, requires_grad=True)
+        total = torch.ops.torch_shard._sum_over_ranks(x, group)
+        self.assertEqual(total, torch.full((3,), world * (world + 1) / 2, dtype=torch.float64, device=device))
+        (total * (self.rank + 1)).sum().backward()
+        # d(sum over ranks r of (r + 1) * total_r) / dx = sum over ranks of (r + 1).
+        self.assertEqual(x.grad, torch.full((3,), world * (world + 1) / 2, dtype=torch.float64, device=device))
 
 
 if __name__ == "__main__":

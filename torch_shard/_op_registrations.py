@@ -7,10 +7,12 @@ What is written in Python lives here, imported once with the extension:
   shapes, dtypes and devices from the inputs' (FakeTensorMode, torch.compile, torch.export):
   ``_embedding_bag_partial``, ``_embedding_bag_partial_backward`` and ``chunk_boxes``;
 * the autograd of ``_embedding_bag_partial`` (``torch.library.register_autograd``): its backward is
-  the op ``_embedding_bag_partial_backward``.
+  the op ``_embedding_bag_partial_backward``;
+* the autograd of the two collectives on plain tensors, ``_all_to_all`` (the reverse all-to-all) and
+  ``_sum_over_ranks``, and their fake kernels, which raise: they communicate.
 
-The other ops taking or returning tensors cannot be traced and raise a RuntimeError under
-FakeTensorMode / make_fx instead (NOTE [ Ops that cannot be traced ] in csrc/ops/untraceable.h): the
+The other ops taking or returning tensors cannot be traced either and raise a RuntimeError under
+FakeTensorMode / make_fx (NOTE [ Ops that cannot be traced ] in csrc/ops/untraceable.h): the
 data ops communicate, the impl ops build or read a ShardedTensor's C++ impl, and the layout ops
 ``validate_shards``, ``_find_overlap``, ``_transfer_counts`` and ``_layout_fingerprint`` return what
 they read from their tensors' values.
@@ -122,3 +124,57 @@ def _chunk_boxes_fake(global_size, dim, num_chunks):
     with torch._C._DisableTorchDispatch():
         offsets, _ = torch.ops.torch_shard.chunk_boxes(global_size, dim, num_chunks)
     return torch.empty(offsets.shape, dtype=torch.int64), torch.empty(offsets.shape, dtype=torch.int64)
+
+
+# The two collectives on plain tensors (NOTE [ Why not torch's functional collectives ] in
+# csrc/ops/data_ops.cpp): CPU and CUDA kernels, their autograd here, and fake kernels that raise.
+_ALL_TO_ALL = "torch_shard::_all_to_all"
+_SUM_OVER_RANKS = "torch_shard::_sum_over_ranks"
+
+
+def _cannot_trace(op: str) -> RuntimeError:
+    """The error of the C++ check_not_tracing (csrc/ops/untraceable.h), word for word."""
+    return RuntimeError(
+        f"torch_shard.{op} communicates over its process group, so it cannot be traced: it cannot run under "
+        "FakeTensorMode or make_fx (torch.compile, torch.export). Call it outside the traced region (e.g. in "
+        "a torch.compiler.disable'd function)."
+    )
+
+
+@torch.library.register_fake(_ALL_TO_ALL)
+def _all_to_all_fake(input, send_counts, recv_counts, group_name):
+    """Raises: run under FakeTensorMode, the op would exchange nothing (NOTE [ Ops that cannot be
+    traced ])."""
+    raise _cannot_trace("_all_to_all")
+
+
+@torch.library.register_fake(_SUM_OVER_RANKS)
+def _sum_over_ranks_fake(input, group_name):
+    """Raises, as :func:`_all_to_all_fake`."""
+    raise _cannot_trace("_sum_over_ranks")
+
+
+def _all_to_all_setup_context(ctx, inputs, output) -> None:
+    _, send_counts, recv_counts, group_name = inputs
+    ctx.counts = (send_counts, recv_counts, group_name)
+
+
+def _all_to_all_backward(ctx, grad):
+    # What this rank sent to rank p came back from p as p's received piece: the reverse all-to-all
+    # (counts swapped) returns each piece's gradient to the rank that sent it.
+    send_counts, recv_counts, group_name = ctx.counts
+    return torch.ops.torch_shard._all_to_all(grad.contiguous(), recv_counts, send_counts, group_name), None, None, None
+
+
+def _sum_over_ranks_backward(ctx, grad):
+    # Every rank's output is the sum of every rank's input: an input's gradient is the sum of the
+    # outputs' gradients over the ranks.
+    return torch.ops.torch_shard._sum_over_ranks(grad, ctx.group_name), None
+
+
+def _sum_over_ranks_setup_context(ctx, inputs, output) -> None:
+    ctx.group_name = inputs[1]
+
+
+torch.library.register_autograd(_ALL_TO_ALL, _all_to_all_backward, setup_context=_all_to_all_setup_context)
+torch.library.register_autograd(_SUM_OVER_RANKS, _sum_over_ranks_backward, setup_context=_sum_over_ranks_setup_context)

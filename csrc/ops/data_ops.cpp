@@ -700,13 +700,25 @@ TORCH_LIBRARY_IMPL(torch_shard, CompositeImplicitAutograd, m) {
   m.impl("_abort", TORCH_FN(abort_op));
   m.impl("_agree_shard", TORCH_FN(agree_shard));
   m.impl("_comm_stats", TORCH_FN(get_comm_stats));
-  m.impl("_all_to_all", TORCH_FN(all_to_all));
-  m.impl("_sum_over_ranks", TORCH_FN(sum_over_ranks));
   m.impl("_error_classes", TORCH_FN(error_classes));
   m.impl("_share_inputs", TORCH_FN(share_inputs));
   m.impl("_share_inputs.with_words", TORCH_FN(share_inputs_with_words));
   m.impl("_all_ranks_true", TORCH_FN(all_ranks_true));
   m.impl("_gather_values", TORCH_FN(gather_values));
+}
+
+// The two collectives take and return plain tensors only, so they need not run before the Python key:
+// they are registered per backend like any kernel. Their autograd (the reverse all-to-all; the sum of
+// the gradients over the ranks) and their fake kernels, which raise the error of NOTE [ Ops that cannot
+// be traced ], are in torch_shard/_op_registrations.py.
+TORCH_LIBRARY_IMPL(torch_shard, CPU, m) {
+  m.impl("_all_to_all", TORCH_FN(all_to_all));
+  m.impl("_sum_over_ranks", TORCH_FN(sum_over_ranks));
+}
+
+TORCH_LIBRARY_IMPL(torch_shard, CUDA, m) {
+  m.impl("_all_to_all", TORCH_FN(all_to_all));
+  m.impl("_sum_over_ranks", TORCH_FN(sum_over_ranks));
 }
 
 } // namespace torch_shard

@@ -8,11 +8,14 @@
 //     buffers (or real ones once, at trace time, leaving nothing in the graph);
 //   * the impl ops read or write a ShardedTensorImpl, which no fake tensor is, and which is what
 //     the data ops move.
-// They stay CompositeImplicitAutograd (they must run at the Autograd key, before the Python key a
+// Most stay CompositeImplicitAutograd (they must run at the Autograd key, before the Python key a
 // wrapped ShardedTensor carries; see the header of ops/impl_ops.cpp). Such a kernel runs before
 // FakeTensorMode sees the op (or, for an op without tensor arguments, FakeTensorMode runs it as the
 // op's decomposition), and torch.library refuses a fake kernel for it: so the kernel itself checks,
 // before it touches any tensor, that no tracing mode is active, and raises this RuntimeError instead.
+// The two collectives on plain tensors, _all_to_all and _sum_over_ranks, have CPU and CUDA kernels
+// instead (for their registered autograd); FakeTensorMode reaches their fake kernels, which raise the
+// same error (torch_shard/_op_registrations.py).
 // Under torch.compile a ShardedTensor never reaches these ops inside a graph (dynamo breaks the graph at
 // the sharded op: NOTE [ ShardedTensor under torch.compile ]); the error is for code that calls them on
 // plain tensors while tracing.

@@ -48,9 +48,10 @@ def _install(cls, dynamo) -> None:
 
 
 class _AfterDynamoImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: when torch._dynamo is being imported, it wraps the loader of the spec the
-    other finders return so that ``callback(module)`` runs once the module has executed, then leaves
-    ``sys.meta_path``."""
+    """Finds nothing itself: when torch._dynamo is looked up, it wraps the loader of the spec the other
+    finders return so that ``callback(module)`` runs once the module has executed, and then leaves
+    ``sys.meta_path``. It stays until then: a lookup that does not import (``importlib.util.find_spec``)
+    must not use it up."""
 
     def __init__(self, callback) -> None:
         self._callback = callback
@@ -58,20 +59,24 @@ class _AfterDynamoImport(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path, target=None):
         if fullname != _DYNAMO:
             return None
-        sys.meta_path.remove(self)
         spec = None
-        for finder in sys.meta_path:
+        for finder in list(sys.meta_path):
             find = getattr(finder, "find_spec", None)
-            spec = find(fullname, path, target) if find is not None else None
+            if finder is self or find is None:
+                continue
+            spec = find(fullname, path, target)
             if spec is not None:
                 break
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         loader_exec = spec.loader.exec_module
         callback = self._callback
+        finder = self
 
         def exec_module(module) -> None:
             loader_exec(module)
+            if finder in sys.meta_path:
+                sys.meta_path.remove(finder)
             try:
                 callback(module)
             except Exception as exc:  # noqa: BLE001 - never fail torch._dynamo's import because of us
@@ -82,6 +87,7 @@ class _AfterDynamoImport(importlib.abc.MetaPathFinder):
                     stacklevel=2,
                 )
 
+        # The loader is this lookup's own object (path-based finders make one per spec).
         spec.loader.exec_module = exec_module
         return spec
 

@@ -253,6 +253,12 @@ class ShardedTensor(_RemoteShards, _Pickling, _DeviceMoves, _DCPCheckpointable, 
 
     Each rank allocates only the shards placed on it; without ``init_rrefs`` construction does not
     communicate.
+
+    Tracing: a ShardedTensor cannot be traced, and neither can its ops (they communicate or read the
+    C++ impl). Under ``torch.compile`` dynamo breaks the graph where a ShardedTensor enters a torch
+    function and runs that call eagerly (``fullgraph=True`` raises ``torch._dynamo.exc.Unsupported``;
+    NOTE [ ShardedTensor under torch.compile ] in ``torch_shard/sharded_tensor/_compile.py``). Under
+    ``FakeTensorMode`` or ``make_fx`` the ops raise a RuntimeError saying they cannot be traced.
     """
 
     def __new__(
