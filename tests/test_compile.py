@@ -138,7 +138,7 @@ def _run_python(code: str) -> subprocess.CompletedProcess:
     repo = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo, env.get("PYTHONPATH", "")]))
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
     )
 
 
@@ -155,7 +155,8 @@ class TestCompileWrappersInstalled(unittest.TestCase):
     torch.compile ]), and importing torch_shard does not import torch._dynamo."""
 
     def _assert_ok(self, code: str) -> None:
-        proc = _run_python(code)
+        """Runs ``code``, then checks that the wrappers are installed."""
+        proc = _run_python(textwrap.dedent(code) + _CHECK_WRAPPED)
         self.assertEqual(proc.returncode, 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
 
     def test_torch_shard_first(self):
@@ -170,11 +171,10 @@ class TestCompileWrappersInstalled(unittest.TestCase):
             assert importlib.util.find_spec("torch._dynamo") is not None
             import torch._dynamo
             """
-            + _CHECK_WRAPPED
         )
 
     def test_dynamo_first(self):
-        self._assert_ok("import torch._dynamo\nimport torch_shard\n" + _CHECK_WRAPPED)
+        self._assert_ok("import torch._dynamo\nimport torch_shard\n")
 
     def test_under_compat(self):
         # torch._dynamo imports torch.distributed._shard (through FSDP): with the alias it is torch_shard.
@@ -185,7 +185,6 @@ class TestCompileWrappersInstalled(unittest.TestCase):
             import torch._dynamo
             assert torch.distributed._shard is torch_shard
             """
-            + _CHECK_WRAPPED
         )
 
 

@@ -7,6 +7,7 @@ the registered autograd of the two collectives (4 ranks).
 import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
 
 import torch_shard
 from torch_shard.testing import TEST_WORLD_SIZE, ShardedTensorTestBase, TestCase, rank_device, run_tests, with_comms
@@ -218,6 +219,17 @@ class TestUntraceableOps(TestCase):
         self.assertEqual(set(calls), COMMUNICATE)
         for name, call in calls.items():
             self._raises(name, why, call)
+        # make_fx without fake tensors reaches the collectives through ProxyTorchDispatchMode instead.
+        for name in COLLECTIVES:
+            with self.subTest(op=name, tracing_mode="real"):
+                if name == "_all_to_all":
+                    def traced(x):
+                        return _ops._all_to_all(x, [2], [2], group)
+                else:
+                    def traced(x):
+                        return _ops._sum_over_ranks(x, group)
+                with self.assertRaisesRegex(RuntimeError, rf"^torch_shard\.{name} {why}, so it cannot be traced"):
+                    make_fx(traced)(torch.ones(2))
         # .with_words too.
         self._raises(
             "_share_inputs", why, lambda: _ops._share_inputs.with_words([torch.empty(2)], 0, 0, group, [], None, None)

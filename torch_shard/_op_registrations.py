@@ -9,7 +9,7 @@ What is written in Python lives here, imported once with the extension:
 * the autograd of ``_embedding_bag_partial`` (``torch.library.register_autograd``): its backward is
   the op ``_embedding_bag_partial_backward``;
 * the autograd of the two collectives on plain tensors, ``_all_to_all`` (the reverse all-to-all) and
-  ``_sum_over_ranks``, and their fake kernels, which raise: they communicate.
+  ``_sum_over_ranks``, and their fake kernels and make_fx rules, which raise: they communicate.
 
 The other ops taking or returning tensors cannot be traced either and raise a RuntimeError under
 FakeTensorMode / make_fx (NOTE [ Ops that cannot be traced ] in csrc/ops/untraceable.h): the
@@ -21,6 +21,7 @@ they read from their tensors' values.
 from __future__ import annotations
 
 import torch
+from torch.fx.experimental.proxy_tensor import ProxyTorchDispatchMode
 
 _PARTIAL = "torch_shard::_embedding_bag_partial"
 _PARTIAL_BACKWARD = "torch_shard::_embedding_bag_partial_backward"
@@ -152,6 +153,16 @@ def _all_to_all_fake(input, send_counts, recv_counts, group_name):
 def _sum_over_ranks_fake(input, group_name):
     """Raises, as :func:`_all_to_all_fake`."""
     raise _cannot_trace("_sum_over_ranks")
+
+
+def _refuse_proxy(mode, func, types, args, kwargs):
+    """make_fx without fake tensors (tracing_mode="real") reaches ProxyTorchDispatchMode, not the fake
+    kernel: it would record the op and run it once, communicating at trace time."""
+    raise _cannot_trace(func._schema.name.split("::", 1)[1])
+
+
+torch.library.register_torch_dispatch(_ALL_TO_ALL, ProxyTorchDispatchMode, _refuse_proxy)
+torch.library.register_torch_dispatch(_SUM_OVER_RANKS, ProxyTorchDispatchMode, _refuse_proxy)
 
 
 def _all_to_all_setup_context(ctx, inputs, output) -> None:

@@ -44,10 +44,20 @@ inline void check_not_tracing(const char* op, const char* what) {
               "function).");
 }
 
-// For ops whose result is the values of `t`: fake and meta tensors (a FakeTensor is a meta tensor
-// below Python) have none.
+// For ops whose result is the values of `t`: meta tensors have none, and neither have fake tensors
+// (FakeTensor: a meta storage behind a CPU or CUDA device, met outside the mode too), tensors with
+// symbolic sizes or tensors without storage.
+inline bool has_values(const at::Tensor& t) {
+  if (!t.defined()) {
+    return true;
+  }
+  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  return !t.is_meta() && !impl->has_symbolic_sizes_strides() && impl->has_storage() &&
+         impl->unsafe_storage().device_type() != c10::DeviceType::Meta;
+}
+
 inline void check_has_values(const char* op, const at::Tensor& t) {
-  TORCH_CHECK(!t.defined() || !t.is_meta(), "torch_shard.", op,
+  TORCH_CHECK(has_values(t), "torch_shard.", op,
               " reads the values of its tensor arguments, so it cannot be traced: it got a fake or meta "
               "tensor (FakeTensorMode, torch.compile, torch.export). Call it with real tensors.");
 }

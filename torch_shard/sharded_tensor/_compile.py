@@ -12,6 +12,10 @@ call), runs that call eagerly with dynamo off inside (so none of torch_shard's P
 nested frame is compiled), and compiles the code before and after it; gradients flow through the eager
 part as in eager mode. ``fullgraph=True`` raises ``torch._dynamo.exc.Unsupported`` whose message
 contains :data:`GRAPH_BREAK_REASON`.
+A ShardedTensor passed as an argument of the compiled function itself is an object dynamo cannot wrap
+as a tensor: the first Tensor method called on it (``t.numel()``) breaks the graph with dynamo's own
+reason, which names the class ("... method `numel` of class `ShardedTensor`"), and that call runs
+eagerly too; ``fullgraph=True`` raises ``torch._dynamo.exc.Unsupported`` with that reason.
 
 torch_shard does not import torch._dynamo: it takes seconds, and it imports torch.distributed._shard,
 which torch_shard.compat must alias before anything imports it. The wrappers are installed when
