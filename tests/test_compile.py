@@ -6,7 +6,9 @@ torch.compile ]): it breaks the graph once, at the embedding module's call, runs
 eagerly and compiles the rest into two graphs (bottom MLP; concatenation and top MLP). Checked: that
 count of breaks and graphs, the break's reason, and that a few training steps give the same losses,
 gradients (the local shard's and the dense layers') and updated weights as the same model run eagerly;
-``fullgraph=True`` raises ``torch._dynamo.exc.Unsupported`` with the documented reason.
+``fullgraph=True`` raises ``torch._dynamo.exc.Unsupported`` with the documented reason. And, each in a
+fresh interpreter: the compiler-disable wrappers are installed whatever the import order (torch_shard
+first, torch._dynamo first, under torch_shard.compat).
 """
 
 import copy
