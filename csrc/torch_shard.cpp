@@ -61,6 +61,12 @@ TORCH_LIBRARY(torch_shard, m) {
   m.def("_group_name(Tensor self) -> str");
   // The one setter of local shards (same layout); checks each tensor against its shard.
   m.def("_set_local_shards(Tensor(a!) self, Tensor[] local_shards, int[] local_shard_indices) -> ()");
+  // [k, code] of the first tensor that does not fit its shard (size, placement device, properties;
+  // NOTE [ A local shard against its shard ]), or []: the one check behind every way to give local shards.
+  // Codes: 1 layout, 2 contiguity, 3 size, 4 device, 5 dtype, 6 pin_memory, 7 requires_grad.
+  m.def("_local_shard_mismatch(Tensor[] tensors, int[] shard_sizes, int[] shard_ndims, str[] devices, "
+        "ScalarType? dtype=None, bool? pin_memory=None, bool? requires_grad=None, "
+        "bool strided_contiguous=False) -> int[]");
 
   // --- data movement over the tensor's process group (csrc/ops/data_ops.cpp) ---
   // Every data op agrees first (one small all-to-all that also carries small payloads), so bad or
