@@ -37,7 +37,7 @@ def load(paths: list[str]) -> dict:
         with open(path) as f:
             for run in json.load(f):
                 for n, seconds in run["seconds"].items():
-                    key = (run["round_one"] or "-", run["hosts"], run["world"] // run["hosts"], int(n))
+                    key = (run["round_one"] or "auto", run["hosts"], run["world"] // run["hosts"], int(n))
                     cell = per_run.setdefault(key, {op: [] for op in OPS})
                     for op, case in OPS.items():
                         cell[op].append(seconds[case])

@@ -84,26 +84,63 @@ void ShardedTensorImpl::check_shards_against(const layout::Layout& layout,
     TORCH_CHECK_VALUE(t.defined(), "torch_shard.", op, ": local shard ", k, " is undefined");
     TORCH_CHECK_TYPE(!is_sharded_tensor(t), "torch_shard.", op, ": local shard ", k,
                      " is itself a ShardedTensor");
-    TORCH_CHECK_TYPE(t.scalar_type() == dtype, "torch_shard.", op, ": local shard ", k, " has dtype ",
-                     t.scalar_type(), ", but the ShardedTensor has dtype ", dtype);
     const layout::Box& box = layout.box(static_cast<size_t>(idx));
-    TORCH_CHECK_VALUE(t.sizes().vec() == box.sizes, "torch_shard.", op, ": local shard ", k, " has size ",
-                      t.sizes(), ", but shard ", layout::describe_box(box, idx), " has size ",
-                      layout::dims_str(box.sizes));
-    // A placement without a device index ("rank:0/cuda") accepts any device of its type. Tensors
-    // without a group (ShardedTensorBase, e.g. a checkpoint loaded to another device) are not checked.
+    const layout::Placement& placement = layout.placement(static_cast<size_t>(idx));
+    // NOTE [ A local shard against its shard ]. Tensors without a group (ShardedTensorBase, e.g. a
+    // checkpoint loaded to another device) are not checked against their placements.
+    ShardExpectation expected;
+    expected.sizes = box.sizes;
+    expected.dtype = dtype;
+    if (!placement.name.empty() && !group_name_.empty()) {
+      expected.device = placement.device;
+    }
+    switch (shard_mismatch(t, expected)) {
+      case ShardMismatch::kNone:
+        break;
+      case ShardMismatch::kSize:
+        TORCH_CHECK_VALUE(false, "torch_shard.", op, ": local shard ", k, " has size ", t.sizes(),
+                          ", but shard ", layout::describe_box(box, idx), " has size ",
+                          layout::dims_str(box.sizes));
+      case ShardMismatch::kDevice:
+        TORCH_CHECK_VALUE(false, "torch_shard.", op, ": local shard ", k, " is on ", t.device(),
+                          ", but its placement '", placement.name, "' puts it on ", placement.device);
+      case ShardMismatch::kDtype:
+        TORCH_CHECK_TYPE(false, "torch_shard.", op, ": local shard ", k, " has dtype ", t.scalar_type(),
+                         ", but the ShardedTensor has dtype ", dtype);
+      default:
+        TORCH_INTERNAL_ASSERT(false, "unexpected shard mismatch");
+    }
     // pin_memory is a promise about every CPU shard (TensorProperties.pin_memory, is_pinned()): a shard
-    // that breaks it would make the flag lie after a write or a reshard.
+    // that breaks it would make the flag lie after a write or a reshard. (A pinned shard of a tensor
+    // without the promise is allowed here; constructors from local shards require the flags to match.)
     TORCH_CHECK_VALUE(!pin_memory_ || !t.is_cpu() || t.is_pinned(), "torch_shard.", op, ": local shard ", k,
                       " is not in pinned memory, but the ShardedTensor was created with pin_memory=True");
-    const layout::Placement& placement = layout.placement(static_cast<size_t>(idx));
-    if (!placement.name.empty() && !group_name_.empty()) {
-      const c10::Device want = placement.device;
-      TORCH_CHECK_VALUE(layout::on_placement_device(t.device(), want), "torch_shard.", op, ": local shard ",
-                        k, " is on ", t.device(), ", but its placement '", placement.name, "' puts it on ",
-                        want);
-    }
   }
+}
+
+ShardMismatch shard_mismatch(const at::Tensor& t, const ShardExpectation& expected) {
+  if (expected.strided_contiguous && t.layout() != c10::kStrided) {
+    return ShardMismatch::kLayout;
+  }
+  if (expected.strided_contiguous && !t.is_contiguous()) {
+    return ShardMismatch::kContiguity;
+  }
+  if (t.sizes() != expected.sizes) {
+    return ShardMismatch::kSize;
+  }
+  if (expected.device.has_value() && !layout::on_placement_device(t.device(), *expected.device)) {
+    return ShardMismatch::kDevice;
+  }
+  if (expected.dtype.has_value() && t.scalar_type() != *expected.dtype) {
+    return ShardMismatch::kDtype;
+  }
+  if (expected.pin_memory.has_value() && t.is_pinned() != *expected.pin_memory) {
+    return ShardMismatch::kPinMemory;
+  }
+  if (expected.requires_grad.has_value() && t.requires_grad() != *expected.requires_grad) {
+    return ShardMismatch::kRequiresGrad;
+  }
+  return ShardMismatch::kNone;
 }
 
 void ShardedTensorImpl::follow_shard_device() {

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -89,6 +90,37 @@ private:
   bool pin_memory_ = false;
   int64_t version_ = 0;
 };
+
+// NOTE [ A local shard against its shard ]
+// What makes a tensor fit to be a local shard is decided here, once, for every path that takes one:
+// the impl's constructor and setters, and, before anything is built, Python's constructors
+// (init_from_local_shards, _init_from_local_shards_and_global_metadata), Shard and the local-shard
+// setter, which call torch.ops.torch_shard._local_shard_mismatch and phrase what it finds in the
+// message their API documents (upstream's). The checks run in this order, and the first that fails
+// names the mismatch: strided layout, contiguity, the shard's size, its placement's device
+// (layout::on_placement_device: the same type; the same index unless the placement gives none; CPU
+// indices ignored), dtype, pinned memory, requires_grad. Each expectation left out is not checked.
+enum class ShardMismatch : int64_t {
+  kNone = 0,
+  kLayout = 1,
+  kContiguity = 2,
+  kSize = 3,
+  kDevice = 4,
+  kDtype = 5,
+  kPinMemory = 6,
+  kRequiresGrad = 7,
+};
+
+struct ShardExpectation {
+  bool strided_contiguous = false;   // strided layout and contiguous memory
+  c10::IntArrayRef sizes;            // the shard's size
+  std::optional<c10::Device> device; // the placement's device
+  std::optional<c10::ScalarType> dtype;
+  std::optional<bool> pin_memory; // exactly this is_pinned()
+  std::optional<bool> requires_grad;
+};
+
+ShardMismatch shard_mismatch(const at::Tensor& tensor, const ShardExpectation& expected);
 
 bool is_sharded_tensor(const at::Tensor& tensor);
 

@@ -49,7 +49,8 @@ TORCH_LIBRARY(torch_shard, m) {
         "Tensor dst_offsets, Tensor dst_sizes, int[] dst_owners, int me, int world) -> (int[], int[])");
 
   // --- ShardedTensorImpl construction, accessors and the one setter (csrc/sharded_tensor_impl.h) ---
-  // Not traceable (they build or read the impl; RuntimeError under FakeTensorMode), except is_sharded.
+  // Not traceable (they build or read the impl; RuntimeError under FakeTensorMode), except is_sharded
+  // and _local_shard_mismatch (it reads plain tensors' metadata only).
   // `rank` and `world` are this process's rank in group `group_name` and its size ("" and -1/-1 for a
   // tensor without a group, whose owners are then global ranks). `device`: where the impl says it
   // lives when this rank holds no shard (None: the group's communication device).
@@ -70,6 +71,12 @@ TORCH_LIBRARY(torch_shard, m) {
   m.def("_group_name(Tensor self) -> str");
   // The one setter of local shards (same layout); checks each tensor against its shard.
   m.def("_set_local_shards(Tensor(a!) self, Tensor[] local_shards, int[] local_shard_indices) -> ()");
+  // [k, code] of the first tensor that does not fit its shard (size, placement device, properties;
+  // NOTE [ A local shard against its shard ]), or []: the one check behind every way to give local shards.
+  // Codes: 1 layout, 2 contiguity, 3 size, 4 device, 5 dtype, 6 pin_memory, 7 requires_grad.
+  m.def("_local_shard_mismatch(Tensor[] tensors, int[] shard_sizes, int[] shard_ndims, str[] devices, "
+        "ScalarType? dtype=None, bool? pin_memory=None, bool? requires_grad=None, "
+        "bool strided_contiguous=False) -> int[]");
 
   // --- data movement over the tensor's process group (csrc/ops/data_ops.cpp) ---
   // Every data op agrees first (one small all-to-all that also carries small payloads), so bad or

@@ -37,8 +37,9 @@ READ_IMPL = {
 }
 # ... or return what they read from their tensors' values.
 READ_VALUES = {"validate_shards", "_find_overlap", "_transfer_counts", "_layout_fingerprint"}
-# No tensors in or out, or nothing a fake tensor lacks (is_sharded: a fake tensor is never sharded).
-PLAIN = {"chunk_layout", "chunked_dim_size", "is_sharded", "_comm_stats", "_error_classes"}
+# No tensors in or out, or nothing a fake tensor lacks (is_sharded: a fake tensor is never sharded;
+# _local_shard_mismatch reads its tensors' metadata only).
+PLAIN = {"chunk_layout", "chunked_dim_size", "is_sharded", "_local_shard_mismatch", "_comm_stats", "_error_classes"}
 
 
 def _qualname(name):
@@ -254,6 +255,11 @@ class TestUntraceableOps(TestCase):
             self._raises(name, why, call)
         with FakeTensorMode():
             self.assertFalse(_ops.is_sharded(torch.empty(4)))
+            # Metadata only: the same answers for fake tensors as for real ones ([k, code] or []).
+            fake = torch.empty(2, 3)
+            self.assertEqual(_ops._local_shard_mismatch([fake], [2, 3], [2], ["cpu"]), [])
+            self.assertEqual(_ops._local_shard_mismatch([fake], [2, 4], [2], ["cpu"]), [0, 3])
+            self.assertEqual(_ops._local_shard_mismatch([fake], [2, 3], [2], ["cpu"], torch.float64), [0, 5])
 
     def test_value_reading_layout_ops(self):
         why = "reads the values of its tensor arguments"

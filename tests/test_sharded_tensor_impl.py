@@ -284,6 +284,37 @@ class TestPythonEditsReachCpp(ShardedTensorTestBase):
         self.assertEqual(st.local_tensor(), torch.zeros(8, 1, device=self.device))
 
 
+class TestPlacementSpellings(ShardedTensorTestBase):
+    @with_comms(init_rpc=False)
+    def test_cpu_and_cpu0_are_one_device_for_every_entry_point(self):
+        # NOTE [ A local shard against its shard ]: Shard, init_from_local_shards, the global-metadata
+        # constructor and the local-shard setter use the placement rule the layout uses, so a placement
+        # written "cpu:0" accepts a CPU tensor everywhere (upstream compares torch.device objects, and
+        # torch.device("cpu:0") != torch.device("cpu")), and a foreign device is refused everywhere.
+        if self.device.type != "cpu":
+            self.skipTest("spells CPU placements")
+        md = ShardMetadata([2 * self.rank, 0], [2, 4], f"rank:{self.rank}/cpu:0")
+        shard = sharded_tensor.Shard(torch.full((2, 4), float(self.rank)), md)
+        st = sharded_tensor.init_from_local_shards([shard], [8, 4])
+        self.assertEqual(st.local_tensor(), torch.full((2, 4), float(self.rank)))
+        again = ShardedTensor._init_from_local_shards_and_global_metadata([shard], st.metadata())
+        st.local_shards()[0].tensor = torch.ones(2, 4)
+        out = torch.empty(8, 4) if self.rank == 0 else None
+        again.gather(0, out)
+        if self.rank == 0:
+            self.assertEqual(out, torch.arange(4.0).repeat_interleave(2).unsqueeze(1).expand(8, 4))
+        with self.assertRaisesRegex(ValueError, "Local shard tensor device does not match"):
+            sharded_tensor.Shard(torch.zeros(2, 4, device="meta"), md)
+        bad = sharded_tensor.Shard(torch.zeros(2, 4), md)
+        bad.tensor = torch.zeros(2, 4, device="meta")  # a plain Shard's fields are not checked again
+        with self.assertRaisesRegex(ValueError, "Local shard tensor device does not match"):
+            sharded_tensor.init_from_local_shards([bad], [8, 4])
+        with self.assertRaisesRegex(ValueError, "tensor device property is incompatible with local ShardMetadata"):
+            ShardedTensor._init_from_local_shards_and_global_metadata([bad], st.metadata())
+        with self.assertRaisesRegex(ValueError, "is on meta"):
+            st.local_shards()[0].tensor = torch.zeros(2, 4, device="meta")
+
+
 class TestMakeShardedGroup(ShardedTensorTestBase):
     @with_comms(init_rpc=False)
     def test_make_sharded_checks_rank_and_size_against_the_group(self):
@@ -337,6 +368,33 @@ class TestShardedTensorErrorsNoComms(TestCase):
                 [], [], [4, 2], 0, None, None, None, ["rank:0/cpu"], [0], torch.float32, None, False,
                 "no_such_group", 0, 1,
             )
+
+    def test_local_shard_mismatch_names_the_first_misfit(self):
+        # NOTE [ A local shard against its shard ]: the one check behind every way to give local shards.
+        find = _ops._local_shard_mismatch
+        a, b = torch.zeros(2, 3), torch.zeros(4)
+        self.assertEqual(find([a, b], [2, 3, 4], [2, 1], ["cpu", "cpu:0"]), [])
+        self.assertEqual(find([a, b], [2, 3, 5], [2, 1], []), [1, 3])  # size
+        self.assertEqual(find([a, b], [2, 3, 4], [2, 1], ["", "meta"]), [1, 4])  # device
+        self.assertEqual(find([a, b], [2, 3, 4], [2, 1], [], torch.float64), [0, 5])  # dtype
+        self.assertEqual(find([a, b], [2, 3, 4], [2, 1], [], None, True), [0, 6])  # pin_memory
+        self.assertEqual(find([a, b.requires_grad_()], [2, 3, 4], [2, 1], [], None, None, False), [1, 7])
+        self.assertEqual(find([a.t()], [3, 2], [2], [], strided_contiguous=True), [0, 2])  # contiguity
+        self.assertEqual(find([a.t()], [3, 2], [2], []), [])
+        self.assertEqual(find([a.to_sparse()], [2, 3], [2], [], strided_contiguous=True), [0, 1])  # layout
+        # Several misfits: the first shard's, and within it the first check in the NOTE's order.
+        self.assertEqual(find([a, b], [9, 9, 9], [2, 1], ["meta", "meta"], torch.int32), [0, 3])
+        # Arguments that do not describe the shards are refused before anything is read.
+        with self.assertRaisesRegex(ValueError, "2 tensors but 1 shard ranks"):
+            find([a, b], [2, 3], [2], [])
+        with self.assertRaisesRegex(ValueError, "only 1 sizes are left"):
+            find([a, b], [2, 3, 4], [2, 2], [])
+        with self.assertRaisesRegex(ValueError, "has -1 dims"):
+            find([a], [2, 3], [-1], [])
+        with self.assertRaisesRegex(ValueError, "1 sizes left over"):
+            find([a], [2, 3, 4], [2], [])
+        with self.assertRaisesRegex(ValueError, "2 tensors but 1 devices"):
+            find([a, b], [2, 3, 4], [2, 1], ["cpu"])
 
     def test_accessors_reject_dense_tensors(self):
         with self.assertRaisesRegex(TypeError, "expected a ShardedTensor"):

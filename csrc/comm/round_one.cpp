@@ -26,7 +26,8 @@ constexpr int64_t kSlotBytes = 16384;
 // kRoundOneBudget / W (rounded down to 16 bytes), and none below kMinUsefulSlot. So an op among 4 or
 // 16 ranks rides in round 1 when each message fits 16 KiB, one among 1024 ranks sends 1024 headers
 // and at most 256 bytes per peer (256 KiB), never 1024 slots of 16 KiB. The hub's own bytes grow with
-// W^2 headers, which is why it serves small groups only (NOTE [ Round 1 through a hub ]). The slot
+// W^2 headers and the payloads it relays (at most W budgets in and out), which is why it serves small
+// groups only (NOTE [ Round 1 through a hub ]). The slot
 // depends on the group's size alone; growing it from the group's history (a repeated dense reshard of
 // medium messages in one round) was measured and removed: it did not win on one host and on two.
 // torch.ops.torch_shard_testing._round_one_cost computes these figures from the functions below.

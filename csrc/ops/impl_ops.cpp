@@ -3,8 +3,9 @@
 // Registered as CompositeImplicitAutograd so they run at the Autograd key, before the Python key a
 // wrapped ShardedTensor carries: reading the shards never bounces through __torch_dispatch__.
 // They cannot be traced (NOTE [ Ops that cannot be traced ] in ops/untraceable.h): each raises first
-// under FakeTensorMode / make_fx. is_sharded is the exception: it only asks what kind of impl a tensor
-// has, which has an answer for fake tensors too (they are never sharded).
+// under FakeTensorMode / make_fx. Two exceptions: is_sharded only asks what kind of impl a tensor has,
+// which has an answer for fake tensors too (they are never sharded), and _local_shard_mismatch reads
+// only its plain tensors' metadata (sizes, device, dtype, flags), which fake tensors have.
 
 #include <unordered_map>
 
@@ -127,6 +128,48 @@ void set_local_shards(const at::Tensor& self, at::TensorList local_shards,
   impl_of(self, "_set_local_shards")->set_local_shards(local_shards.vec(), local_shard_indices.vec());
 }
 
+// NOTE [ A local shard against its shard ], for Python's constructors: [k, ShardMismatch code] of the
+// first of `tensors` that does not fit its shard, or [] when all fit. Shard k's size is the next
+// shard_ndims[k] values of shard_sizes; devices[k] is its placement's device ("": not checked; an
+// empty list: none checked).
+std::vector<int64_t> local_shard_mismatch(at::TensorList tensors, c10::IntArrayRef shard_sizes,
+                                          c10::IntArrayRef shard_ndims,
+                                          const std::vector<std::string>& devices,
+                                          std::optional<c10::ScalarType> dtype,
+                                          std::optional<bool> pin_memory, std::optional<bool> requires_grad,
+                                          bool strided_contiguous) {
+  const auto n = static_cast<int64_t>(tensors.size());
+  TORCH_CHECK_VALUE(static_cast<int64_t>(shard_ndims.size()) == n, "torch_shard._local_shard_mismatch: ", n,
+                    " tensors but ", shard_ndims.size(), " shard ranks");
+  TORCH_CHECK_VALUE(devices.empty() || static_cast<int64_t>(devices.size()) == n,
+                    "torch_shard._local_shard_mismatch: ", n, " tensors but ", devices.size(), " devices");
+  const auto total = static_cast<int64_t>(shard_sizes.size());
+  int64_t start = 0;
+  std::vector<int64_t> mismatch;
+  for (int64_t k = 0; k < n; ++k) {
+    const int64_t ndim = shard_ndims[k];
+    TORCH_CHECK_VALUE(ndim >= 0 && ndim <= total - start, "torch_shard._local_shard_mismatch: shard ", k,
+                      " has ", ndim, " dims, but only ", total - start, " sizes are left");
+    ShardExpectation expected;
+    expected.strided_contiguous = strided_contiguous;
+    expected.sizes = shard_sizes.slice(static_cast<size_t>(start), static_cast<size_t>(ndim));
+    if (!devices.empty() && !devices[k].empty()) {
+      expected.device = c10::Device(devices[k]);
+    }
+    expected.dtype = dtype;
+    expected.pin_memory = pin_memory;
+    expected.requires_grad = requires_grad;
+    start += ndim;
+    const ShardMismatch found = shard_mismatch(tensors[k], expected);
+    if (mismatch.empty() && found != ShardMismatch::kNone) {
+      mismatch = {k, static_cast<int64_t>(found)};
+    }
+  }
+  TORCH_CHECK_VALUE(start == total, "torch_shard._local_shard_mismatch: ", total - start,
+                    " sizes left over after the last shard");
+  return mismatch;
+}
+
 } // namespace
 
 TORCH_LIBRARY_IMPL(torch_shard, CompositeImplicitAutograd, m) {
@@ -139,6 +182,7 @@ TORCH_LIBRARY_IMPL(torch_shard, CompositeImplicitAutograd, m) {
   m.impl("_layout", TORCH_FN(layout_of));
   m.impl("_group_name", TORCH_FN(group_name));
   m.impl("_set_local_shards", TORCH_FN(set_local_shards));
+  m.impl("_local_shard_mismatch", TORCH_FN(local_shard_mismatch));
 }
 
 } // namespace torch_shard

@@ -19,6 +19,7 @@ from torch.distributed import distributed_c10d
 from .. import _native
 from ..metadata import ShardMetadata
 from . import _state
+from ._shard_checks import CONTIGUITY, DEVICE, DTYPE, LAYOUT, PIN_MEMORY, REQUIRES_GRAD, SIZE, first_mismatch
 from .metadata import ShardedTensorMetadata, TensorProperties
 from .shard import Shard
 from .utils import _PlacementResolver
@@ -207,13 +208,25 @@ def new_sharded_tensor(
     return st
 
 
-def _incompatible(expected, actual, prop_name: str, rank: int, is_property: bool = False) -> None:
-    if expected == actual:
-        return
+def _raise_incompatible(shard: Shard, code: int, properties: TensorProperties) -> None:
+    """The error _init_from_local_shards_and_global_metadata documents for ``shard``'s mismatch
+    ``code`` (from first_mismatch)."""
+    md, tensor = shard.metadata, shard.tensor
+    rank = md.placement.rank()
+    if code == CONTIGUITY:
+        raise ValueError("Only torch.contiguous_format memory_format is currently supported")
+    expected, actual, name, is_property = {
+        LAYOUT: (properties.layout, tensor.layout, "layout", True),
+        SIZE: (md.shard_sizes, list(tensor.size()), "size", False),
+        DEVICE: (md.placement.device(), tensor.device, "device", False),
+        DTYPE: (properties.dtype, tensor.dtype, "dtype", True),
+        PIN_MEMORY: (properties.pin_memory, tensor.is_pinned(), "pin_memory", True),
+        REQUIRES_GRAD: (properties.requires_grad, tensor.requires_grad, "requires_grad", True),
+    }[code]
     against = "tensor property" if is_property else "local ShardMetadata"
     raise ValueError(
-        f"Local shards' tensor {prop_name} property is incompatible with {against} on rank {rank}: "
-        f"{against} {prop_name}={expected}, local shard tensor {prop_name}={actual}."
+        f"Local shards' tensor {name} property is incompatible with {against} on rank {rank}: "
+        f"{against} {name}={expected}, local shard tensor {name}={actual}."
     )
 
 
@@ -242,19 +255,19 @@ def from_local_shards_and_global_metadata(
         raise ValueError("shards_metadata must not be empty!")
     if properties.layout != torch.strided:
         raise ValueError("Only torch.strided layout is currently supported")
-    for local_shard in local_shards:
-        md, tensor = local_shard.metadata, local_shard.tensor
-        if md.placement is None:
-            raise AssertionError("Must specify placement for `Shard`!")
-        rank, device = md.placement.rank(), md.placement.device()
-        _incompatible(properties.layout, tensor.layout, "layout", rank, True)
-        if not tensor.is_contiguous():
-            raise ValueError("Only torch.contiguous_format memory_format is currently supported")
-        _incompatible(md.shard_sizes, list(tensor.size()), "size", rank)
-        _incompatible(properties.pin_memory, tensor.is_pinned(), "pin_memory", rank, True)
-        _incompatible(device, tensor.device, "device", rank)
-        _incompatible(properties.dtype, tensor.dtype, "dtype", rank, True)
-        _incompatible(properties.requires_grad, tensor.requires_grad, "requires_grad", rank, True)
+    if any(shard.metadata.placement is None for shard in local_shards):
+        raise AssertionError("Must specify placement for `Shard`!")
+    found = first_mismatch(
+        [shard.tensor for shard in local_shards],
+        [shard.metadata.shard_sizes for shard in local_shards],
+        [shard.metadata.placement.device() for shard in local_shards],
+        dtype=properties.dtype,
+        pin_memory=properties.pin_memory,
+        requires_grad=properties.requires_grad,
+        strided_contiguous=True,
+    )
+    if found is not None:
+        _raise_incompatible(local_shards[found[0]], found[1], properties)
     st = build(cls, local_shards, None, sharded_tensor_metadata, sharding_spec, pg)
     st._post_init(init_rrefs)
     return st

@@ -24,6 +24,7 @@ from .. import _native
 from .._agreement import _error_class, _error_code
 from ..metadata import ShardMetadata
 from ._packing import pack_shards
+from ._shard_checks import CONTIGUITY, DEVICE, DTYPE, LAYOUT, PIN_MEMORY, REQUIRES_GRAD, SIZE, first_mismatch
 from ._state import _BoundShard
 from .metadata import ShardedTensorMetadata, TensorProperties
 from .shard import Shard
@@ -58,31 +59,48 @@ def build_metadata_from_local_shards(
         raise ValueError("must have local shards!")
     first = local_shards[0].tensor
     resolve = _PlacementResolver(pg)
+    devices = []
     for local_shard in local_shards:
-        tensor, md = local_shard.tensor, local_shard.metadata
-        rank, local_device = resolve(md.placement)
-        if tensor.layout != torch.strided or tensor.layout != first.layout:
-            raise ValueError(
-                f"Only torch.strided layout is currently supported, but found {tensor.layout} on "
-                f"rank:{current_rank}!"
-            )
-        if not tensor.is_contiguous():
-            raise ValueError("Only torch.contiguous_format memory_format is currently supported!")
+        rank, local_device = resolve(local_shard.metadata.placement)
         if rank != current_rank:
             raise ValueError(
                 f"Local shard metadata's rank does not match with the rank in its process group! "
                 f"Found current rank in the process group: {current_rank}, local ShardMetadata "
                 f"placement's rank: {rank}"
             )
-        if tensor.device != local_device:
+        devices.append(local_device)
+    # NOTE [ A local shard against its shard ]: one C++ check for all shards, then upstream's message.
+    found = first_mismatch(
+        [shard.tensor for shard in local_shards],
+        [shard.metadata.shard_sizes for shard in local_shards],
+        devices,
+        dtype=first.dtype,
+        pin_memory=first.is_pinned(),
+        requires_grad=first.requires_grad,
+        strided_contiguous=True,
+    )
+    if found is not None:
+        k, code = found
+        tensor, md = local_shards[k].tensor, local_shards[k].metadata
+        if code == LAYOUT:
+            raise ValueError(
+                f"Only torch.strided layout is currently supported, but found {tensor.layout} on "
+                f"rank:{current_rank}!"
+            )
+        if code == CONTIGUITY:
+            raise ValueError("Only torch.contiguous_format memory_format is currently supported!")
+        if code == DEVICE:
             raise ValueError(
                 f"Local shard tensor device does not match with local Shard's placement! Found local "
-                f"shard tensor device: {tensor.device}, local shard metadata placement device: {local_device}"
+                f"shard tensor device: {tensor.device}, local shard metadata placement device: {devices[k]}"
             )
-        _raise_if_mismatch(md.shard_sizes, list(tensor.size()), "size", current_rank)
-        _raise_if_mismatch(tensor.is_pinned(), first.is_pinned(), "pin_memory", current_rank)
-        _raise_if_mismatch(tensor.dtype, first.dtype, "dtype", current_rank)
-        _raise_if_mismatch(tensor.requires_grad, first.requires_grad, "requires_grad", current_rank)
+        expected, actual, name = {
+            SIZE: (md.shard_sizes, list(tensor.size()), "size"),
+            PIN_MEMORY: (tensor.is_pinned(), first.is_pinned(), "pin_memory"),
+            DTYPE: (tensor.dtype, first.dtype, "dtype"),
+            REQUIRES_GRAD: (tensor.requires_grad, first.requires_grad, "requires_grad"),
+        }[code]
+        _raise_if_mismatch(expected, actual, name, current_rank)
     properties = TensorProperties(
         dtype=first.dtype,
         layout=first.layout,

@@ -16,6 +16,7 @@ import torch
 from torch.distributed.remote_device import _remote_device
 
 from ..metadata import ShardMetadata
+from ._shard_checks import SIZE, shard_mismatch
 from .metadata import ShardedTensorMetadata, TensorProperties
 from .shard import Shard
 
@@ -235,7 +236,9 @@ def write_local_tensor(st, shard: _BoundShard, tensor: torch.Tensor) -> None:
         )
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"a local shard must be a torch.Tensor, not {type(tensor).__name__}")
-    if list(tensor.size()) != list(shard.metadata.shard_sizes):
+    # The C++ setter checks everything (NOTE [ A local shard against its shard ]); the size first
+    # here, for the message Shard gives.
+    if shard_mismatch(tensor, shard.metadata.shard_sizes, None) == SIZE:
         raise ValueError(
             "Shard tensor size does not match with metadata.shard_lengths! "
             f"Found shard tensor size: {list(tensor.size())}, "

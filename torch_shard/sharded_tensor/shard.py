@@ -8,6 +8,7 @@ import torch
 from torch.distributed.remote_device import _remote_device
 
 from ..metadata import ShardMetadata
+from ._shard_checks import DEVICE, SIZE, shard_mismatch
 
 __all__ = ["Shard"]
 
@@ -27,18 +28,20 @@ class Shard:
     metadata: ShardMetadata
 
     def __post_init__(self):
-        if list(self.tensor.size()) != list(self.metadata.shard_sizes):
+        placement = self.metadata.placement
+        device = placement.device() if placement is not None else None
+        found = shard_mismatch(self.tensor, self.metadata.shard_sizes, device)
+        if found == SIZE:
             raise ValueError(
                 "Shard tensor size does not match with metadata.shard_lengths! "
                 f"Found shard tensor size: {list(self.tensor.size())}, "
                 f"metadata.shard_lengths: {self.metadata.shard_sizes}, "
             )
-        placement = self.metadata.placement
-        if placement is not None and placement.device() != self.tensor.device:
+        if found == DEVICE:
             raise ValueError(
                 "Local shard tensor device does not match with local Shard's placement! "
                 f"Found local shard tensor device: {self.tensor.device}, "
-                f"local shard metadata placement device: {placement.device()}"
+                f"local shard metadata placement device: {device}"
             )
 
     @classmethod
