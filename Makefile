@@ -84,6 +84,7 @@ bench: build
 	$(RUN_ENV) $(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_metadata.py
 	$(RUN_ENV) $(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_embedding.py
 	$(RUN_ENV) $(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_checkpoint.py
+	$(RUN_ENV) $(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_compile.py
 
 # bench_data_paths.py over several settings, 3 launches each, in one table of ratios (median, min-max):
 # bench-sweep runs one host with 4, 8, 16 ranks and two hosts (network namespaces joined by a veth

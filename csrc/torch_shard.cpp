@@ -1,5 +1,12 @@
 // The torch_shard operator library: every schema lives here, in the one TORCH_LIBRARY block.
-// Kernels are registered next to their code under csrc/ops/ with TORCH_LIBRARY_IMPL.
+// Kernels are registered next to their code under csrc/ops/ with TORCH_LIBRARY_IMPL; fake kernels and
+// autograd written in Python are in torch_shard/_op_registrations.py.
+//
+// Tracing (FakeTensorMode: torch.compile, torch.export, make_fx): _embedding_bag_partial, its backward
+// and chunk_boxes have fake kernels and can be traced. The data ops communicate and the impl ops build
+// or read a ShardedTensor's C++ impl, so they cannot be traced: they raise a RuntimeError under
+// FakeTensorMode or make_fx; so do the layout ops that read their tensors' values when given fake
+// tensors. See NOTE [ Ops that cannot be traced ] (csrc/ops/untraceable.h). The rest take no tensors.
 //
 // Importing torch_shard._C loads this shared object; the static initialisers below register the ops,
 // which Python then reaches as torch.ops.torch_shard.*. There is no pybind11 module: the module's
@@ -27,6 +34,7 @@ TORCH_LIBRARY(torch_shard, m) {
   m.def("chunk_boxes(int[] global_size, int dim, int num_chunks) -> (Tensor, Tensor)");
   // Shards are given as two int64 CPU tensors of shape (N, ndim): offsets and sizes. Raises ValueError
   // for overlap, int64 overflow and, with global_size, for shards outside the tensor and gaps.
+  // This op and the next three read their tensors' values: not traceable (RuntimeError for fake tensors).
   m.def("validate_shards(Tensor shard_offsets, Tensor shard_sizes, int[]? global_size=None) -> ()");
   // [i, j] (i < j) for an overlapping pair of non-empty shards, or [] if none overlap.
   m.def("_find_overlap(Tensor shard_offsets, Tensor shard_sizes) -> int[]");
@@ -41,6 +49,8 @@ TORCH_LIBRARY(torch_shard, m) {
         "Tensor dst_offsets, Tensor dst_sizes, int[] dst_owners, int me, int world) -> (int[], int[])");
 
   // --- ShardedTensorImpl construction, accessors and the one setter (csrc/sharded_tensor_impl.h) ---
+  // Not traceable (they build or read the impl; RuntimeError under FakeTensorMode), except is_sharded
+  // and _local_shard_mismatch (it reads plain tensors' metadata only).
   // `rank` and `world` are this process's rank in group `group_name` and its size ("" and -1/-1 for a
   // tensor without a group, whose owners are then global ranks). `device`: where the impl says it
   // lives when this rank holds no shard (None: the group's communication device).
@@ -70,7 +80,8 @@ TORCH_LIBRARY(torch_shard, m) {
 
   // --- data movement over the tensor's process group (csrc/ops/data_ops.cpp) ---
   // Every data op agrees first (one small all-to-all that also carries small payloads), so bad or
-  // mismatched arguments raise on every rank. Ranks are ranks of the group.
+  // mismatched arguments raise on every rank. Ranks are ranks of the group. Every op here that takes a
+  // group communicates and cannot be traced (RuntimeError under FakeTensorMode).
   // Scatter `tensor` (read on rank `src` only) into the given layout; returns the new ShardedTensor.
   m.def("shard(Tensor? tensor, int src, int[] global_size, ScalarType dtype, int? chunk_dim, "
         "Tensor? shard_offsets, Tensor? shard_sizes, Tensor? placement_index, str[] placements, "
@@ -101,10 +112,12 @@ TORCH_LIBRARY(torch_shard, m) {
   // Every rank's `value`, in rank order (one agreement round; op kind "compare").
   m.def("_gather_values(int value, str group_name) -> int[]");
   // Unchecked all-to-all of a flat tensor (counts in elements; rank r receives send_counts[r] from
-  // this rank). Internal: counts must come from data every rank agreed on.
+  // this rank). Internal: counts must come from data every rank agreed on. CPU and CUDA kernels; its
+  // autograd (the reverse all-to-all) and a fake kernel that raises are registered in Python.
   m.def("_all_to_all(Tensor input, int[] send_counts, int[] recv_counts, str group_name) -> Tensor");
   // Unchecked elementwise sum over the group's ranks (a new tensor on `input`'s device). Internal: every
-  // rank's shape and dtype must come from data every rank agreed on.
+  // rank's shape and dtype must come from data every rank agreed on. Kernels and registrations as for
+  // _all_to_all (its backward sums the gradients over the ranks).
   m.def("_sum_over_ranks(Tensor input, str group_name) -> Tensor");
   // The Python exception class name of each error code a failing rank reports to the others, in code
   // order from 1: the one table of these codes (csrc/comm/exchange.h, ErrorCode).
@@ -118,6 +131,7 @@ TORCH_LIBRARY(torch_shard, m) {
   // shapes, devices, row_start/rows and argmax, so no call reads or writes out of bounds.
   // `owned`: how many ids (from offsets[0] on) fall in the shard's rows, when the caller knows it
   // without reading device memory (the kernels then never read it either); None: counted here.
+  // CPU and CUDA kernels, fake kernels, and the forward's autograd (its backward is the second op).
   m.def("_embedding_bag_partial(Tensor weight, Tensor ids, Tensor offsets, Tensor? per_sample_weights, "
         "int row_start, str mode, int padding_idx, bool fused=True, int? owned=None) -> (Tensor, Tensor)");
   m.def("_embedding_bag_partial_backward(Tensor grad, Tensor ids, Tensor offsets, "

@@ -9,6 +9,7 @@ import torch  # noqa: F401  (loads libtorch before the extension)
 
 from . import (
     _C,  # noqa: F401  (registers torch.ops.torch_shard.*)
+    _op_registrations,  # noqa: F401  (their fake kernels and autograd)
     sharded_tensor,
     sharding_spec,
 )

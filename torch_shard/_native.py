@@ -96,6 +96,10 @@ def validate_shards(shards: Sequence[ShardMetadata], global_size: Sequence[int] 
     Runs in C++: an interval pass for layouts that vary along one dim, a tiling proof in O(N * 2^d)
     otherwise, and an O(N log N) sweep (for up to 2-D tensors) to name the offending pair. Empty shards
     never overlap anything; offsets, sizes and volumes that overflow int64 are rejected.
+
+    The op reads the boxes' values, so it cannot be traced: it raises a RuntimeError for fake tensors
+    (NOTE [ Ops that cannot be traced ] in csrc/ops/untraceable.h), like :func:`find_overlap` and
+    :func:`layout_fingerprint`.
     """
     offsets, sizes = shard_box_tensors(shards)  # also rejects shards of different ranks
     if global_size is not None:

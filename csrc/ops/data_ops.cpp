@@ -4,6 +4,8 @@
 // arguments raise on every rank, and nothing is written unless every rank agreed. See
 // NOTE [ Agreed exchange ] (comm/exchange.cpp) for the rounds and NOTE [ Plan cache ]
 // (comm/transfer.cpp) for planning.
+// Every op here that communicates raises first under FakeTensorMode / make_fx: see NOTE [ Ops that
+// cannot be traced ] (ops/untraceable.h).
 
 #include <cmath>
 #include <cstring>
@@ -20,6 +22,7 @@
 #include "comm/transfer.h"
 #include "layout/layout.h"
 #include "ops/layout_args.h"
+#include "ops/untraceable.h"
 #include "sharded_tensor_impl.h"
 
 namespace torch_shard {
@@ -29,6 +32,8 @@ using comm::LocalTensors;
 using comm::Values;
 using layout::Fingerprint;
 using layout::Layout;
+
+constexpr const char* kCommunicates = "communicates over its process group";
 
 // What every rank must agree on about a tensor besides its layout.
 int64_t size_and_dtype_fp(const layout::Dims& size, c10::ScalarType dtype) {
@@ -96,6 +101,7 @@ at::Tensor shard(const std::optional<at::Tensor>& tensor, int64_t src, c10::IntA
                  const std::optional<at::Tensor>& shard_offsets, const std::optional<at::Tensor>& shard_sizes,
                  const std::optional<at::Tensor>& placement_index, std::vector<std::string> placements,
                  c10::IntArrayRef placement_owners, bool requires_grad, c10::string_view group_name) {
+  check_not_tracing("shard", kCommunicates);
   // The kernel writes shards and `out` in place; a direct call with tensors that require grad must not
   // record it.
   at::NoGradGuard no_grad;
@@ -155,6 +161,7 @@ at::Tensor shard(const std::optional<at::Tensor>& tensor, int64_t src, c10::IntA
 }
 
 void gather(const at::Tensor& self, int64_t dst, const std::optional<at::Tensor>& out) {
+  check_not_tracing("gather", kCommunicates);
   at::NoGradGuard no_grad;
   auto* impl = unsafe_get_sharded_impl(self, "gather");
   auto pg = comm::resolve_group(impl->group_name(), "gather");
@@ -212,6 +219,7 @@ void reshard(const at::Tensor& self, std::optional<int64_t> chunk_dim,
              const std::optional<at::Tensor>& shard_offsets, const std::optional<at::Tensor>& shard_sizes,
              const std::optional<at::Tensor>& placement_index, std::vector<std::string> placements,
              c10::IntArrayRef placement_owners) {
+  check_not_tracing("reshard", kCommunicates);
   at::NoGradGuard no_grad;
   auto* impl = unsafe_get_sharded_impl(self, "reshard");
   auto pg = comm::resolve_group(impl->group_name(), "reshard");
@@ -293,6 +301,7 @@ void reshard(const at::Tensor& self, std::optional<int64_t> chunk_dim,
 // and a rank with another spec raise together.
 void agree_shard(int64_t src, c10::IntArrayRef global_size, c10::ScalarType dtype, int64_t spec_fingerprint,
                  c10::string_view group_name) {
+  check_not_tracing("_agree_shard", kCommunicates);
   auto pg = comm::resolve_group(std::string(group_name), "shard");
   std::exception_ptr error;
   try {
@@ -313,6 +322,7 @@ void agree_shard(int64_t src, c10::IntArrayRef global_size, c10::ScalarType dtyp
 // the agreement round of the op its peers are running, so they raise too instead of waiting for it.
 // It returns normally on this rank, whatever the others did: the caller then raises its own error.
 void abort_op(c10::string_view op, c10::string_view error_class, c10::string_view group_name) {
+  check_not_tracing("_abort", kCommunicates);
   static const std::pair<const char*, comm::OpKind> kOps[] = {
       {"shard", comm::OpKind::kShard},     {"gather", comm::OpKind::kGather},
       {"reshard", comm::OpKind::kReshard}, {"share_inputs", comm::OpKind::kShareInputs},
@@ -371,6 +381,7 @@ std::tuple<std::vector<at::Tensor>, std::vector<int64_t>>
 share_inputs_with_words(at::TensorList parts, int64_t fingerprint, int64_t flags, c10::string_view group_name,
                         c10::ArrayRef<double> arguments, const std::optional<at::Tensor>& status,
                         const std::optional<at::Tensor>& words) {
+  check_not_tracing("_share_inputs", kCommunicates);
   auto pg = comm::resolve_group(std::string(group_name), "_share_inputs");
   const int64_t me = pg->getRank();
   const int64_t world = pg->getSize();
@@ -544,6 +555,7 @@ std::vector<at::Tensor> share_inputs(at::TensorList parts, int64_t fingerprint, 
 // Every rank's `value`, in rank order (one agreement round, op kind "compare"; a rank that failed
 // locally takes part through _abort("compare", ...)).
 std::vector<int64_t> gather_values(int64_t value, c10::string_view group_name) {
+  check_not_tracing("_gather_values", kCommunicates);
   auto pg = comm::resolve_group(std::string(group_name), "_gather_values");
   comm::Moves moves;
   moves.send.resize(pg->getSize());
@@ -563,6 +575,7 @@ std::vector<int64_t> gather_values(int64_t value, c10::string_view group_name) {
 
 // True on every rank iff `value` is true on every rank (one agreement round).
 bool all_ranks_true(bool value, c10::string_view group_name) {
+  check_not_tracing("_all_ranks_true", kCommunicates);
   auto pg = comm::resolve_group(std::string(group_name), "_all_ranks_true");
   comm::Moves moves;
   moves.send.resize(pg->getSize());
@@ -596,11 +609,30 @@ std::vector<int64_t> get_comm_stats(bool reset) {
   return out;
 }
 
+// NOTE [ Why not torch's functional collectives ]
+// torch.distributed._functional_collectives has an all-to-all with autograd
+// (all_to_all_single_autograd) and an all-reduce, and they can be traced. _all_to_all and
+// _sum_over_ranks stay because the functional collectives do not serve here:
+//   * they run the collective on whatever device the input is on. A group with a backend per device
+//     type ("cpu:gloo,cuda:nccl") then sends CPU inputs to gloo and CUDA inputs to NCCL, and ranks
+//     whose shards sit on different devices (allowed: placements are per shard) would call different
+//     backends and hang; an NCCL-only group cannot take CPU inputs at all. These ops stage through
+//     the group's communication device (NOTE [ Communication device ]), the same on every rank, as
+//     every other torch_shard data op does;
+//   * they would not count in comm_stats (bytes to and from peers, rounds), from which
+//     bench/bench_embedding.py reports the bytes each rank sends, as for the other data ops;
+//   * tracing is what the functional collectives would add, and the sharded ops that call these two
+//     cannot be traced anyway: their ShardedTensor argument is no tensor dynamo can trace, so dynamo
+//     breaks the graph at the sharded op and runs it eagerly (README, "torch.compile").
+// Like the other data ops they raise under FakeTensorMode (NOTE [ Ops that cannot be traced ]).
+
 // Unchecked all-to-all of a flat tensor: rank p receives send_counts[p] elements from this rank and
 // recv_counts[p] must equal what rank p sends here. Internal (underscore): callers derive the counts
 // from data every rank already agreed on (the sharded embedding ops); mismatched counts abort gloo.
+// Staged through the communication device: see NOTE [ Why not torch's functional collectives ].
 at::Tensor all_to_all(const at::Tensor& input, c10::IntArrayRef send_counts, c10::IntArrayRef recv_counts,
                       c10::string_view group_name) {
+  check_not_tracing("_all_to_all", kCommunicates);
   auto pg = comm::resolve_group(std::string(group_name), "_all_to_all");
   const int64_t world = pg->getSize();
   const int64_t me = pg->getRank();
@@ -643,6 +675,7 @@ at::Tensor all_to_all(const at::Tensor& input, c10::IntArrayRef send_counts, c10
 // column-sharded weight sums each looked-up row's partial norms: the rows come from the inputs every
 // rank received in the same _share_inputs, and the agreement checked that every rank renormalises).
 at::Tensor sum_over_ranks(const at::Tensor& input, c10::string_view group_name) {
+  check_not_tracing("_sum_over_ranks", kCommunicates);
   auto pg = comm::resolve_group(std::string(group_name), "_sum_over_ranks");
   const c10::Device device = comm::comm_device(*pg, input.device());
   at::Tensor buffer = input.contiguous().to(device, /*non_blocking=*/false, /*copy=*/true);
@@ -667,13 +700,25 @@ TORCH_LIBRARY_IMPL(torch_shard, CompositeImplicitAutograd, m) {
   m.impl("_abort", TORCH_FN(abort_op));
   m.impl("_agree_shard", TORCH_FN(agree_shard));
   m.impl("_comm_stats", TORCH_FN(get_comm_stats));
-  m.impl("_all_to_all", TORCH_FN(all_to_all));
-  m.impl("_sum_over_ranks", TORCH_FN(sum_over_ranks));
   m.impl("_error_classes", TORCH_FN(error_classes));
   m.impl("_share_inputs", TORCH_FN(share_inputs));
   m.impl("_share_inputs.with_words", TORCH_FN(share_inputs_with_words));
   m.impl("_all_ranks_true", TORCH_FN(all_ranks_true));
   m.impl("_gather_values", TORCH_FN(gather_values));
+}
+
+// The two collectives take and return plain tensors only, so they need not run before the Python key:
+// they are registered per backend like any kernel. Their autograd (the reverse all-to-all; the sum of
+// the gradients over the ranks) and their fake kernels, which raise the error of NOTE [ Ops that cannot
+// be traced ], are in torch_shard/_op_registrations.py.
+TORCH_LIBRARY_IMPL(torch_shard, CPU, m) {
+  m.impl("_all_to_all", TORCH_FN(all_to_all));
+  m.impl("_sum_over_ranks", TORCH_FN(sum_over_ranks));
+}
+
+TORCH_LIBRARY_IMPL(torch_shard, CUDA, m) {
+  m.impl("_all_to_all", TORCH_FN(all_to_all));
+  m.impl("_sum_over_ranks", TORCH_FN(sum_over_ranks));
 }
 
 } // namespace torch_shard

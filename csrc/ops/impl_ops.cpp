@@ -2,6 +2,10 @@
 //
 // Registered as CompositeImplicitAutograd so they run at the Autograd key, before the Python key a
 // wrapped ShardedTensor carries: reading the shards never bounces through __torch_dispatch__.
+// They cannot be traced (NOTE [ Ops that cannot be traced ] in ops/untraceable.h): each raises first
+// under FakeTensorMode / make_fx. Two exceptions: is_sharded only asks what kind of impl a tensor has,
+// which has an answer for fake tensors too (they are never sharded), and _local_shard_mismatch reads
+// only its plain tensors' metadata (sizes, device, dtype, flags), which fake tensors have.
 
 #include <unordered_map>
 
@@ -11,10 +15,19 @@
 #include "comm/process_group.h"
 #include "layout/box.h"
 #include "ops/layout_args.h"
+#include "ops/untraceable.h"
 #include "sharded_tensor_impl.h"
 
 namespace torch_shard {
 namespace {
+
+constexpr const char* kReadsImpl = "builds, reads or writes a ShardedTensor's C++ impl";
+
+// The impl behind `self`, after checking that nothing is being traced.
+ShardedTensorImpl* impl_of(const at::Tensor& self, const char* op) {
+  check_not_tracing(op, kReadsImpl);
+  return unsafe_get_sharded_impl(self, op);
+}
 
 at::Tensor make_sharded(at::TensorList local_shards, c10::IntArrayRef local_shard_indices,
                         c10::IntArrayRef global_size, std::optional<int64_t> chunk_dim,
@@ -24,6 +37,7 @@ at::Tensor make_sharded(at::TensorList local_shards, c10::IntArrayRef local_shar
                         c10::IntArrayRef placement_owners, c10::ScalarType dtype,
                         std::optional<c10::Device> device, bool pin_memory, c10::string_view group_name,
                         int64_t rank, int64_t world, bool validate) {
+  check_not_tracing("_make_sharded", kReadsImpl);
   TORCH_CHECK_VALUE(group_name.empty() || (world > 0 && rank >= 0 && rank < world),
                     "torch_shard._make_sharded: rank ", rank, " is not a rank of a group of size ", world);
   // A named group must exist now (ValueError otherwise), and be the group the rank and size describe:
@@ -51,15 +65,15 @@ bool is_sharded(const at::Tensor& self) {
 }
 
 std::vector<at::Tensor> local_shards(const at::Tensor& self) {
-  return unsafe_get_sharded_impl(self, "_local_shards")->local_shards();
+  return impl_of(self, "_local_shards")->local_shards();
 }
 
 std::vector<int64_t> local_shard_indices(const at::Tensor& self) {
-  return unsafe_get_sharded_impl(self, "_local_shard_indices")->local_shard_indices();
+  return impl_of(self, "_local_shard_indices")->local_shard_indices();
 }
 
 int64_t version(const at::Tensor& self) {
-  return unsafe_get_sharded_impl(self, "_version")->version();
+  return impl_of(self, "_version")->version();
 }
 
 // Everything Python caches about a ShardedTensor, in one call: its version stamp, local shards and
@@ -68,7 +82,7 @@ int64_t version(const at::Tensor& self) {
 // ranks agree on, NOTE [ What ranks agree on about a placement ]).
 std::tuple<int64_t, std::vector<at::Tensor>, std::vector<int64_t>, bool, int64_t, int64_t>
 state(const at::Tensor& self) {
-  const auto* impl = unsafe_get_sharded_impl(self, "_state");
+  const auto* impl = impl_of(self, "_state");
   return {impl->version(),    impl->local_shards(),     impl->local_shard_indices(),
           impl->pin_memory(), impl->layout()->serial(), static_cast<int64_t>(impl->layout()->fingerprint())};
 }
@@ -78,7 +92,7 @@ state(const at::Tensor& self) {
 std::tuple<at::Tensor, at::Tensor, at::Tensor, std::vector<std::string>, std::vector<int64_t>,
            std::optional<int64_t>>
 layout_of(const at::Tensor& self) {
-  const auto* impl = unsafe_get_sharded_impl(self, "_layout");
+  const auto* impl = impl_of(self, "_layout");
   const auto& layout = *impl->layout();
   const auto n = static_cast<int64_t>(layout.num_shards());
   const auto ndim = static_cast<int64_t>(layout.global_size().size());
@@ -106,13 +120,12 @@ layout_of(const at::Tensor& self) {
 }
 
 std::string group_name(const at::Tensor& self) {
-  return unsafe_get_sharded_impl(self, "_group_name")->group_name();
+  return impl_of(self, "_group_name")->group_name();
 }
 
 void set_local_shards(const at::Tensor& self, at::TensorList local_shards,
                       c10::IntArrayRef local_shard_indices) {
-  unsafe_get_sharded_impl(self, "_set_local_shards")
-      ->set_local_shards(local_shards.vec(), local_shard_indices.vec());
+  impl_of(self, "_set_local_shards")->set_local_shards(local_shards.vec(), local_shard_indices.vec());
 }
 
 // NOTE [ A local shard against its shard ], for Python's constructors: [k, ShardMismatch code] of the

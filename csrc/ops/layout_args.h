@@ -23,11 +23,16 @@
 
 #include "layout/box.h"
 #include "layout/layout.h"
+#include "ops/untraceable.h"
 
 namespace torch_shard {
 
 inline std::vector<layout::Box> boxes_from_tensors(const at::Tensor& offsets, const at::Tensor& sizes,
                                                    const char* op) {
+  // The boxes are the tensors' values: fake and meta tensors have none (NOTE [ Ops that cannot be
+  // traced ]).
+  check_has_values(op, offsets);
+  check_has_values(op, sizes);
   TORCH_CHECK_VALUE(offsets.dim() == 2 && sizes.dim() == 2, "torch_shard.", op,
                     ": expected (N, ndim) offset and size tensors, but got shapes ", offsets.sizes(), " and ",
                     sizes.sizes());
@@ -90,6 +95,7 @@ layout_from_args(c10::IntArrayRef global_size, std::optional<int64_t> chunk_dim,
   std::vector<int64_t> placement_of;
   if (placement_index.has_value()) {
     const at::Tensor& idx = *placement_index;
+    check_has_values(op, idx);
     TORCH_CHECK_VALUE(idx.dim() == 1 && idx.numel() == static_cast<int64_t>(boxes.size()) &&
                           idx.scalar_type() == at::kLong && idx.device().is_cpu(),
                       "torch_shard.", op,

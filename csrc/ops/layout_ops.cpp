@@ -1,7 +1,12 @@
 // Kernels for the pure layout ops: thin adapters from schema types to csrc/layout/.
 //
-// They are CompositeImplicitAutograd: chunk_layout has no tensor inputs, so the dispatcher needs a
-// kernel that serves an empty key set, and none of them has anything for autograd to track.
+// None has anything for autograd to track. chunk_boxes returns tensors whose shapes follow from its
+// integer arguments: it is CompositeExplicitAutograd (no tensor inputs, so the kernel must serve an
+// empty key set) with a fake kernel (torch_shard/_op_registrations.py), so it can be traced. The others
+// return integers or nothing: chunk_layout and chunked_dim_size take no tensors; validate_shards,
+// _find_overlap, _transfer_counts and _layout_fingerprint read the VALUES of their box tensors, so
+// they cannot be traced and raise for fake or meta tensors (NOTE [ Ops that cannot be traced ]).
+// Those stay CompositeImplicitAutograd.
 
 #include <torch/library.h>
 
@@ -113,11 +118,14 @@ int64_t layout_fingerprint(c10::IntArrayRef global_size, std::optional<int64_t> 
 
 } // namespace
 
+TORCH_LIBRARY_IMPL(torch_shard, CompositeExplicitAutograd, m) {
+  m.impl("chunk_boxes", TORCH_FN(chunk_boxes));
+}
+
 TORCH_LIBRARY_IMPL(torch_shard, CompositeImplicitAutograd, m) {
   m.impl("_layout_fingerprint", TORCH_FN(layout_fingerprint));
   m.impl("_transfer_counts", TORCH_FN(transfer_counts));
   m.impl("chunk_layout", TORCH_FN(chunk_layout));
-  m.impl("chunk_boxes", TORCH_FN(chunk_boxes));
   m.impl("chunked_dim_size", TORCH_FN(chunked_dim_size));
   m.impl("validate_shards", TORCH_FN(validate_shards));
   m.impl("_find_overlap", TORCH_FN(find_overlap));

@@ -22,7 +22,7 @@ from torch.utils import _pytree as pytree
 from .. import _C  # noqa: F401  (registers torch.ops.torch_shard)
 from ..metadata import ShardMetadata  # noqa: F401  (upstream's api module exports it)
 from ..sharding_spec.api import ShardingSpec, _dispatch_custom_op, _has_custom_op
-from . import _construction, _movement, _state
+from . import _compile, _construction, _movement, _state
 from ._checkpoint import _DCPCheckpointable
 from ._construction import _create_tensor_from_params, _flatten_tensor_size  # noqa: F401  (upstream names)
 from ._device import _DeviceMoves
@@ -160,7 +160,8 @@ class ShardedTensorBase(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         if torch.compiler.is_compiling():
-            # A C++ impl holding per-rank shards cannot be fakeified or traced.
+            # Dynamo never traces this method (NOTE [ ShardedTensor under torch.compile ]); other
+            # tracers (non-strict export) must not either.
             raise RuntimeError("ShardedTensor is not supported under torch.compile / export")
         kwargs = kwargs or {}
         if _is_own_op(func):
@@ -206,6 +207,10 @@ class ShardedTensorBase(torch.Tensor):
         )
 
 
+# Dynamo breaks the graph at any op on a ShardedTensor: NOTE [ ShardedTensor under torch.compile ].
+_compile.prepare_for_compile(ShardedTensorBase)
+
+
 def _is_own_op(func) -> bool:
     # torch.ops.torch_shard.* calls with ShardedTensor arguments reach __torch_function__ too; they are
     # our C++ kernels and must run on the ShardedTensor itself.
@@ -248,6 +253,12 @@ class ShardedTensor(_RemoteShards, _Pickling, _DeviceMoves, _DCPCheckpointable, 
 
     Each rank allocates only the shards placed on it; without ``init_rrefs`` construction does not
     communicate.
+
+    Tracing: a ShardedTensor cannot be traced, and neither can its ops (they communicate or read the
+    C++ impl). Under ``torch.compile`` dynamo breaks the graph where a ShardedTensor enters a torch
+    function and runs that call eagerly (``fullgraph=True`` raises ``torch._dynamo.exc.Unsupported``;
+    NOTE [ ShardedTensor under torch.compile ] in ``torch_shard/sharded_tensor/_compile.py``). Under
+    ``FakeTensorMode`` or ``make_fx`` the ops raise a RuntimeError saying they cannot be traced.
     """
 
     def __new__(

@@ -13,8 +13,8 @@ Every rank calls the op with its own input. The flow is:
    a GPU the whole forward reads device memory on the host once, in that op.
    Received inputs were checked by their sender, so the later steps have no argument errors left;
 2. each rank computes, for every requester, what its weight shard contributes;
-3. one all-to-all returns the contributions to their requesters (autograd-aware: its backward is the
-   reverse all-to-all, so gradients reach the weight shard that produced each contribution). Its
+3. one all-to-all returns the contributions to their requesters (autograd-aware: the op's registered
+   backward is the reverse all-to-all, so gradients reach the weight shard that produced each contribution). Its
    counts come from the inputs every rank now holds, so it needs no agreement of its own.
 """
 
@@ -36,26 +36,13 @@ from ..chunk_sharding_spec import ChunkShardingSpec
 _ops = torch.ops.torch_shard
 
 
-class _AllToAll(torch.autograd.Function):
-    """All-to-all of a flat buffer whose backward is the reverse all-to-all."""
-
-    @staticmethod
-    def forward(ctx, flat, send_counts, recv_counts, group_name):
-        ctx.counts = (send_counts, recv_counts, group_name)
-        return _ops._all_to_all(flat, send_counts, recv_counts, group_name)
-
-    @staticmethod
-    def backward(ctx, grad):
-        send_counts, recv_counts, group_name = ctx.counts
-        return _ops._all_to_all(grad.contiguous(), recv_counts, send_counts, group_name), None, None, None
-
-
 def exchange_chunks(chunks: list[torch.Tensor], recv_shapes: list[tuple], group_name: str) -> list[torch.Tensor]:
     """Send ``chunks[p]`` to rank p and receive from each rank p a tensor of ``recv_shapes[p]``."""
     flat = torch.cat([chunk.reshape(-1) for chunk in chunks])
     send_counts = [chunk.numel() for chunk in chunks]
     recv_counts = [prod(shape) for shape in recv_shapes]
-    received = _AllToAll.apply(flat, send_counts, recv_counts, group_name)
+    # Autograd-aware: the op's registered backward is the reverse all-to-all (torch_shard/_op_registrations.py).
+    received = _ops._all_to_all(flat, send_counts, recv_counts, group_name)
     return [piece.view(shape) for piece, shape in zip(received.split(recv_counts), recv_shapes)]
 
 

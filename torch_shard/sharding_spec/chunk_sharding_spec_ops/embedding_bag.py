@@ -26,29 +26,15 @@ from ._common import (
 )
 
 
-class _PartialPool(torch.autograd.Function):
-    """What a row shard contributes to one requester's bags (C++: torch_shard._embedding_bag_partial),
-    with the matching backward into the shard."""
-
-    @staticmethod
-    def forward(ctx, weight, ids, offsets, per_sample_weights, row_start, mode, padding_idx, owned):
-        # `owned`: how many of the requester's ids this shard holds (told with the agreement), so the
-        # kernels never read a count from the device.
-        pooled, argmax = torch.ops.torch_shard._embedding_bag_partial(
-            weight, ids, offsets, per_sample_weights, row_start, mode, padding_idx, True, owned
-        )
-        ctx.save_for_backward(ids, offsets, per_sample_weights, argmax)
-        ctx.args = (row_start, weight.size(0), mode, padding_idx, owned)
-        return pooled
-
-    @staticmethod
-    def backward(ctx, grad):
-        ids, offsets, per_sample_weights, argmax = ctx.saved_tensors
-        row_start, rows, mode, padding_idx, owned = ctx.args
-        grad_weight = torch.ops.torch_shard._embedding_bag_partial_backward(
-            grad.contiguous(), ids, offsets, per_sample_weights, argmax, row_start, rows, mode, padding_idx, owned
-        )
-        return grad_weight, None, None, None, None, None, None, None
+def _partial_pool(weight, ids, offsets, per_sample_weights, row_start: int, mode: str, padding_idx: int, owned: int):
+    """What a row shard contributes to one requester's bags: torch_shard._embedding_bag_partial, whose
+    autograd (registered with the op, torch_shard/_op_registrations.py) scatters the gradient back into
+    the shard. ``owned``: how many of the requester's ids this shard holds (told with the agreement),
+    so the kernels never read a count from the device."""
+    pooled, _ = torch.ops.torch_shard._embedding_bag_partial(
+        weight, ids, offsets, per_sample_weights, row_start, mode, padding_idx, True, owned
+    )
+    return pooled
 
 
 def _check_offsets(checks: InputChecks, offsets: torch.Tensor, n: int, include_last_offset: bool) -> None:
@@ -267,7 +253,7 @@ def sharded_embedding_bag(types, args, kwargs, pg):
     pad = -1 if padding_idx is None else padding_idx
     pool_mode = "max" if mode == "max" else "sum"
     send = [
-        _PartialPool.apply(
+        _partial_pool(
             local, bags.ids, bags.offsets, bags.per_sample_weights, start, pool_mode, pad, shared.counts_in[rank]
         )
         for rank, bags in enumerate(everyone)

@@ -1,0 +1,335 @@
+"""How every torch_shard op is registered: kernels per dispatch key, fake kernels, autograd,
+``torch.library.opcheck`` over the ops that can be traced, and the error the others raise under
+FakeTensorMode (NOTE [ Ops that cannot be traced ] in csrc/ops/untraceable.h). Single process, except
+the registered autograd of the two collectives (4 ranks).
+"""
+
+import torch
+import torch.distributed as dist
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import torch_shard
+from torch_shard.testing import TEST_WORLD_SIZE, ShardedTensorTestBase, TestCase, rank_device, run_tests, with_comms
+
+_ops = torch.ops.torch_shard
+
+# Every op of the library, by kind. An op added to csrc/torch_shard.cpp must be added here too
+# (test_every_op_is_classified), with its kernels and fake kernel or its error under FakeTensorMode.
+# Traceable: a kernel per backend key (or one for all of them) and a fake kernel.
+TRACEABLE = {
+    "_embedding_bag_partial": ("CPU", "CUDA"),
+    "_embedding_bag_partial_backward": ("CPU", "CUDA"),
+    "chunk_boxes": ("CompositeExplicitAutograd",),
+}
+# Not traceable (CompositeImplicitAutograd, raising under FakeTensorMode): they communicate ...
+COMMUNICATE = {
+    "shard", "gather", "reshard", "_abort", "_agree_shard", "_share_inputs", "_all_ranks_true",
+    "_gather_values", "_all_to_all", "_sum_over_ranks",
+}
+# Of those, the two collectives on plain tensors have CPU and CUDA kernels, registered autograd and a fake
+# kernel that raises (the others run at the Autograd key, before the Python key of a ShardedTensor).
+COLLECTIVES = {"_all_to_all", "_sum_over_ranks"}
+# ... build or read a ShardedTensor's C++ impl ...
+READ_IMPL = {
+    "_make_sharded", "_local_shards", "_local_shard_indices", "_version", "_state", "_layout", "_group_name",
+    "_set_local_shards",
+}
+# ... or return what they read from their tensors' values.
+READ_VALUES = {"validate_shards", "_find_overlap", "_transfer_counts", "_layout_fingerprint"}
+# No tensors in or out, or nothing a fake tensor lacks (is_sharded: a fake tensor is never sharded;
+# _local_shard_mismatch reads its tensors' metadata only).
+PLAIN = {"chunk_layout", "chunked_dim_size", "is_sharded", "_local_shard_mismatch", "_comm_stats", "_error_classes"}
+
+
+def _qualname(name):
+    return f"torch_shard::{name}"
+
+
+def _has_kernel(name, key):
+    return torch._C._dispatch_has_kernel_for_dispatch_key(_qualname(name), key)
+
+
+def _has_fake_kernel(name):
+    return torch._library.simple_registry.singleton.find(_qualname(name)).fake_impl.kernel is not None
+
+
+def _long(*values):
+    return torch.tensor(values, dtype=torch.int64)
+
+
+def _owned(ids, offsets, row_start, rows):
+    """How many ids, from offsets[0] on, fall in rows [row_start, row_start + rows)."""
+    if offsets.numel() == 0:
+        return 0
+    tail = ids[int(offsets[0]) :]
+    return int(((tail >= row_start) & (tail < row_start + rows)).sum())
+
+
+def _partial_samples():
+    """(args) of _embedding_bag_partial: sum and max, with and without per-sample weights, a padding id,
+    `owned` given or not, fused or not, empty bags, no bags, no ids."""
+    gen = torch.Generator().manual_seed(0)
+    row_start, rows, dim = 10, 5, 3
+    ids = _long(10, 12, 3, 14, 11, 10, 20, 13)
+    offsets = _long(0, 2, 2, 5)  # bag 1 is empty
+    psw = torch.rand(ids.numel(), generator=gen, dtype=torch.float64)
+    samples = []
+    for mode in ("sum", "max"):
+        for fused in (True, False):
+            for weighted in (False, True):
+                if weighted and mode == "max":
+                    continue
+                for padding_idx in (-1, 12):
+                    for owned in (None, _owned(ids, offsets, row_start, rows)):
+                        weight = torch.randn(rows, dim, generator=gen, dtype=torch.float64, requires_grad=True)
+                        samples.append(
+                            (weight, ids, offsets, psw if weighted else None, row_start, mode, padding_idx, fused, owned)
+                        )
+    for mode in ("sum", "max"):
+        weight = torch.randn(rows, dim, generator=gen, requires_grad=True)
+        samples.append((weight, ids, _long(), None, row_start, mode, -1, True, 0))  # no bags
+        samples.append((weight, _long(), _long(0, 0), None, row_start, mode, -1, False, None))  # no ids
+        samples.append((weight, _long(1, 2), _long(0), None, row_start, mode, -1, True, None))  # none owned
+    return samples
+
+
+class TestRegistrations(TestCase):
+    def test_every_op_is_classified(self):
+        registered = {
+            name.split("::", 1)[1].split(".", 1)[0]
+            for name in torch._C._dispatch_get_all_op_names()
+            if name.startswith("torch_shard::")
+        }
+        kinds = [set(TRACEABLE), COMMUNICATE, READ_IMPL, READ_VALUES, PLAIN]
+        self.assertEqual(registered, set().union(*kinds))
+        self.assertEqual(sum(len(kind) for kind in kinds), len(registered))  # each op in one kind
+        self.assertEqual(torch_shard.__version__, "0.1.0")
+
+    def test_kernels_per_key(self):
+        for name, keys in TRACEABLE.items():
+            with self.subTest(op=name):
+                for key in keys:
+                    self.assertTrue(_has_kernel(name, key), f"{name} has no {key} kernel")
+                self.assertFalse(_has_kernel(name, "CompositeImplicitAutograd"))
+                self.assertTrue(_has_fake_kernel(name))
+        # The forward's autograd is registered with the op (torch.library.register_autograd), not a
+        # Python autograd.Function around it; the backward op has none (no double backward).
+        self.assertTrue(_has_kernel("_embedding_bag_partial", "Autograd"))
+        self.assertFalse(_has_kernel("_embedding_bag_partial_backward", "Autograd"))
+        for name in COLLECTIVES:
+            with self.subTest(op=name):
+                for key in ("CPU", "CUDA", "Autograd"):
+                    self.assertTrue(_has_kernel(name, key), f"{name} has no {key} kernel")
+                self.assertFalse(_has_kernel(name, "CompositeImplicitAutograd"))
+                self.assertTrue(_has_fake_kernel(name))  # it raises: TestUntraceableOps
+        # The others run at the Autograd key, before the Python key of a wrapped ShardedTensor.
+        for name in (COMMUNICATE - COLLECTIVES) | READ_IMPL | READ_VALUES | PLAIN:
+            with self.subTest(op=name):
+                self.assertTrue(_has_kernel(name, "CompositeImplicitAutograd"))
+                self.assertFalse(_has_fake_kernel(name))
+
+    def test_opcheck_embedding_bag_partial(self):
+        # Schema (no undeclared mutation or aliasing), autograd registration, fake kernel against the
+        # real one (shapes, dtypes, strides, devices), and AOTAutograd with dynamic shapes (outputs and
+        # gradients against eager).
+        for sample in _partial_samples():
+            with self.subTest(mode=sample[5], weighted=sample[3] is not None, pad=sample[6], fused=sample[7], owned=sample[8], ids=sample[1].numel(), bags=sample[2].numel()):
+                torch.library.opcheck(_ops._embedding_bag_partial.default, sample)
+
+    def test_opcheck_embedding_bag_partial_backward(self):
+        for weight, ids, offsets, psw, row_start, mode, pad, fused, owned in _partial_samples():
+            with self.subTest(mode=mode, weighted=psw is not None, pad=pad, owned=owned, bags=offsets.numel()):
+                with torch.no_grad():
+                    pooled, argmax = _ops._embedding_bag_partial(weight, ids, offsets, psw, row_start, mode, pad, fused, owned)
+                grad = torch.randn_like(pooled)
+                args = (grad, ids, offsets, psw, argmax, row_start, weight.size(0), mode, pad, owned)
+                torch.library.opcheck(_ops._embedding_bag_partial_backward.default, args)
+
+    def test_registered_autograd_matches_the_backward_op(self):
+        weight, ids, offsets, psw, row_start, _, pad, _, owned = _partial_samples()[4]
+        for mode in ("sum", "max"):
+            w = weight.detach().clone().requires_grad_(True)
+            pooled, argmax = _ops._embedding_bag_partial(w, ids, offsets, psw if mode == "sum" else None, row_start, mode, pad, True, owned)
+            self.assertFalse(argmax.requires_grad)
+            grad = torch.randn_like(pooled)
+            finite = torch.isfinite(pooled)
+            pooled.backward(torch.where(finite, grad, torch.zeros_like(grad)))
+            expected = _ops._embedding_bag_partial_backward(
+                torch.where(finite, grad, torch.zeros_like(grad)), ids, offsets, psw if mode == "sum" else None,
+                argmax, row_start, w.size(0), mode, pad, owned,
+            )
+            self.assertEqual(w.grad, expected)
+        with self.assertRaisesRegex(NotImplementedError, "per_sample_weights are not supported"):
+            _ops._embedding_bag_partial(weight, ids, offsets, psw.clone().requires_grad_(True), row_start, "sum", pad)
+
+    def test_opcheck_chunk_boxes(self):
+        for global_size, dim, chunks in (([10, 4], 0, 4), ([10, 4], -1, 3), ([3], 0, 5), ([0, 2], 0, 2)):
+            with self.subTest(global_size=global_size, dim=dim, chunks=chunks):
+                torch.library.opcheck(_ops.chunk_boxes.default, (global_size, dim, chunks))
+        with FakeTensorMode():
+            offsets, sizes = _ops.chunk_boxes([10, 4], 1, 3)
+            self.assertIsInstance(offsets, FakeTensor)
+            self.assertEqual((offsets.shape, sizes.shape, offsets.dtype), ((3, 2), (3, 2), torch.int64))
+            # The fake kernel raises what the real one does.
+            with self.assertRaisesRegex(ValueError, "Invalid sharding dim"):
+                _ops.chunk_boxes([10, 4], 2, 3)
+
+    def test_fake_kernels_check_metadata(self):
+        with FakeTensorMode():
+            weight, ids, offsets = torch.empty(4, 3), torch.empty(5, dtype=torch.int64), torch.empty(2, dtype=torch.int64)
+            pooled, argmax = _ops._embedding_bag_partial(weight, ids, offsets, None, 0, "max", -1)
+            self.assertEqual((pooled.shape, argmax.shape, argmax.dtype), ((2, 3), (2, 3), torch.int64))
+            with self.assertRaisesRegex(ValueError, "mode must be 'sum' or 'max', got mean"):
+                _ops._embedding_bag_partial(weight, ids, offsets, None, 0, "mean", -1)
+            with self.assertRaisesRegex(TypeError, "ids and offsets must be int64"):
+                _ops._embedding_bag_partial(weight, ids.int(), offsets, None, 0, "sum", -1)
+            with self.assertRaisesRegex(ValueError, "per_sample_weights must be 1-D with one weight per id"):
+                _ops._embedding_bag_partial(weight, ids, offsets, torch.empty(4), 0, "sum", -1)
+            grad = _ops._embedding_bag_partial_backward(pooled, ids, offsets, None, argmax, 0, 4, "max", -1)
+            self.assertEqual(grad.shape, (4, 3))
+            with self.assertRaisesRegex(ValueError, "grad must have one row per bag"):
+                _ops._embedding_bag_partial_backward(torch.empty(3, 3), ids, offsets, None, argmax, 0, 4, "sum", -1)
+
+
+class TestUntraceableOps(TestCase):
+    """Under FakeTensorMode the ops that cannot be traced raise one RuntimeError naming themselves and
+    why, before they touch a tensor or a process group (no group exists in this process)."""
+
+    def _raises(self, name, why, call):
+        with self.subTest(op=name):
+            with FakeTensorMode():
+                with self.assertRaisesRegex(RuntimeError, rf"^torch_shard\.{name} {why}, so it cannot be traced"):
+                    call()
+
+    def test_communicating_ops(self):
+        why = "communicates over its process group"
+        group, cpu = "no_such_group", ["rank:0/cpu"]
+        calls = {
+            "shard": lambda: _ops.shard(None, 0, [4], torch.float32, 0, None, None, None, cpu, [0], False, group),
+            "gather": lambda: _ops.gather(torch.empty(4), 0, None),
+            "reshard": lambda: _ops.reshard(torch.empty(4), 0, None, None, None, cpu, [0]),
+            "_abort": lambda: _ops._abort("shard", "ValueError", group),
+            "_agree_shard": lambda: _ops._agree_shard(0, [4], torch.float32, 0, group),
+            "_share_inputs": lambda: _ops._share_inputs([torch.empty(2)], 0, 0, group),
+            "_all_ranks_true": lambda: _ops._all_ranks_true(True, group),
+            "_gather_values": lambda: _ops._gather_values(1, group),
+            "_all_to_all": lambda: _ops._all_to_all(torch.empty(2), [2], [2], group),
+            "_sum_over_ranks": lambda: _ops._sum_over_ranks(torch.empty(2), group),
+        }
+        self.assertEqual(set(calls), COMMUNICATE)
+        for name, call in calls.items():
+            self._raises(name, why, call)
+        # make_fx without fake tensors reaches the collectives through ProxyTorchDispatchMode instead.
+        for name in COLLECTIVES:
+            with self.subTest(op=name, tracing_mode="real"):
+                if name == "_all_to_all":
+                    def traced(x):
+                        return _ops._all_to_all(x, [2], [2], group)
+                else:
+                    def traced(x):
+                        return _ops._sum_over_ranks(x, group)
+                with self.assertRaisesRegex(RuntimeError, rf"^torch_shard\.{name} {why}, so it cannot be traced"):
+                    make_fx(traced)(torch.ones(2))
+        # .with_words too.
+        self._raises(
+            "_share_inputs", why, lambda: _ops._share_inputs.with_words([torch.empty(2)], 0, 0, group, [], None, None)
+        )
+
+    def test_impl_ops(self):
+        why = "builds, reads or writes a ShardedTensor's C\\+\\+ impl"
+        calls = {
+            "_make_sharded": lambda: _ops._make_sharded(
+                [], [], [4], 0, None, None, None, ["rank:0/cpu"], [0], torch.float32, None, False, "", -1, -1
+            ),
+            "_local_shards": lambda: _ops._local_shards(torch.empty(4)),
+            "_local_shard_indices": lambda: _ops._local_shard_indices(torch.empty(4)),
+            "_version": lambda: _ops._version(torch.empty(4)),
+            "_state": lambda: _ops._state(torch.empty(4)),
+            "_layout": lambda: _ops._layout(torch.empty(4)),
+            "_group_name": lambda: _ops._group_name(torch.empty(4)),
+            "_set_local_shards": lambda: _ops._set_local_shards(torch.empty(4), [], []),
+        }
+        self.assertEqual(set(calls), READ_IMPL)
+        for name, call in calls.items():
+            self._raises(name, why, call)
+        with FakeTensorMode():
+            self.assertFalse(_ops.is_sharded(torch.empty(4)))
+            # Metadata only: the same answers for fake tensors as for real ones ([k, code] or []).
+            fake = torch.empty(2, 3)
+            self.assertEqual(_ops._local_shard_mismatch([fake], [2, 3], [2], ["cpu"]), [])
+            self.assertEqual(_ops._local_shard_mismatch([fake], [2, 4], [2], ["cpu"]), [0, 3])
+            self.assertEqual(_ops._local_shard_mismatch([fake], [2, 3], [2], ["cpu"], torch.float64), [0, 5])
+
+    def test_value_reading_layout_ops(self):
+        why = "reads the values of its tensor arguments"
+        size = [4, 2]
+        with FakeTensorMode():
+            offsets = torch.zeros(2, 2, dtype=torch.int64)
+            sizes = torch.ones(2, 2, dtype=torch.int64)
+        calls = {
+            "validate_shards": lambda: _ops.validate_shards(offsets, sizes, size),
+            "_find_overlap": lambda: _ops._find_overlap(offsets, sizes),
+            "_transfer_counts": lambda: _ops._transfer_counts(size, offsets, sizes, [0, 0], offsets, sizes, [0, 0], 0, 1),
+            "_layout_fingerprint": lambda: _ops._layout_fingerprint(
+                size, None, offsets, sizes, None, ["rank:0/cpu", "rank:0/cpu"], [0, 0], torch.float32
+            ),
+        }
+        self.assertEqual(set(calls), READ_VALUES)
+        for name, call in calls.items():
+            with self.subTest(op=name):
+                with self.assertRaisesRegex(RuntimeError, rf"^torch_shard\.{name} {why}, so it cannot be traced"):
+                    call()
+        # Meta tensors have no values either; real CPU tensors under the mode are read as usual.
+        with self.assertRaisesRegex(RuntimeError, "cannot be traced"):
+            meta = torch.zeros(2, 2, dtype=torch.int64, device="meta")
+            _ops.validate_shards(meta, meta)
+        self.assertEqual(_ops._find_overlap(_long(0, 1).view(2, 1), _long(2, 2).view(2, 1)), [0, 1])
+
+
+class TestCollectivesAutograd(ShardedTensorTestBase):
+    """The registered autograd of _all_to_all and _sum_over_ranks, 4 ranks (gradients on every rank)."""
+
+    @with_comms(init_rpc=False)
+    def test_all_to_all_backward_is_the_reverse_all_to_all(self):
+        group, device, me, world = dist.group.WORLD.group_name, rank_device(self.rank), self.rank, TEST_WORLD_SIZE
+
+        def count(src, dst):  # elements rank src sends to rank dst (uneven, and 0 from rank 0 to rank 1)
+            return 0 if (src, dst) == (0, 1) else src + 2 * dst + 1
+
+        send_counts = [count(me, p) for p in range(world)]
+        recv_counts = [count(p, me) for p in range(world)]
+
+        def sent_by(rank):  # what rank `rank` sends (its input), the same formula on every rank
+            return torch.arange(sum(count(rank, p) for p in range(world)), dtype=torch.float64) + 100 * rank
+
+        def piece(flat, counts, p):
+            start = sum(counts[:p])
+            return flat[start : start + counts[p]]
+
+        x = sent_by(me).to(device).requires_grad_(True)
+        out = torch.ops.torch_shard._all_to_all(x, send_counts, recv_counts, group)
+        for p in range(world):  # the piece from p is what p sent here
+            self.assertEqual(piece(out, recv_counts, p), piece(sent_by(p), [count(p, q) for q in range(world)], me).to(device))
+        # Loss weights: on rank r, received element i weighs 1000 * r + i.
+        def weights(rank):
+            return torch.arange(sum(count(p, rank) for p in range(world)), dtype=torch.float64) + 1000 * rank
+
+        (out * weights(me).to(device)).sum().backward()
+        # What this rank sent to p was p's piece from this rank: its gradient is p's weights there.
+        expected = torch.cat([piece(weights(p), [count(q, p) for q in range(world)], me) for p in range(world)])
+        self.assertEqual(x.grad, expected.to(device))
+
+    @with_comms(init_rpc=False)
+    def test_sum_over_ranks_backward_sums_the_gradients(self):
+        group, device, world = dist.group.WORLD.group_name, rank_device(self.rank), TEST_WORLD_SIZE
+        x = torch.full((3,), float(self.rank + 1), dtype=torch.float64, device=device, requires_grad=True)
+        total = torch.ops.torch_shard._sum_over_ranks(x, group)
+        self.assertEqual(total, torch.full((3,), world * (world + 1) / 2, dtype=torch.float64, device=device))
+        (total * (self.rank + 1)).sum().backward()
+        # d(sum over ranks r of (r + 1) * total_r) / dx = sum over ranks of (r + 1).
+        self.assertEqual(x.grad, torch.full((3,), world * (world + 1) / 2, dtype=torch.float64, device=device))
+
+
+if __name__ == "__main__":
+    run_tests()

@@ -1,0 +1,191 @@
+"""The Python half of the C++ ops' registrations: fake kernels and autograd.
+
+``csrc/torch_shard.cpp`` defines every schema and ``csrc/ops/`` registers the kernels per dispatch key.
+What is written in Python lives here, imported once with the extension:
+
+* fake kernels (``torch.library.register_fake``) for the ops that can be traced: the output's
+  shapes, dtypes and devices from the inputs' (FakeTensorMode, torch.compile, torch.export):
+  ``_embedding_bag_partial``, ``_embedding_bag_partial_backward`` and ``chunk_boxes``;
+* the autograd of ``_embedding_bag_partial`` (``torch.library.register_autograd``): its backward is
+  the op ``_embedding_bag_partial_backward``;
+* the autograd of the two collectives on plain tensors, ``_all_to_all`` (the reverse all-to-all) and
+  ``_sum_over_ranks``, and their fake kernels and make_fx rules, which raise: they communicate.
+
+The other ops taking or returning tensors cannot be traced either and raise a RuntimeError under
+FakeTensorMode / make_fx (NOTE [ Ops that cannot be traced ] in csrc/ops/untraceable.h): the
+data ops communicate, the impl ops build or read a ShardedTensor's C++ impl, and the layout ops
+``validate_shards``, ``_find_overlap``, ``_transfer_counts`` and ``_layout_fingerprint`` return what
+they read from their tensors' values.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.fx.experimental.proxy_tensor import ProxyTorchDispatchMode
+
+_PARTIAL = "torch_shard::_embedding_bag_partial"
+_PARTIAL_BACKWARD = "torch_shard::_embedding_bag_partial_backward"
+
+
+def _check_bags(op: str, values, values_name: str, ids, offsets, per_sample_weights, row_start: int, rows) -> None:
+    """The metadata checks of the C++ kernels' check_bags (NOTE [ Partial pooling preconditions ]),
+    with their exception types and messages; the checks of the offsets' values stay in C++."""
+    if values.dim() != 2:
+        raise ValueError(f"{op}: {values_name} must be 2-D, got shape {list(values.shape)}")
+    if not values.is_floating_point():
+        raise TypeError(f"{op}: {values_name} must be a floating point tensor, got {values.dtype}")
+    if ids.dtype != torch.int64 or offsets.dtype != torch.int64:
+        raise TypeError(f"{op}: ids and offsets must be int64, got {ids.dtype} and {offsets.dtype}")
+    if ids.dim() != 1 or offsets.dim() != 1:
+        raise ValueError(f"{op}: ids and offsets must be 1-D, got {ids.dim()}-D and {offsets.dim()}-D")
+    for t in (ids, offsets) if per_sample_weights is None else (ids, offsets, per_sample_weights):
+        if t.device != values.device:
+            raise RuntimeError(
+                f"{op}: expected all tensors to be on the same device, but found at least two devices, "
+                f"{values.device} and {t.device}!"
+            )
+    if per_sample_weights is not None:
+        if per_sample_weights.dim() != 1 or per_sample_weights.numel() != ids.numel():
+            raise ValueError(
+                f"{op}: per_sample_weights must be 1-D with one weight per id ({ids.numel()}), got shape "
+                f"{list(per_sample_weights.shape)}"
+            )
+        if not per_sample_weights.is_floating_point():
+            raise TypeError(f"{op}: per_sample_weights must be a floating point tensor, got {per_sample_weights.dtype}")
+    if row_start < 0 or rows < 0:
+        raise ValueError(f"{op}: row_start and rows must be non-negative, got {row_start} and {rows}")
+
+
+def _check_mode(op: str, mode: str) -> None:
+    if mode not in ("sum", "max"):
+        raise ValueError(f"{op}: mode must be 'sum' or 'max', got {mode}")
+
+
+@torch.library.register_fake(_PARTIAL)
+def _embedding_bag_partial_fake(
+    weight, ids, offsets, per_sample_weights, row_start, mode, padding_idx, fused=True, owned=None
+):
+    """[num_bags, dim] of the weight's dtype, and the winning rows: int64 [num_bags, dim] for "max",
+    else empty; both on the weight's device."""
+    op = "torch_shard._embedding_bag_partial"
+    _check_mode(op, mode)
+    _check_bags(op, weight, "weight", ids, offsets, per_sample_weights, row_start, weight.shape[0])
+    num_bags, dim = offsets.shape[0], weight.shape[1]
+    argmax_shape = (num_bags, dim) if mode == "max" else (0,)
+    return weight.new_empty(num_bags, dim), ids.new_empty(argmax_shape)
+
+
+@torch.library.register_fake(_PARTIAL_BACKWARD)
+def _embedding_bag_partial_backward_fake(
+    grad, ids, offsets, per_sample_weights, argmax, row_start, rows, mode, padding_idx, owned=None
+):
+    """The weight shard's gradient: [rows, dim] of the gradient's dtype, on its device."""
+    op = "torch_shard._embedding_bag_partial_backward"
+    _check_mode(op, mode)
+    _check_bags(op, grad, "grad", ids, offsets, per_sample_weights, row_start, rows)
+    if grad.shape[0] != offsets.shape[0]:
+        raise ValueError(f"{op}: grad must have one row per bag ({offsets.shape[0]}), got shape {list(grad.shape)}")
+    if mode == "max" and rows != 0:
+        if argmax.dtype != torch.int64:
+            raise TypeError(f"{op}: argmax must be int64, got {argmax.dtype}")
+        if argmax.shape != grad.shape:
+            raise ValueError(f"{op}: argmax must have the shape of grad {list(grad.shape)}, got {list(argmax.shape)}")
+    return grad.new_empty(rows, grad.shape[1])
+
+
+def _partial_setup_context(ctx, inputs, output) -> None:
+    weight, ids, offsets, per_sample_weights, row_start, mode, padding_idx, _fused, owned = inputs
+    if per_sample_weights is not None and per_sample_weights.requires_grad:
+        raise NotImplementedError(
+            "torch_shard._embedding_bag_partial: gradients with respect to per_sample_weights are not supported"
+        )
+    _, argmax = output
+    ctx.save_for_backward(ids, offsets, per_sample_weights, argmax)
+    ctx.arguments = (row_start, weight.shape[0], mode, padding_idx, owned)
+
+
+def _partial_backward(ctx, grad_pooled, _grad_argmax):
+    ids, offsets, per_sample_weights, argmax = ctx.saved_tensors
+    row_start, rows, mode, padding_idx, owned = ctx.arguments
+    grad_weight = torch.ops.torch_shard._embedding_bag_partial_backward(
+        grad_pooled.contiguous(), ids, offsets, per_sample_weights, argmax, row_start, rows, mode, padding_idx, owned
+    )
+    # Only the weight is differentiable: ids, offsets and argmax are integers, and per_sample_weights
+    # never requires grad here (checked in the forward).
+    return grad_weight, None, None, None, None, None, None, None, None
+
+
+torch.library.register_autograd(_PARTIAL, _partial_backward, setup_context=_partial_setup_context)
+
+
+@torch.library.register_fake("torch_shard::chunk_boxes")
+def _chunk_boxes_fake(global_size, dim, num_chunks):
+    """(N, ndim) int64 CPU offsets and sizes. They depend on the integer arguments only, so the real
+    kernel runs (raising what it raises for a bad dim or count) and its results' shapes are returned."""
+    with torch._C._DisableTorchDispatch():
+        offsets, _ = torch.ops.torch_shard.chunk_boxes(global_size, dim, num_chunks)
+    return torch.empty(offsets.shape, dtype=torch.int64), torch.empty(offsets.shape, dtype=torch.int64)
+
+
+# The two collectives on plain tensors (NOTE [ Why not torch's functional collectives ] in
+# csrc/ops/data_ops.cpp): CPU and CUDA kernels, their autograd here, and fake kernels that raise.
+_ALL_TO_ALL = "torch_shard::_all_to_all"
+_SUM_OVER_RANKS = "torch_shard::_sum_over_ranks"
+
+
+def _cannot_trace(op: str) -> RuntimeError:
+    """The error of the C++ check_not_tracing (csrc/ops/untraceable.h), word for word."""
+    return RuntimeError(
+        f"torch_shard.{op} communicates over its process group, so it cannot be traced: it cannot run under "
+        "FakeTensorMode or make_fx (torch.compile, torch.export). Call it outside the traced region (e.g. in "
+        "a torch.compiler.disable'd function)."
+    )
+
+
+@torch.library.register_fake(_ALL_TO_ALL)
+def _all_to_all_fake(input, send_counts, recv_counts, group_name):
+    """Raises: run under FakeTensorMode, the op would exchange nothing (NOTE [ Ops that cannot be
+    traced ])."""
+    raise _cannot_trace("_all_to_all")
+
+
+@torch.library.register_fake(_SUM_OVER_RANKS)
+def _sum_over_ranks_fake(input, group_name):
+    """Raises, as :func:`_all_to_all_fake`."""
+    raise _cannot_trace("_sum_over_ranks")
+
+
+def _refuse_proxy(mode, func, types, args, kwargs):
+    """make_fx without fake tensors (tracing_mode="real") reaches ProxyTorchDispatchMode, not the fake
+    kernel: it would record the op and run it once, communicating at trace time."""
+    raise _cannot_trace(func._schema.name.split("::", 1)[1])
+
+
+torch.library.register_torch_dispatch(_ALL_TO_ALL, ProxyTorchDispatchMode, _refuse_proxy)
+torch.library.register_torch_dispatch(_SUM_OVER_RANKS, ProxyTorchDispatchMode, _refuse_proxy)
+
+
+def _all_to_all_setup_context(ctx, inputs, output) -> None:
+    _, send_counts, recv_counts, group_name = inputs
+    ctx.counts = (send_counts, recv_counts, group_name)
+
+
+def _all_to_all_backward(ctx, grad):
+    # What this rank sent to rank p came back from p as p's received piece: the reverse all-to-all
+    # (counts swapped) returns each piece's gradient to the rank that sent it.
+    send_counts, recv_counts, group_name = ctx.counts
+    return torch.ops.torch_shard._all_to_all(grad.contiguous(), recv_counts, send_counts, group_name), None, None, None
+
+
+def _sum_over_ranks_backward(ctx, grad):
+    # Every rank's output is the sum of every rank's input: an input's gradient is the sum of the
+    # outputs' gradients over the ranks.
+    return torch.ops.torch_shard._sum_over_ranks(grad, ctx.group_name), None
+
+
+def _sum_over_ranks_setup_context(ctx, inputs, output) -> None:
+    ctx.group_name = inputs[1]
+
+
+torch.library.register_autograd(_ALL_TO_ALL, _all_to_all_backward, setup_context=_all_to_all_setup_context)
+torch.library.register_autograd(_SUM_OVER_RANKS, _sum_over_ranks_backward, setup_context=_sum_over_ranks_setup_context)
