@@ -12,13 +12,17 @@ As upstream: every rank looks up its own input (seeded by rank, same shape on ev
 the sharded op renormalises (in place, by the full row norm) every row any rank looked up.
 """
 
+import warnings
+
 import torch
 import torch.distributed as dist
 
 from torch_shard import shard_parameter
+from torch_shard.sharding_spec.chunk_sharding_spec_ops._common import owner_of_ids
 from torch_shard.testing import (
     TEST_WORLD_SIZE,
     ShardedTensorTestBase,
+    TestCase,
     rank_device,
     run_tests,
     with_comms,
@@ -190,6 +194,17 @@ class TestShardedEmbedding(ShardedTensorTestBase):
                 max_norm=2.0,
             )
             self._run_sharded_embedding(spec, [4], 14, 11, max_norm=2.5)
+
+
+class TestOwnerTable(TestCase):
+    def test_owner_of_ids_follows_placements_in_any_order_without_warnings(self):
+        # Row ranges in placement order (not sorted by start), an empty range; the boundaries handed to
+        # bucketize must be contiguous (torch warns and copies otherwise), on every device.
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            ids = torch.tensor([0, 5, 9, 3, 7])
+            self.assertEqual(owner_of_ids(ids, [(8, 10), (0, 4), (4, 8), (10, 10)]), torch.tensor([1, 2, 0, 1, 2]))
+            self.assertEqual(owner_of_ids(ids, [(0, 10)]), torch.zeros(5, dtype=torch.int64))
 
 
 if __name__ == "__main__":

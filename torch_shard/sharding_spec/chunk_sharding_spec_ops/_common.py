@@ -269,9 +269,10 @@ def row_ranges(weight) -> list[tuple[int, int]]:
 def _host_to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``host`` (a small CPU tensor built from Python values) on ``device`` without a host sync: a copy
     from pageable memory to a GPU waits for the stream, one from pinned memory does not."""
+    host = host.contiguous()
     if device.type != "cuda":
         return host.to(device)
-    return host.contiguous().pin_memory().to(device, non_blocking=True)
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def owner_of_ids(ids: torch.Tensor, ranges: list[tuple[int, int]]) -> torch.Tensor:
@@ -279,6 +280,7 @@ def owner_of_ids(ids: torch.Tensor, ranges: list[tuple[int, int]]) -> torch.Tens
     owned = sorted((lo, rank) for rank, (lo, hi) in enumerate(ranges) if hi > lo)
     if not owned:
         return torch.zeros_like(ids)
+    # One [2, n] table (starts; ranks), rows contiguous: bucketize warns about strided boundaries.
     starts, ranks = _host_to_device(torch.tensor(owned, dtype=torch.int64).t(), ids.device)
     # Row ranges tile [0, rows): the last start <= id is the range of id.
     return ranks[(torch.bucketize(ids, starts, right=True) - 1).clamp(min=0)]
