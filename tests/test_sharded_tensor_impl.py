@@ -396,6 +396,14 @@ class TestShardedTensorErrorsNoComms(TestCase):
         with self.assertRaisesRegex(ValueError, "2 tensors but 1 devices"):
             find([a, b], [2, 3, 4], [2, 1], ["cpu"])
 
+    def test_abort_names_an_op_of_the_exchange(self):
+        # _abort takes the op's name from the one table of op kinds (comm/agreement.cpp); an unknown
+        # name is refused before any group is looked up.
+        with self.assertRaisesRegex(ValueError, "torch_shard._abort: unknown op 'init_from_local_shards'"):
+            _ops._abort("init_from_local_shards", "ValueError", "no_such_group")
+        with self.assertRaisesRegex(ValueError, "no process group is registered under the name 'no_such_group'"):
+            _ops._abort("reshard", "ValueError", "no_such_group")
+
     def test_accessors_reject_dense_tensors(self):
         with self.assertRaisesRegex(TypeError, "expected a ShardedTensor"):
             _ops._local_shards(torch.zeros(3))

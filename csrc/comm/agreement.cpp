@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <sstream>
+#include <utility>
 
 #include <ATen/ops/cat.h>
 #include <c10/util/Exception.h>
@@ -39,20 +40,33 @@ const char* error_class_name(ErrorCode code) {
 
 } // namespace
 
+namespace {
+
+// Every op kind and its name (in messages, and as _abort's argument): the one table of both.
+constexpr std::pair<OpKind, const char*> kOpNames[] = {
+    {OpKind::kShard, "shard"},     {OpKind::kGather, "gather"},
+    {OpKind::kReshard, "reshard"}, {OpKind::kShareInputs, "share_inputs"},
+    {OpKind::kCompare, "compare"},
+};
+
+} // namespace
+
 const char* op_name(OpKind op) {
-  switch (op) {
-    case OpKind::kShard:
-      return "shard";
-    case OpKind::kGather:
-      return "gather";
-    case OpKind::kReshard:
-      return "reshard";
-    case OpKind::kShareInputs:
-      return "share_inputs";
-    case OpKind::kCompare:
-      return "compare";
+  for (const auto& [kind, name] : kOpNames) {
+    if (kind == op) {
+      return name;
+    }
   }
   return "unknown op";
+}
+
+std::optional<OpKind> op_from_name(const std::string& name) {
+  for (const auto& [kind, known] : kOpNames) {
+    if (name == known) {
+      return kind;
+    }
+  }
+  return std::nullopt;
 }
 
 std::vector<std::string> error_class_names() {

@@ -26,6 +26,8 @@ enum class OpKind : int64_t {
 };
 
 const char* op_name(OpKind op);
+// The kind named `name` (op_name's inverse), or nullopt.
+std::optional<OpKind> op_from_name(const std::string& name);
 
 // Values every rank sends to every rank in the agreement (op-specific: ranks, fingerprints, ...).
 constexpr int kAgreedValues = 4;

@@ -323,17 +323,7 @@ void agree_shard(int64_t src, c10::IntArrayRef global_size, c10::ScalarType dtyp
 // It returns normally on this rank, whatever the others did: the caller then raises its own error.
 void abort_op(c10::string_view op, c10::string_view error_class, c10::string_view group_name) {
   check_not_tracing("_abort", kCommunicates);
-  static const std::pair<const char*, comm::OpKind> kOps[] = {
-      {"shard", comm::OpKind::kShard},     {"gather", comm::OpKind::kGather},
-      {"reshard", comm::OpKind::kReshard}, {"share_inputs", comm::OpKind::kShareInputs},
-      {"compare", comm::OpKind::kCompare},
-  };
-  std::optional<comm::OpKind> kind;
-  for (const auto& [name, k] : kOps) {
-    if (op == name) {
-      kind = k;
-    }
-  }
+  const std::optional<comm::OpKind> kind = comm::op_from_name(std::string(op));
   TORCH_CHECK_VALUE(kind.has_value(), "torch_shard._abort: unknown op '", op, "'");
   // The class's code in the one table (comm::error_class_names); any other class reports kOther.
   comm::ErrorCode code = comm::ErrorCode::kOther;
