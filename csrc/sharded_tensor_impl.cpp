@@ -1,5 +1,6 @@
 #include "sharded_tensor_impl.h"
 
+#include <algorithm>
 #include <atomic>
 #include <unordered_set>
 
@@ -11,8 +12,8 @@
 
 // The impl overrides TensorImpl virtuals whose set and signatures move between releases; the range
 // below is the one this code is built and reviewed against.
-static_assert(TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 11 && TORCH_VERSION_MINOR <= 14,
-              "torch_shard supports torch 2.11 to 2.14");
+static_assert(TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 11 && TORCH_VERSION_MINOR <= 15,
+              "torch_shard supports torch 2.11 to 2.15");
 
 namespace torch_shard {
 
@@ -169,6 +170,14 @@ void ShardedTensorImpl::set_layout(std::shared_ptr<const layout::Layout> layout,
   local_shards_ = std::move(local_shards);
   local_shard_indices_ = std::move(local_shard_indices);
   version_ = next_version();
+  // pin_memory is a promise about CPU shards. A layout with no CPU placement has none to keep it
+  // about, and is_pinned() then says false on every rank (as Tensor.is_pinned() of a CUDA tensor
+  // does); the placements are global, so every rank decides the same.
+  const auto& placements = layout_->placements();
+  if (pin_memory_ && std::none_of(placements.begin(), placements.end(),
+                                  [](const layout::Placement& p) { return p.device.is_cpu(); })) {
+    pin_memory_ = false;
+  }
   follow_shard_device();
 }
 

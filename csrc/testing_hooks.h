@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace torch_shard {
@@ -34,10 +35,13 @@ struct TestingHooks {
   // [through the hub (0/1), slot bytes, messages of the busiest rank, its bytes with headers only, its
   // bytes with every slot full, messages of any other rank] of one round 1 among `world` ranks.
   std::vector<int64_t> (*round_one_cost)(int64_t world, bool cpu, bool p2p);
+  // The communication device (as a string) of the group registered under `group_name` for an op whose
+  // tensors live on `tensors_device` ("" for none): NOTE [ Communication device ].
+  std::string (*comm_device)(const std::string& group_name, const std::string& tensors_device);
 };
 
 // Bumped whenever TestingHooks changes; the testing library refuses a product of another version.
-constexpr int64_t kTestingHooksVersion = 2;
+constexpr int64_t kTestingHooksVersion = 3;
 
 // The product's hooks (comm/exchange.cpp).
 const TestingHooks& testing_hooks();

@@ -18,6 +18,8 @@ csrc/); these tests pin down the parts of that construction a CPU run can observ
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -25,7 +27,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from torch_shard import _shard_tensor, sharded_tensor
 from torch_shard.sharding_spec import ChunkShardingSpec, EnumerableShardingSpec, ShardMetadata
-from torch_shard.testing import ShardedTensorTestBase, placement, rank_device, requires_cuda, run_tests, with_comms
+from torch_shard.testing import (
+    ShardedTensorTestBase,
+    TestCase,
+    placement,
+    rank_device,
+    requires_cuda,
+    run_tests,
+    with_comms,
+)
 
 WORLD = 4
 aten = torch.ops.aten
@@ -133,6 +143,17 @@ class TestDevicePaths(ShardedTensorTestBase):
         st = _shard_tensor(full, _rows())
         moved = st.to(device=device, copy=True)
         self.assertFalse(moved is st)
+        # A forced copy copies: no local shard shares memory with the original's.
+        original = {s.tensor.data_ptr() for s in st.local_shards()}
+        self.assertTrue(original)
+        self.assertEqual(set(), original & {s.tensor.data_ptr() for s in moved.local_shards()})
+        self.assertEqual(moved.local_shards()[0].tensor, st.local_shards()[0].tensor)
+        # ... and the same holds for a copy to another dtype and back (two copies), while a plain .to()
+        # of nothing new is the tensor itself.
+        self.assertTrue(st.to(device=device) is st)
+        self.assertTrue(st.to(torch.float32, copy=False) is st)
+        again = st.to(torch.float32, copy=True)
+        self.assertEqual(set(), original & {s.tensor.data_ptr() for s in again.local_shards()})
         kind = torch.device(device).type
         for r, md in enumerate(moved.metadata().shards_metadata):
             self.assertEqual(md.placement.rank(), r)
@@ -255,12 +276,69 @@ class TestDevicePaths(ShardedTensorTestBase):
         self.assertFalse(st.is_pinned())
 
 
+class TestCommDevice(TestCase):
+    """Which device torch_shard's collectives use (NOTE [ Communication device ]), on a group with a
+    CUDA backend other than gloo. No NCCL here: the group is built by hand with torch's fake backend
+    registered for CUDA, which is all the choice looks at (it never talks to the backend)."""
+
+    def setUp(self) -> None:
+        from torch._C._distributed_c10d import FakeProcessGroup, ProcessGroup, _register_process_group
+
+        self.group_name = f"torch_shard_comm_device_{id(self)}"
+        pg = ProcessGroup(dist.HashStore(), 0, 1)
+        fake = FakeProcessGroup._create_internal(0, 1)
+        pg._register_backend(torch.device("cpu"), ProcessGroup.BackendType.CUSTOM, fake)
+        pg._register_backend(torch.device("cuda"), ProcessGroup.BackendType.CUSTOM, fake)
+        self.pg = pg
+        _register_process_group(self.group_name, pg)
+
+    def tearDown(self) -> None:
+        from torch._C._distributed_c10d import _unregister_process_group
+
+        _unregister_process_group(self.group_name)
+
+    def _comm_device(self, tensors: str = "") -> str:
+        return torch.ops.torch_shard_testing._comm_device(self.group_name, tensors)
+
+    def test_bound_device_wins_over_the_tensors_device(self):
+        # NCCL refuses tensors on any device but the one its group is bound to: a rank whose shards sit
+        # on cuda:0 while the group is bound to cuda:1 stages through cuda:1 (it used to pick cuda:0 and
+        # raise inside round 1 while its peers waited).
+        self.pg.bound_device_id = torch.device("cuda:1")
+        self.assertEqual(self._comm_device("cuda:0"), "cuda:1")
+        self.assertEqual(self._comm_device("cpu"), "cuda:1")
+        self.assertEqual(self._comm_device(), "cuda:1")
+
+    def test_unbound_group_uses_the_tensors_device(self):
+        self.assertEqual(self._comm_device("cuda:2"), "cuda:2")
+
+    def test_gloo_group_communicates_on_the_cpu(self):
+        # A group whose only backend is gloo (for CPU and CUDA tensors alike) stages through host memory.
+        from torch._C._distributed_c10d import ProcessGroup
+
+        name = f"{self.group_name}_gloo"
+        pg = ProcessGroup(dist.HashStore(), 0, 1)
+        gloo = dist.ProcessGroupGloo(dist.HashStore(), 0, 1)
+        pg._register_backend(torch.device("cpu"), ProcessGroup.BackendType.GLOO, gloo)
+        pg._register_backend(torch.device("cuda"), ProcessGroup.BackendType.GLOO, gloo)
+        from torch._C._distributed_c10d import _register_process_group, _unregister_process_group
+
+        _register_process_group(name, pg)
+        try:
+            self.assertEqual(torch.ops.torch_shard_testing._comm_device(name, "cuda:1"), "cpu")
+        finally:
+            _unregister_process_group(name)
+
+
 class TestPinnedOnGpuMachines(ShardedTensorTestBase):
     @requires_cuda(1)
     @with_comms(init_rpc=False, backend="gloo")
     def test_reshard_and_to_keep_pinned_consistent(self):
-        """A pinned ShardedTensor stays pinned through a reshard (new shards are allocated pinned), and
-        .to() another dtype gives an unpinned one whose metadata says so."""
+        """A pinned ShardedTensor stays pinned through a reshard onto CPU placements (new shards are
+        allocated pinned) and through every copy made on the CPU (.to() another dtype, clone(),
+        type_as(), deepcopy, pickling); on CUDA placements it is not pinned (there is no CPU shard to
+        pin), and a non-blocking copy back to the CPU follows the promise, not PyTorch's pinning of the
+        destination."""
         spec = ChunkShardingSpec(dim=0, placements=[f"rank:{r}/cpu" for r in range(WORLD)])
         st = sharded_tensor.zeros(spec, 16, 8, pin_memory=True)
         self.assertTrue(st.is_pinned())
@@ -268,13 +346,28 @@ class TestPinnedOnGpuMachines(ShardedTensorTestBase):
         self.assertTrue(st.is_pinned())
         self.assertTrue(all(s.tensor.is_pinned() for s in st.local_shards()))
         half = st.to(torch.float16)
-        self.assertFalse(half.is_pinned())
-        self.assertFalse(half.metadata().tensor_properties.pin_memory)
+        self.assertTrue(half.is_pinned())
+        self.assertTrue(half.metadata().tensor_properties.pin_memory)
+        for copied in (st.clone(), st.type_as(torch.zeros(1, dtype=torch.float64)), copy.deepcopy(st)):
+            self.assertTrue(copied.is_pinned())
+            self.assertTrue(all(s.tensor.is_pinned() for s in copied.local_shards()))
+            self.assertEqual(copied.local_shards()[0].tensor.double(), st.local_shards()[0].tensor.double())
         grid = EnumerableShardingSpec(
             [ShardMetadata([0, 0], [16, 4], "rank:0/cpu"), ShardMetadata([0, 4], [16, 4], "rank:1/cpu")]
         )
         st.reshard(grid)
         self.assertTrue(st.is_pinned())
+        # Onto the GPU: not pinned; back with non_blocking=True: pageable shards, metadata unpinned.
+        on_gpu = st.cuda()
+        self.assertFalse(on_gpu.is_pinned())
+        back = on_gpu.to("cpu", non_blocking=True)
+        torch.cuda.synchronize()
+        self.assertFalse(back.is_pinned())
+        self.assertEqual(back.local_shards()[0].tensor if back.local_shards() else None,
+                         st.local_shards()[0].tensor if st.local_shards() else None)
+        # A reshard onto CUDA placements only: nothing is pinned any more, and is_pinned() says so.
+        st.reshard(ChunkShardingSpec(dim=0, placements=[f"rank:{r}/cuda:0" for r in range(WORLD)]))
+        self.assertFalse(st.is_pinned())
 
 
 if __name__ == "__main__":

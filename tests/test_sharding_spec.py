@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from torch_shard import sharded_tensor
+from torch_shard import _shard_tensor, sharded_tensor
 from torch_shard.sharded_tensor import (
     ShardedTensor,
     ShardedTensorMetadata,
@@ -645,10 +645,49 @@ class TestCustomShardingSpec(ShardedTensorTestBase):
         self.assertEqual((2, 2), local_shard.size())
         self.assertEqual(local_shard, torch.ones(2, 2, device=rank_device(self.rank)))
 
+    @with_comms(init_rpc=False)
+    def test_custom_sharding_spec_shard_tensor(self):
+        """Test custom spec can be invoked from the
+        _shard_tensor callsite.
+        """
 
-# Pending (later issue, needs ``torch_shard._shard_tensor``):
-#   TestCustomShardingSpec.test_custom_sharding_spec_shard_tensor -- ``_shard_tensor(torch.randn(8, 8),
-#   grid_spec)`` with the custom GridShardingSpec must raise NotImplementedError matching "not implemented".
+        ranks = [placement(0), placement(1), placement(2), placement(3)]
+
+        grid_spec = GridShardingSpec(grid_size=2, placements=ranks)
+
+        # (torch_shard: GridShardingSpec.build_metadata refuses an 8x8 tensor at grid size 2, 16 blocks
+        # for 4 placements; upstream never asks it, and neither may _shard_tensor: shard() decides.)
+        with self.assertRaisesRegex(NotImplementedError, "not implemented"):
+            _shard_tensor(torch.randn(8, 8), grid_spec)
+
+    @with_comms(init_rpc=False)
+    def test_custom_spec_shard_is_reached_only_when_ranks_agree(self):
+        # torch_shard: with a spec whose build_metadata fails, the ranks still agree before shard()
+        # runs: a spec of another class on one rank, or one whose layout only some ranks can build,
+        # raises ValueError on every rank and shard() is never called.
+        ranks = [placement(0), placement(1), placement(2), placement(3)]
+        calls = []
+
+        class CountingGridSpec(GridShardingSpec):
+            def shard(self, tensor, src_rank=0, process_group=None):
+                calls.append(src_rank)
+                raise NotImplementedError("CountingGridSpec.shard not implemented yet!")
+
+        spec = CountingGridSpec(grid_size=2, placements=ranks) if self.rank != 1 else GridShardingSpec(2, ranks)
+        with self.assertRaisesRegex(ValueError, "spec"):
+            _shard_tensor(torch.randn(8, 8), spec)
+        self.assertEqual([], calls)
+
+        # Rank 2's spec builds a layout for a 4x4 tensor (grid 2: 2x2 blocks of 2x2), the others' not.
+        grid = 2 if self.rank == 2 else 3
+        with self.assertRaisesRegex(ValueError, "spec"):
+            _shard_tensor(torch.randn(4, 4), CountingGridSpec(grid_size=grid, placements=ranks))
+        self.assertEqual([], calls)
+
+        # All agree: shard() is reached on every rank with the same src_rank.
+        with self.assertRaisesRegex(NotImplementedError, "not implemented"):
+            _shard_tensor(torch.randn(8, 8), CountingGridSpec(grid_size=2, placements=ranks), src_rank=3)
+        self.assertEqual([3], calls)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import torch  # noqa: F401  (loads libtorch before the extension)
 
 from . import (
     _C,  # noqa: F401  (registers torch.ops.torch_shard.*)
+    _exit,  # noqa: F401  (collects cycles holding destroyed groups at exit: NOTE [ Exit after gloo ])
     _op_registrations,  # noqa: F401  (their fake kernels and autograd)
     sharded_tensor,
     sharding_spec,

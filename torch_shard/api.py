@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from contextlib import contextmanager
 
 import torch
@@ -38,12 +39,39 @@ def _shard_tensor(
 
 
 def _spec_fingerprint(spec: ShardingSpec, tensor: torch.Tensor, pg) -> int:
-    """The fingerprint of the layout ``spec`` gives ``tensor`` (C++, the one the data ops agree on), for
-    specs that shard themselves; chunk specs are agreed inside the C++ scatter."""
-    args = _native.layout_args_for_spec(
-        spec, tensor.size(), lambda: TensorProperties.create_from_tensor(tensor), _PlacementResolver(pg)
-    )
+    """What ranks agree on about ``spec`` before it shards ``tensor`` itself (chunk specs are agreed
+    inside the C++ scatter).
+
+    The fingerprint of the layout the spec gives ``tensor`` (C++, the one the data ops agree on) when
+    the spec can build one. A user's spec need not: upstream never asks it for metadata here and goes
+    straight to its ``shard()``, which may accept tensors its ``build_metadata`` refuses (or raise
+    NotImplementedError of its own). Then the ranks agree on the spec's class instead, and
+    ``shard()`` is reached on every rank or on none (NOTE [ Agreeing on a spec that shards itself ]).
+    """
+    try:
+        args = _native.layout_args_for_spec(
+            spec, tensor.size(), lambda: TensorProperties.create_from_tensor(tensor), _PlacementResolver(pg)
+        )
+    except Exception:  # noqa: BLE001 - whatever a user's build_metadata raises, shard() decides
+        return _unbuildable_spec_fingerprint(spec)
     return _native.layout_fingerprint(args, tensor.size(), tensor.dtype)
+
+
+# NOTE [ Agreeing on a spec that shards itself ]
+# Every rank must reach a spec's shard() with the same src_rank, size, dtype and spec, or none may
+# (a rank left behind would wait in whatever collective shard() starts). The layout fingerprint says
+# "same spec" exactly, but only for specs whose build_metadata works for this tensor. For the others
+# the ranks compare the spec's class (a CRC-32 of its module and qualified name) with a marker saying
+# that no layout could be built: two ranks whose specs
+# disagree on whether a layout exists, or on the class, still fail the agreement together. What this
+# cannot see is two instances of one such class with different fields; upstream compares the objects
+# with ==, which for a class without __eq__ is identity and fails across processes anyway.
+_UNBUILDABLE = 0x5EC0_0000_0000_0000
+
+
+def _unbuildable_spec_fingerprint(spec: ShardingSpec) -> int:
+    name = f"{type(spec).__module__}.{type(spec).__qualname__}"
+    return _UNBUILDABLE ^ zlib.crc32(name.encode())
 
 
 def _shard_tensor_checked(tensor, sharding_spec, src_rank, process_group, error):

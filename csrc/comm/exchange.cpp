@@ -72,7 +72,7 @@ void set_fault_hook(FaultHook hook) {
 // A group whose CPU backend is gloo carries point-to-point messages; a backend written in Python
 // (torch's threaded test group) or NCCL alone gets collectives only.
 bool has_point_to_point(c10d::ProcessGroup& pg) {
-  return pg.hasBackendForDeviceType(c10::DeviceType::CPU) &&
+  return has_backend_for(pg, c10::DeviceType::CPU) &&
          pg.getBackend(c10::DeviceType::CPU)->getBackendName() == "gloo";
 }
 
@@ -284,8 +284,8 @@ Outcome exchange(c10d::ProcessGroup& pg, c10::Device device, const Agreement& ag
 
 const TestingHooks& testing_hooks() {
   static const TestingHooks hooks{
-      kTestingHooksVersion,        &comm::set_fault_hook,   &comm::exchange_options,
-      &comm::set_exchange_options, &comm::clear_plan_cache, &comm::round_one_cost,
+      kTestingHooksVersion,    &comm::set_fault_hook, &comm::exchange_options, &comm::set_exchange_options,
+      &comm::clear_plan_cache, &comm::round_one_cost, &comm::comm_device_name,
   };
   return hooks;
 }

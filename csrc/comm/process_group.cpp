@@ -1,5 +1,7 @@
 #include "comm/process_group.h"
 
+#include <algorithm>
+
 #include <ATen/ops/empty.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
@@ -43,33 +45,47 @@ c10::intrusive_ptr<c10d::ProcessGroup> resolve_group(const std::string& group_na
 //     only.
 // WHICH CUDA device is this rank's own business (each rank numbers the GPUs of its host), chosen as
 // DTensor users expect, first match wins:
-//   1. the device of the tensors the op moves, when they are on CUDA (the shards, a scatter's source,
+//   1. the device the group is bound to (init_process_group(device_id=...)): ProcessGroupNCCL refuses
+//      tensors on any other device ("Tensor found on device cuda:1 but backend constrained to cuda:0"),
+//      so a rank whose shards sit elsewhere stages them through the bound device. Preferring the
+//      shards' device here made that rank raise inside round 1 while its peers waited in it until the
+//      NCCL timeout.
+//   2. the device of the tensors the op moves, when they are on CUDA (the shards, a scatter's source,
 //      the inputs of a sharded lookup): NCCL then reads and writes them in place;
-//   2. the device the group is bound to (init_process_group(device_id=...)), whose communicator
-//      already exists;
 //   3. the current CUDA device (torch.cuda.set_device).
 // A program that neither binds its group nor sets a device, and keeps its shards on the CPU, stages
 // every rank through cuda:0; with several ranks per host NCCL then fails (duplicate GPU) as it does for
 // any collective such a program runs: bind the group, or call torch.cuda.set_device(local_rank).
 // The choice is made here only; Python never picks a device for communication.
+
+bool has_backend_for(const c10d::ProcessGroup& pg, c10::DeviceType type) {
+  const auto types = pg.getDeviceTypes();
+  return std::any_of(types.begin(), types.end(), [type](const c10::Device& d) { return d.type() == type; });
+}
+
 c10::Device comm_device(c10d::ProcessGroup& pg, std::optional<c10::Device> tensors) {
   // A gloo group registers gloo for CUDA tensors too; only a CUDA backend of its own (NCCL) counts.
-  if (pg.hasBackendForDeviceType(c10::DeviceType::CUDA) &&
+  if (has_backend_for(pg, c10::DeviceType::CUDA) &&
       pg.getBackend(c10::DeviceType::CUDA)->getBackendName() != "gloo") {
-    if (tensors.has_value() && tensors->is_cuda() && tensors->has_index()) {
-      return *tensors;
-    }
     if (const auto bound = pg.getBoundDeviceId();
         bound.has_value() && bound->is_cuda() && bound->has_index()) {
       return *bound;
     }
+    if (tensors.has_value() && tensors->is_cuda() && tensors->has_index()) {
+      return *tensors;
+    }
     c10::impl::VirtualGuardImpl cuda(c10::DeviceType::CUDA);
     return cuda.getDevice();
   }
-  TORCH_CHECK(pg.hasBackendForDeviceType(c10::DeviceType::CPU) || !pg.hasBackends(),
-              "torch_shard: process group '", pg.getGroupName(),
-              "' has neither a CPU nor a CUDA backend; torch_shard needs gloo or NCCL");
+  TORCH_CHECK(has_backend_for(pg, c10::DeviceType::CPU) || !pg.hasBackends(), "torch_shard: process group '",
+              pg.getGroupName(), "' has neither a CPU nor a CUDA backend; torch_shard needs gloo or NCCL");
   return c10::Device(c10::kCPU);
+}
+
+std::string comm_device_name(const std::string& group_name, const std::string& tensors) {
+  const auto pg = resolve_group(group_name, "comm_device");
+  return comm_device(*pg, tensors.empty() ? std::nullopt : std::optional<c10::Device>(c10::Device(tensors)))
+      .str();
 }
 
 CommStats& comm_stats() {

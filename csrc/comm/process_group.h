@@ -19,9 +19,17 @@ namespace comm {
 // pass `pg.group_name`). ValueError naming `op` when there is none.
 c10::intrusive_ptr<c10d::ProcessGroup> resolve_group(const std::string& group_name, const char* op);
 
+// Whether `pg` has a backend registered for `type` (ProcessGroup::hasBackendForDeviceType, which torch
+// 2.11 lacks; getDeviceTypes lists the same registrations on every supported release).
+bool has_backend_for(const c10d::ProcessGroup& pg, c10::DeviceType type);
+
 // The device every buffer of a collective on `pg` lives on; `tensors` is where the tensors the op
 // moves live on this rank, if anywhere. See NOTE [ Communication device ].
 c10::Device comm_device(c10d::ProcessGroup& pg, std::optional<c10::Device> tensors = std::nullopt);
+
+// comm_device of the group registered under `group_name`, for tests (TestingHooks::comm_device):
+// `tensors` is a device string, "" for none.
+std::string comm_device_name(const std::string& group_name, const std::string& tensors);
 
 // Counters of what torch_shard's collectives did, for tests and benchmarks. "Peers" excludes a rank's
 // own part (copied locally). Bytes count payload only (not the fixed agreement header and slots).

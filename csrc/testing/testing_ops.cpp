@@ -103,6 +103,10 @@ std::vector<int64_t> round_one_cost(int64_t world, bool cpu, bool p2p) {
   return product().round_one_cost(world, cpu, p2p);
 }
 
+std::string comm_device(c10::string_view group_name, c10::string_view tensors_device) {
+  return product().comm_device(std::string(group_name), std::string(tensors_device));
+}
+
 } // namespace
 } // namespace testing
 } // namespace torch_shard
@@ -117,6 +121,9 @@ TORCH_LIBRARY(torch_shard_testing, m) {
   m.def("_clear_plan_cache() -> ()");
   // What one round 1 costs among `world` ranks (csrc/testing_hooks.h, TestingHooks::round_one_cost).
   m.def("_round_one_cost(int world, bool cpu=True, bool p2p=True) -> int[]");
+  // The device the product's collectives on group `group_name` use for tensors on `tensors_device`
+  // ("" for none), as a device string: NOTE [ Communication device ].
+  m.def("_comm_device(str group_name, str tensors_device=\"\") -> str");
 }
 
 TORCH_LIBRARY_IMPL(torch_shard_testing, CompositeImplicitAutograd, m) {
@@ -126,6 +133,7 @@ TORCH_LIBRARY_IMPL(torch_shard_testing, CompositeImplicitAutograd, m) {
   m.impl("_exchange_settings", TORCH_FN(exchange_settings));
   m.impl("_clear_plan_cache", TORCH_FN(clear_plan_cache));
   m.impl("_round_one_cost", TORCH_FN(round_one_cost));
+  m.impl("_comm_device", TORCH_FN(comm_device));
 }
 
 // Importing the module registers the ops (above) and takes the product's hooks.

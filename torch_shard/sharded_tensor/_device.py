@@ -14,6 +14,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
+from ._converted import converted
 from .shard import Shard
 from .utils import _PlacementResolver
 
@@ -55,7 +56,9 @@ class _DeviceMoves:
         """Convert dtype and/or device, as ``Tensor.to``: ``to(dtype)``, ``to(device)``,
         ``to(device, dtype)``, ``to(tensor)``, or keywords ``dtype``, ``device``, ``copy``,
         ``non_blocking``, ``memory_format``, ``process_group``. A CUDA target is this rank's current
-        device. Returns ``self`` when nothing changes and ``copy`` is False."""
+        device. Returns ``self`` when nothing changes and ``copy`` is False; with ``copy=True`` every
+        local shard is a new tensor. A pinned ShardedTensor converted on the CPU stays pinned; on CUDA
+        it is not pinned."""
         current_device = self.device  # the impl's: its shards' device, or the group's
         current_dtype = self.dtype
         device_to, dtype_to = current_device, current_dtype
@@ -92,35 +95,40 @@ class _DeviceMoves:
         process_group = kwargs.get("process_group")
         if not copy_tensor and dtype_to == current_dtype and device_to == current_device:
             return self
-        return self._moved(device_to, dtype_to, process_group, non_blocking=non_blocking)
+        return self._moved(device_to, dtype_to, process_group, non_blocking=non_blocking, copy_shards=copy_tensor)
 
-    def _moved(self, device, dtype, process_group, non_blocking: bool):
-        """A new ShardedTensor with local shards converted to ``device``/``dtype`` and every placement
-        in the metadata rewritten to ``device``'s type (ranks kept)."""
+    def _moved(self, device, dtype, process_group, non_blocking: bool, copy_shards: bool = False):
+        """A new ShardedTensor with local shards converted to ``device``/``dtype`` (copies when
+        ``copy_shards``) and every placement in the metadata rewritten to ``device``'s type (ranks
+        kept), this rank's own to ``device`` exactly."""
+        device = torch.device(device)
+        # pin_memory is a promise about CPU shards: it holds for a CPU result (whose shards are then
+        # allocated pinned, see _converted) and means nothing for a CUDA one. The same decision on
+        # every rank: it depends on the tensor's global properties and the arguments only.
+        pinned = self.is_pinned() and device.type == "cpu"
         local_shards = []
         for shard in self.local_shards():
-            tensor = shard.tensor.to(device=device, dtype=dtype, non_blocking=non_blocking)
+            tensor = converted(
+                shard.tensor, device=device, dtype=dtype, pinned=pinned, non_blocking=non_blocking, copy=copy_shards
+            )
             md = copy.deepcopy(shard.metadata)
             md.placement._device = tensor.device
             local_shards.append(Shard(tensor, md))
         metadata = copy.deepcopy(self.metadata())
         metadata.tensor_properties.dtype = dtype
-        # Shards stay pinned only where .to() hands back the same tensors (nothing changed); a copy to
-        # another device or dtype is not pinned. The same decision on every rank: it depends on the
-        # arguments only.
-        same_tensors = dtype == self.dtype and torch.device(device).type == self.device.type
-        metadata.tensor_properties.pin_memory = metadata.tensor_properties.pin_memory and same_tensors
+        metadata.tensor_properties.pin_memory = pinned
         me = dist.get_rank(self._process_group)
         resolve = _PlacementResolver(self._process_group)
         for md in metadata.shards_metadata:
-            if md.placement.device().type == device.type:
-                continue
-            # This rank's shards are where their tensors now are. Another rank's shards get the device
-            # TYPE only: the index is its owner's (which GPU of its host); ranks agree on owners and
-            # device types, not on each other's indices (NOTE [ What ranks agree on about a
-            # placement ], csrc/layout/layout.h). Upstream writes this rank's device everywhere.
-            owned = resolve.owner(md.placement) == me
-            md.placement._device = device if owned else torch.device(device.type)
+            # This rank's shards are where their tensors now are, exactly (cuda:1 -> the current cuda:0
+            # too). Another rank's shards get the device TYPE only: the index is its owner's (which GPU
+            # of its host); ranks agree on owners and device types, not on each other's indices (NOTE
+            # [ What ranks agree on about a placement ], csrc/layout/layout.h). Upstream writes this
+            # rank's device everywhere.
+            if resolve.owner(md.placement) == me:
+                md.placement._device = device
+            elif md.placement.device().type != device.type:
+                md.placement._device = torch.device(device.type)
         pg = process_group if process_group is not None else self._process_group
         return type(self)._init_from_local_shards_and_global_metadata(
             local_shards, metadata, process_group=pg, init_rrefs=self._init_rrefs

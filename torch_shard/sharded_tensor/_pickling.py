@@ -18,6 +18,7 @@ from torch.distributed import distributed_c10d
 from torch.distributed.remote_device import _remote_device
 
 from . import _packing, _state
+from ._converted import converted
 from .metadata import TensorProperties
 from .shard import Shard
 
@@ -75,7 +76,10 @@ def _rebuild_sharded_tensor(
         raise ValueError("corrupt ShardedTensor pickle: local shard indices do not match the layout")
     which = index.tolist()
     local_shards = [
-        Shard(tensor, _state._new_shard_metadata(offsets[i].tolist(), sizes[i].tolist(), parsed[which[i]]))
+        Shard(
+            _repin(tensor, properties.pin_memory),
+            _state._new_shard_metadata(offsets[i].tolist(), sizes[i].tolist(), parsed[which[i]]),
+        )
         for tensor, i in zip(local_tensors, local_indices)
     ]
     resolve = _PlacementResolver(pg)
@@ -124,7 +128,30 @@ class _Pickling:
         view = _state.read_state(self)
         metadata = copy.deepcopy(self.metadata(), memo)
         local_shards = [
-            Shard(copy.deepcopy(tensor, memo), metadata.shards_metadata[idx])
+            Shard(_deepcopy_shard(tensor, memo, view.pin_memory), metadata.shards_metadata[idx])
             for tensor, idx in zip(view.tensors, view.indices)
         ]
         return self._with_local_shards(local_shards, metadata, self._init_rrefs)
+
+
+def _deepcopy_shard(tensor: torch.Tensor, memo, pinned: bool) -> torch.Tensor:
+    """``copy.deepcopy`` of a local shard; a CPU shard of a pinned ShardedTensor is copied into pinned
+    memory (deepcopy hands back pageable memory), a leaf with the same requires_grad as deepcopy's."""
+    if not (pinned and tensor.device.type == "cpu"):
+        return copy.deepcopy(tensor, memo)
+    if id(tensor) in memo:
+        return memo[id(tensor)]
+    with torch.no_grad():
+        out = converted(tensor, pinned=True, copy=True)
+    out.requires_grad_(tensor.requires_grad)
+    memo[id(tensor)] = out
+    return out
+
+
+def _repin(tensor: torch.Tensor, pinned: bool) -> torch.Tensor:
+    # torch.load hands back pageable CPU tensors: a pinned ShardedTensor's shards are pinned again.
+    if pinned and tensor.device.type == "cpu" and not tensor.is_pinned():
+        with torch.no_grad():
+            out = converted(tensor, pinned=True, copy=True)
+        return out.requires_grad_(tensor.requires_grad)
+    return tensor

@@ -7,6 +7,7 @@ import copy
 import torch
 
 from .. import _sharded_op_impl, empty, full, ones, rand, randn, zeros
+from .._converted import converted
 from ..api import ShardedTensorBase
 from ..shard import Shard
 
@@ -88,7 +89,9 @@ def sharded_type_as(types, args=(), kwargs=None, pg=None):
         return st
     metadata = copy.deepcopy(st.metadata())
     metadata.tensor_properties.dtype = other.dtype
-    return _same_spec_new_tensor(st, [s.tensor.to(other.dtype) for s in st.local_shards()], metadata)
+    pinned = metadata.tensor_properties.pin_memory
+    tensors = [converted(s.tensor, dtype=other.dtype, pinned=pinned) for s in st.local_shards()]
+    return _same_spec_new_tensor(st, tensors, metadata)
 
 
 @_sharded_op_impl(torch.Tensor.clone)
@@ -99,9 +102,11 @@ def sharded_clone(types, args=(), kwargs=None, pg=None):
     memory_format = kwargs.get("memory_format", torch.preserve_format)
     if memory_format != torch.preserve_format:
         raise RuntimeError("Only support torch.preserve_format for ShardedTensor!")
-    return _same_spec_new_tensor(
-        st, [s.tensor.clone() for s in st.local_shards()], copy.deepcopy(st.metadata())
-    )
+    metadata = copy.deepcopy(st.metadata())
+    pinned = metadata.tensor_properties.pin_memory
+    # A clone of a pinned ShardedTensor keeps the promise (Tensor.clone() would hand back pageable memory).
+    tensors = [converted(s.tensor, pinned=pinned, copy=True) for s in st.local_shards()]
+    return _same_spec_new_tensor(st, tensors, metadata)
 
 
 @_sharded_op_impl(torch.Tensor.copy_)
