@@ -152,7 +152,7 @@ class TestVisualizeSharding(unittest.TestCase):
                 with contextlib.redirect_stdout(out):
                     text = visualize_sharding(st, rank=rank)
                 self.assertEqual(out.getvalue(), text + "\n" if printed else "")
-                self.assertIn("| row 0 | rank 0 |", text)
+                self.assertIn("| row 0 | rank 0 ", text)
 
     def test_errors(self):
         with self.assertRaisesRegex(TypeError, r"^torch_shard\.visualize_sharding: expected a ShardedTensor"):
