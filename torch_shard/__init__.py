@@ -14,6 +14,7 @@ from . import (
     sharded_tensor,
     sharding_spec,
 )
+from ._visualize import visualize_sharding
 from .api import _shard_tensor, load_with_process_group, shard_module, shard_parameter
 from .metadata import ShardMetadata
 
@@ -27,4 +28,5 @@ __all__ = [
     "shard_parameter",
     "sharded_tensor",
     "sharding_spec",
+    "visualize_sharding",
 ]
