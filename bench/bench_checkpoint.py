@@ -9,7 +9,9 @@ chunks (the same layout) and into column chunks:
 * DTensor: ``[Shard(0)]`` / ``[Shard(1)]`` on a 1-D mesh;
 * upstream: ``torch.distributed._shard`` ``ShardedTensor`` with its ``ChunkShardingSpec``;
 * the same loads through ``torch_shard.checkpoint.ByteRangeFileSystemReader`` (any library's
-  checkpoint; shown for torch_shard and DTensor).
+  checkpoint; shown for torch_shard and DTensor), unchecked (``verify=False``) and checked;
+* torch_shard saved through ``ChecksumFileSystemWriter`` (block CRCs in ``.checksums``) and loaded
+  through the checking reader (row "torch_shard+checksums").
 
 Times are the max over ranks per iteration, median over --repeats iterations after one warm-up. Bytes
 read are the largest per-rank growth of ``rchar`` in /proc/self/io over one load: what the process
@@ -21,6 +23,7 @@ deserialising, not of a disk.
 from __future__ import annotations
 
 import argparse
+import functools
 import shutil
 import tempfile
 import warnings
@@ -36,7 +39,7 @@ from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor import zeros as dtensor_zeros
 
 from torch_shard import sharded_tensor
-from torch_shard.checkpoint import ByteRangeFileSystemReader
+from torch_shard.checkpoint import ByteRangeFileSystemReader, ChecksumFileSystemWriter
 from torch_shard.sharding_spec import ChunkShardingSpec
 
 
@@ -109,10 +112,14 @@ def main() -> None:
             lambda: up_sharded_tensor.zeros(up_cols, n, n),
         ),
     }
+    unchecked = functools.partial(ByteRangeFileSystemReader, verify=False)
     readers = [
         ("FileSystemReader", dcp.FileSystemReader),
-        ("ByteRangeFileSystemReader", ByteRangeFileSystemReader),
+        ("ByteRange, unchecked", unchecked),
+        ("ByteRange, checked", ByteRangeFileSystemReader),
     ]
+    # The same tensor saved with block checksums: only the checking reader needs them.
+    libraries["torch_shard+checksums"] = libraries["torch_shard"]
 
     root = [tempfile.mkdtemp(prefix="torch_shard_bench_dcp_") if rank == 0 else None]
     dist.broadcast_object_list(root, src=0)
@@ -120,9 +127,12 @@ def main() -> None:
     try:
         for name, (saved, make_rows, make_cols) in libraries.items():
             path = f"{root[0]}/{name}"
-            save_ms = 1e3 * timed(lambda: dcp.save({"w": saved}, checkpoint_id=path), args.repeats)
+            writer = ChecksumFileSystemWriter if name.endswith("+checksums") else dcp.FileSystemWriter
+            save_ms = 1e3 * timed(lambda: dcp.save({"w": saved}, storage_writer=writer(path)), args.repeats)
             for reader_name, reader_cls in readers:
                 if name == "upstream" and reader_cls is not dcp.FileSystemReader:
+                    continue
+                if name.endswith("+checksums") and reader_cls is not ByteRangeFileSystemReader:
                     continue
                 cells = []
                 for make in (make_rows, make_cols):
@@ -141,7 +151,7 @@ def main() -> None:
                     if not ok:
                         raise RuntimeError(f"{name} / {reader_name}: loaded values differ from the saved")
                     cells.append((ms, read / 2**20))
-                first = reader_cls is dcp.FileSystemReader
+                first = reader_cls is dcp.FileSystemReader or name.endswith("+checksums")
                 rows_out.append((name, reader_name, save_ms if first else None, cells))
     finally:
         dist.barrier()

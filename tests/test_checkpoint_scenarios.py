@@ -49,7 +49,7 @@ from torch.distributed.tensor import zeros as dtensor_zeros
 from torch.testing._internal.distributed.checkpoint_utils import Rot13Example, get_test_extension_registry
 
 from torch_shard import shard_parameter, sharded_tensor
-from torch_shard.checkpoint import ByteRangeFileSystemReader
+from torch_shard.checkpoint import ByteRangeFileSystemReader, ChecksumFileSystemWriter
 from torch_shard.sharding_spec import ChunkShardingSpec, EnumerableShardingSpec, ShardMetadata
 from torch_shard.testing import ShardedTensorTestBase, placement, run_tests, with_comms
 
@@ -500,11 +500,11 @@ def _bytes_read_by_this_process() -> int:
 class TestByteRangeReader(ShardedTensorTestBase):
     _tmp_dir = TestCheckpointScenarios._tmp_dir
 
-    def _load_counting(self, reader_cls, path, spec, full):
+    def _load_counting(self, reader_cls, path, spec, full, **reader_kwargs):
         target = sharded_tensor.zeros(spec, *full.shape, dtype=full.dtype)
         dist.barrier()
         before = _bytes_read_by_this_process()
-        dcp.load({"w": target, "step": 0}, storage_reader=reader_cls(path))
+        dcp.load({"w": target, "step": 0}, storage_reader=reader_cls(path, **reader_kwargs))
         read = _bytes_read_by_this_process() - before
         for shard in target.local_shards():
             self.assertTrue(torch.equal(shard.tensor, _box_slice(full, shard.metadata)))
@@ -518,19 +518,31 @@ class TestByteRangeReader(ShardedTensorTestBase):
         path = self._tmp_dir()
         dcp.save({"w": _make(full, _chunks(0, range(4))), "step": 3}, checkpoint_id=path)
         cols = _chunks(1, range(4))
+        unchecked = {"verify": False}
         for reader_cls in (dcp.FileSystemReader, ByteRangeFileSystemReader):  # warm-up: lazy imports
             self._load_counting(reader_cls, path, cols, full)
         # Rows saved, columns loaded: DCP's reader reads all four saved chunks whole, the byte-range
         # reader one quarter of each (plus each archive's header and the metadata exchange).
         whole = self._load_counting(dcp.FileSystemReader, path, cols, full)
-        ranged = self._load_counting(ByteRangeFileSystemReader, path, cols, full)
+        ranged = self._load_counting(ByteRangeFileSystemReader, path, cols, full, **unchecked)
         self.assertGreaterEqual(whole, nbytes)
         self.assertGreaterEqual(ranged, nbytes // 4)
         self.assertLess(ranged, nbytes // 4 + 64 * 1024)
-        # Rows into the same rows: both read one chunk.
+        # Checked, a plain DCP checkpoint's chunks are read whole (their CRC-32 covers whole records).
+        checked = self._load_counting(ByteRangeFileSystemReader, path, cols, full)
+        self.assertGreaterEqual(checked, nbytes)
+        # Rows into the same rows: both read one chunk, checked or not.
         rows = _chunks(0, range(4))
-        same_layout = self._load_counting(ByteRangeFileSystemReader, path, rows, full)
-        self.assertLess(same_layout, nbytes // 4 + 64 * 1024)
+        for kwargs in (unchecked, {}):
+            same_layout = self._load_counting(ByteRangeFileSystemReader, path, rows, full, **kwargs)
+            self.assertLess(same_layout, nbytes // 4 + 64 * 1024)
+        # With block checksums (ChecksumFileSystemWriter) a checked load reads whole 1 KiB x 64-row
+        # tiles: a 512-column float32 quarter is 512 bytes of each 2 KiB row, so it reads 1 KiB of it.
+        path = self._tmp_dir()
+        dcp.save({"w": _make(full, _chunks(0, range(4))), "step": 3}, storage_writer=ChecksumFileSystemWriter(path))
+        tiled = self._load_counting(ByteRangeFileSystemReader, path, cols, full)
+        self.assertGreaterEqual(tiled, nbytes // 2)
+        self.assertLess(tiled, nbytes // 2 + 64 * 1024)
 
     @with_comms(init_rpc=False)
     def test_falls_back_for_transformed_and_byte_items(self):

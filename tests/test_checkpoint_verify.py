@@ -1,0 +1,263 @@
+"""Checked checkpoint loads (issue 27): a flipped byte is caught on every rank, nothing is half-loaded.
+
+TestVerifiedLoads (4 ranks): a byte of tensor data flipped in the first, a middle or the last saved
+chunk of a tensor (float32, bf16, int64), loaded into the saved layout (whole chunks: the zip CRC-32)
+and into columns (every chunk read in part: block CRCs from ChecksumFileSystemWriter, or the whole
+record for a plain FileSystemWriter checkpoint). Each load raises CheckpointCorruptionError on every
+rank and leaves every destination as it was; the same load with verify=False succeeds and returns the
+flipped value, which proves the flip hits data the load uses. async_save with ShardedTensors, the
+offline verifier and its command line are tested too.
+
+test_box_reads_*: single process, the block-checked box reads against slicing, on random boxes.
+"""
+
+import io
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+
+from torch_shard import sharded_tensor
+from torch_shard.checkpoint import (
+    ByteRangeFileSystemReader,
+    CheckpointCorruptionError,
+    ChecksumFileSystemWriter,
+    load,
+    verify_checkpoint,
+)
+from torch_shard.checkpoint._archive import BytesSource, read_archive
+from torch_shard.checkpoint._checksums import ChunkChecksums, tensor_tile_crcs
+from torch_shard.checkpoint._chunk import ItemPlace, read_box_by_tiles
+from torch_shard.sharding_spec import ChunkShardingSpec
+from torch_shard.testing import ShardedTensorTestBase, placement, run_tests, with_comms
+
+ROWS, COLS = 64, 640  # 4 saved row chunks of 16 x 640; a column load reads a part of each
+
+
+def _box(full, md):
+    return full[tuple(slice(o, o + s) for o, s in zip(md.shard_offsets, md.shard_sizes))]
+
+
+def _chunks(dim):
+    return ChunkShardingSpec(dim=dim, placements=[placement(r) for r in range(4)])
+
+
+def _make(full, spec):
+    st = sharded_tensor.empty(spec, *full.shape, dtype=full.dtype)
+    for shard in st.local_shards():
+        shard.tensor.copy_(_box(full, shard.metadata))
+    return st
+
+
+def _values(dtype):
+    torch.manual_seed(0)
+    if dtype == torch.int64:
+        return torch.arange(ROWS * COLS, dtype=torch.int64).view(ROWS, COLS) * 7919 + 2**40
+    return torch.randn(ROWS, COLS).to(dtype)
+
+
+def _flip(path, fqn, chunk_row, element):
+    """Flip one bit of one data byte of ``element`` (a flat index) in the chunk starting at row
+    ``chunk_row``; returns (file, byte offset)."""
+    md = dcp.FileSystemReader(path).read_metadata()
+    [(index, info)] = [(i, s) for i, s in md.storage_data.items() if i.fqn == fqn and i.offset[0] == chunk_row]
+    file = os.path.join(path, info.relative_path)
+    with open(file, "r+b") as f:
+        f.seek(info.offset)
+        archive = read_archive(BytesSource(f.read(info.length), info.offset))
+        at = info.offset + archive.data.data_offset + element * archive.meta.element_size() + 1
+        f.seek(at)
+        byte = f.read(1)[0]
+        f.seek(at)
+        f.write(bytes([byte ^ 0x04]))
+    return info.relative_path, at
+
+
+class TestVerifiedLoads(ShardedTensorTestBase):
+    def _tmp_dir(self):
+        holder = [tempfile.mkdtemp(prefix="torch_shard_verify_") if self.rank == 0 else None]
+        dist.broadcast_object_list(holder, src=0)
+        if self.rank == 0:
+            self.addCleanup(shutil.rmtree, holder[0], True)
+        return holder[0]
+
+    def _assert_untouched(self, target, fill, msg):
+        for shard in target.local_shards():
+            self.assertTrue(bool((shard.tensor == fill).all()), f"{msg}: destination changed")
+
+    @with_comms(init_rpc=False)
+    def test_flipped_byte_raises_on_every_rank(self):
+        chunk_size = (ROWS // 4) * COLS
+        cases = [  # (dtype, saved chunk (its first row), element of the chunk)
+            (torch.float32, 0, 0),  # first chunk, first element
+            (torch.float32, 32, chunk_size // 2 + 3),  # a middle chunk
+            (torch.float32, 48, chunk_size - 1),  # last chunk, last element
+            (torch.bfloat16, 16, 1234),
+            (torch.int64, 48, 5000),
+        ]
+        for writer_cls in (ChecksumFileSystemWriter, dcp.FileSystemWriter):
+            for dtype, chunk_row, element in cases:
+                full = _values(dtype)
+                path = self._tmp_dir()
+                dcp.save({"model.w": _make(full, _chunks(0)), "step": 3}, storage_writer=writer_cls(path))
+                dist.barrier()
+                if self.rank == 0:
+                    where = _flip(path, "model.w", chunk_row, element)
+                where = [where if self.rank == 0 else None]
+                dist.broadcast_object_list(where, src=0)
+                file, at = where[0]
+                row, col = chunk_row + element // COLS, element % COLS
+                for load_dim in (0, 1):  # the saved layout (whole chunks), columns (a part of each)
+                    msg = f"{writer_cls.__name__} {dtype} chunk {chunk_row} element {element} load dim {load_dim}"
+                    fill = -7
+                    target = sharded_tensor.full(_chunks(load_dim), (ROWS, COLS), fill, dtype=dtype)
+                    with self.assertRaises(CheckpointCorruptionError, msg=msg) as caught:
+                        load({"model.w": target, "step": 0}, path)
+                    self._assert_untouched(target, fill, msg)
+                    # Every rank that read the flipped byte reports it (the chunk whole, or its tile).
+                    found = caught.exception.corruptions
+                    self.assertGreaterEqual(len(found), 1, msg)
+                    for c in found:
+                        self.assertEqual((c.fqn, c.file, c.chunk_offsets), ("model.w", file, (chunk_row, 0)), msg)
+                        self.assertNotEqual(c.expected, c.found, msg)
+                        self.assertLessEqual(c.offset, at, msg)
+                    self.assertIn("'model.w'", str(caught.exception))
+                    # Through dcp.load itself: DCP's CheckpointException, ours inside for every rank.
+                    with self.assertRaises(CheckpointException, msg=msg) as wrapped:
+                        dcp.load({"model.w": target}, storage_reader=ByteRangeFileSystemReader(path))
+                    self.assertEqual(sorted(wrapped.exception.failures), [0, 1, 2, 3], msg)
+                    for exc, _ in wrapped.exception.failures.values():
+                        self.assertIsInstance(exc, CheckpointCorruptionError, msg)
+                    self._assert_untouched(target, fill, msg)
+                    # Unchecked, the flip loads silently: the probe hits data this load uses.
+                    dcp.load({"model.w": target}, storage_reader=ByteRangeFileSystemReader(path, verify=False))
+                    for shard in target.local_shards():
+                        md = shard.metadata
+                        inside = all(o <= i < o + s for i, o, s in zip((row, col), md.shard_offsets, md.shard_sizes))
+                        expected = _box(full, md).clone()
+                        if inside:
+                            self.assertFalse(torch.equal(shard.tensor, expected), f"{msg}: flip not loaded")
+                            expected[row - md.shard_offsets[0], col - md.shard_offsets[1]] = shard.tensor[
+                                row - md.shard_offsets[0], col - md.shard_offsets[1]
+                            ]
+                        self.assertTrue(torch.equal(shard.tensor, expected), msg)
+
+    @with_comms(init_rpc=False)
+    def test_clean_checkpoint_loads_and_verifies(self):
+        full = _values(torch.float32)
+        for writer_cls in (ChecksumFileSystemWriter, dcp.FileSystemWriter):
+            path = self._tmp_dir()
+            dcp.save({"w": _make(full, _chunks(0)), "note": {"epoch": 2}}, storage_writer=writer_cls(path))
+            for load_dim in (0, 1):
+                target = sharded_tensor.zeros(_chunks(load_dim), ROWS, COLS)
+                state = {"w": target, "note": {"epoch": 0}}
+                load(state, path)
+                for shard in target.local_shards():
+                    self.assertTrue(torch.equal(shard.tensor, _box(full, shard.metadata)))
+                self.assertEqual(state["note"], {"epoch": 2})
+            dist.barrier()
+            if self.rank == 0:
+                report = verify_checkpoint(path, progress=False)
+                self.assertTrue(report.ok, report.corruptions)
+                self.assertEqual(report.has_block_checksums, writer_cls is ChecksumFileSystemWriter)
+            dist.barrier()
+
+    @with_comms(init_rpc=False)
+    def test_async_save_with_sharded_tensors_verifies(self):
+        full = _values(torch.float32)
+        st = _make(full, _chunks(0))
+        path = self._tmp_dir()
+        state = {"w": st, "bias": torch.arange(5.0), "step": 11}
+        future = dcp.async_save(state, storage_writer=ChecksumFileSystemWriter(path))
+        for shard in st.local_shards():  # training goes on: the save has its own copy
+            shard.tensor.add_(1)
+        future.result()
+        dist.barrier()
+        if self.rank == 0:
+            self.assertTrue(verify_checkpoint(path, progress=False).ok)
+        target = sharded_tensor.zeros(_chunks(1), ROWS, COLS)
+        loaded = {"w": target, "bias": torch.zeros(5), "step": 0}
+        load(loaded, path)
+        for shard in target.local_shards():
+            self.assertTrue(torch.equal(shard.tensor, _box(full, shard.metadata)))
+        self.assertTrue(torch.equal(loaded["bias"], torch.arange(5.0)))
+        self.assertEqual(loaded["step"], 11)
+
+    @with_comms(init_rpc=False)
+    def test_verify_command_line(self):
+        full = _values(torch.float32)
+        path = self._tmp_dir()
+        dcp.save({"layer.weight": _make(full, _chunks(0)), "other": _make(full, _chunks(1))},
+                 storage_writer=ChecksumFileSystemWriter(path))
+        dist.barrier()
+        if self.rank == 0:
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+            command = [sys.executable, "-m", "torch_shard.checkpoint", "verify", path]
+            clean = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+            self.assertEqual(clean.returncode, 0, clean.stdout + clean.stderr)
+            self.assertIn("OK", clean.stdout)
+            _flip(path, "layer.weight", 16, 100)
+            bad = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+            self.assertEqual(bad.returncode, 1, bad.stdout + bad.stderr)
+            self.assertIn("layer.weight", bad.stdout)
+            self.assertNotIn("  other", bad.stdout)
+            missing = subprocess.run(command[:-1] + [path + "_none"], capture_output=True, text=True, env=env,
+                                     timeout=300)
+            self.assertEqual(missing.returncode, 2, missing.stdout + missing.stderr)
+        dist.barrier()
+
+
+def _saved(tensor):
+    buffer = io.BytesIO()
+    torch.save(tensor, buffer)
+    source = BytesSource(buffer.getvalue(), 0)
+    grid, crcs = tensor_tile_crcs(tensor)
+    return source, read_archive(source), ChunkChecksums("t", grid, tuple(crcs))
+
+
+def test_box_reads_match_slicing():
+    rng = random.Random(0)
+    place = ItemPlace("t", None, "f")
+    for shape, dtype in [((3000,), torch.float32), ((40, 700), torch.bfloat16), ((5, 30, 90), torch.int64),
+                         ((130, 1100), torch.uint8), ((7, 3, 300), torch.float64)]:
+        tensor = (torch.rand(shape) * 1000).to(dtype)
+        source, archive, sums = _saved(tensor)
+        for _ in range(25):
+            offsets = [rng.randrange(n) for n in shape]
+            lengths = [rng.randrange(1, n - o + 1) for n, o in zip(shape, offsets)]
+            value, bad = read_box_by_tiles(source, archive, sums, offsets, lengths, place)
+            expected = tensor[tuple(slice(o, o + n) for o, n in zip(offsets, lengths))]
+            assert not bad
+            assert torch.equal(value, expected), (shape, offsets, lengths)
+
+
+def test_box_reads_catch_every_flipped_byte_they_read():
+    tensor = torch.arange(40 * 700, dtype=torch.float32).view(40, 700)
+    source, archive, sums = _saved(tensor)
+    place = ItemPlace("t", None, "f")
+    data = bytearray(source.data)
+    rng = random.Random(1)
+    for _ in range(20):
+        element = rng.randrange(tensor.numel())
+        at = archive.data.data_offset + element * 4 + rng.randrange(4)
+        flipped = bytearray(data)
+        flipped[at] ^= 0x01
+        row, col = divmod(element, 700)
+        # A box holding the element, and one that only shares its tile.
+        _, bad = read_box_by_tiles(BytesSource(bytes(flipped), 0), archive, sums, [row, col], [1, 1], place)
+        assert len(bad) == 1 and bad[0].expected != bad[0].found
+        # Tiles are 1024 bytes x 64 rows: the element's neighbour in its tile is read and checked.
+        other = col + 1 if col % 256 != 255 and col + 1 < 700 else col - 1
+        _, bad = read_box_by_tiles(BytesSource(bytes(flipped), 0), archive, sums, [row, other], [1, 1], place)
+        assert len(bad) == 1
+
+
+if __name__ == "__main__":
+    run_tests()

@@ -1,0 +1,67 @@
+"""Every rank of a load learns what every other rank found before any of them writes a tensor.
+
+NOTE [ Agreeing on a load's outcome ]
+DCP gives a storage reader no process group, but a load's plans pass through the reader twice: each
+rank's ``prepare_local_plan`` and the coordinator's ``prepare_global_plan``, whose result reaches
+every rank's ``read_data``. The reader writes its global rank into its local plan, the coordinator
+collects them, and each rank then knows who else is loading. After staging and checking its reads,
+each rank sends its outcome (corruptions found, or another error) to the others over the group of
+those ranks (the default group when every rank loads, else the group DCP was given, found by its
+members), so every rank raises the same error or none does; nobody waits on a rank that raised.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch.distributed as dist
+
+from ._errors import Corruption
+
+
+@dataclass(frozen=True)
+class LocalRank:
+    """A local plan's ``storage_data``: the global rank that made it."""
+
+    rank: int | None
+
+
+@dataclass(frozen=True)
+class Participants:
+    """A final plan's ``storage_data``: the global ranks of the load, in the group's order."""
+
+    ranks: tuple[int, ...]
+
+
+@dataclass
+class Outcome:
+    """What one rank found while staging its reads."""
+
+    rank: int | None
+    corruptions: list[Corruption] = field(default_factory=list)
+    error: str | None = None  # another failure (unreadable file, ...), as text
+
+
+def this_rank() -> int | None:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else None
+
+
+def _group_of(ranks: tuple[int, ...]):
+    if len(ranks) == dist.get_world_size() and sorted(ranks) == list(range(len(ranks))):
+        return dist.group.WORLD
+    wanted = set(ranks)
+    for group, members in dist.distributed_c10d._world.pg_group_ranks.items():
+        if set(members) == wanted:
+            return group
+    raise RuntimeError(f"torch_shard.checkpoint: no process group with the loading ranks {sorted(ranks)}")
+
+
+def exchange(outcome: Outcome, participants: Participants | None) -> list[Outcome]:
+    """Every participant's outcome (only this rank's when it loads alone or ranks are unknown)."""
+    if participants is None or len(participants.ranks) <= 1 or None in participants.ranks:
+        return [outcome]
+    if this_rank() not in participants.ranks:
+        return [outcome]
+    gathered: list = [None] * len(participants.ranks)
+    dist.all_gather_object(gathered, outcome, group=_group_of(participants.ranks))
+    return gathered
