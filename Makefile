@@ -62,10 +62,29 @@ torchrec: $(STAMP_TORCHREC)
 demo: build
 	$(RUN_ENV) $(VENV)/bin/torchrun --standalone --nproc-per-node=4 examples/demo.py
 
-# The linters, the whole suite, then the sanitizer run (CI runs `make test` only).
+# The linters, the whole suite, the sanitizer run, then the legs on the oldest and newest torch
+# pyproject.toml admits (CI runs `make test` only).
 test: build torchrec lint
 	$(PY) -m pytest tests -q
 	bash scripts/sanitize.sh $(PY)
+	$(MAKE) test-legs
+
+# The oldest and newest torch pyproject.toml admits (torch>=2.11,<2.16), each in its own venv
+# (.venv-<version>) and build folder (build-leg-<version>): the single-process tests and
+# examples/gpu_smoke.py on 4 CPU ranks under torchrun (scripts/torch_leg.sh). 2.13.0 is the main leg.
+TORCH_LEGS := 2.11.0 2.15.0
+.PHONY: test-legs $(addprefix test-leg-,$(TORCH_LEGS))
+test-legs: $(addprefix test-leg-,$(TORCH_LEGS))
+
+$(addprefix test-leg-,$(TORCH_LEGS)): test-leg-%:
+	bash scripts/torch_leg.sh $* $(PYTHON)
+
+# On a machine with one or more GPUs (and a CUDA torch for `python3`, or PYTHON=...): build, the smoke
+# script on NCCL and with 4 ranks on GPU 0 over gloo, then the suite in the one-gpu mode; one summary
+# line per step (scripts/gpu_check.sh). It uses the machine's torch, not .venv.
+.PHONY: gpu-check
+gpu-check:
+	bash scripts/gpu_check.sh $(PYTHON)
 
 # ruff (configured in pyproject.toml) and clang-format (.clang-format); both only check.
 lint: setup
@@ -103,7 +122,7 @@ sanitize: setup
 	bash scripts/sanitize.sh $(PY)
 
 clean:
-	rm -rf build build-sanitize *.egg-info torch_shard/_C*.so torch_shard/_testing_C*.so $(STAMP_BUILD)
+	rm -rf build build-sanitize build-leg-* *.egg-info torch_shard/_C*.so torch_shard/_testing_C*.so $(STAMP_BUILD)
 
 # Upstream's own torch.distributed._shard test files, run through torch_shard.compat (see
 # tests/upstream/README.md). The files are not shipped: point UPSTREAM_TESTS at a copy of them.

@@ -2,13 +2,15 @@
 
     torchrun --standalone --nproc-per-node=<gpus> examples/gpu_smoke.py             # CUDA + NCCL
     torchrun --standalone --nproc-per-node=4 examples/gpu_smoke.py --device cpu     # CPU + gloo
+    torchrun --standalone --nproc-per-node=4 examples/gpu_smoke.py --backend gloo   # 4 ranks sharing GPUs, gloo
 
 Every rank builds the same dense tensors (from seeded CPU generators, then moved to its device), runs
 each case and compares what it holds with them. A case passes when it passes on every rank; rank 0
 prints ``PASS <name>`` or ``FAIL <name>: <why>`` per case and, last, ``gpu_smoke: <passed>/<total>
 pass``. Every case runs even if an earlier one failed; the exit code is 1 when any case failed. With
 ``--device cuda`` rank ``r`` uses ``cuda:<its local rank>`` (``torch.cuda.set_device``) and shards are
-placed ``rank:r/cuda:<local rank of r>``; with ``--device cpu`` the same cases run on gloo with
+placed ``rank:r/cuda:<local rank of r>``; with ``--backend gloo`` too, rank ``r`` uses ``cuda:<local rank
+mod GPU count>`` (one GPU serves 4 ranks: CUDA kernels and placements, bytes carried by gloo); with ``--device cpu`` the same cases run on gloo with
 ``rank:r/cpu`` placements (gloo needs a usable interface: on one machine, ``GLOO_SOCKET_IFNAME=lo``).
 
 Only public API is used (see the README's API map).
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import faulthandler
 import os
 import shutil
 import sys
@@ -57,17 +60,17 @@ class Smoke:
     collective of the case with its peers, and the case reports all its mismatches at the end.
     """
 
-    def __init__(self, device_type: str, rank: int, world: int, local_ranks: list[int]) -> None:
+    def __init__(self, device_type: str, rank: int, world: int, gpus: list[int]) -> None:
         self.device_type = device_type
         self.rank = rank
         self.world = world
-        self.local_ranks = local_ranks
-        self.device = torch.device(device_type, local_ranks[rank]) if device_type == "cuda" else torch.device("cpu")
+        self.gpus = gpus  # the GPU index of every rank (--device cuda)
+        self.device = torch.device(device_type, gpus[rank]) if device_type == "cuda" else torch.device("cpu")
         self.problems: list[str] = []
 
     def placement(self, rank: int) -> str:
         if self.device_type == "cuda":
-            return f"rank:{rank}/cuda:{self.local_ranks[rank]}"
+            return f"rank:{rank}/cuda:{self.gpus[rank]}"
         return f"rank:{rank}/cpu"
 
     def chunks(self, dim: int, ranks=None) -> ChunkShardingSpec:
@@ -403,27 +406,42 @@ def run(s: Smoke, checkpoint_root: str | None) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cuda (NCCL, default) or cpu (gloo)")
+    parser.add_argument(
+        "--backend",
+        choices=("auto", "nccl", "gloo"),
+        default="auto",
+        help="auto: NCCL for cuda, gloo for cpu; gloo with --device cuda puts rank r on GPU (local rank mod "
+        "GPU count), so 4 ranks share one GPU and torch_shard stages their shards through host memory",
+    )
     parser.add_argument("--timeout", type=float, default=300.0, help="process-group timeout in seconds")
     parser.add_argument(
         "--checkpoint-dir", default=None, help="where the DCP case writes (must be shared by all ranks; default: a temp dir)"
     )
     args = parser.parse_args()
+    # A rank that dies of a signal (SIGSEGV in a CUDA or gloo path) prints its Python stack first, so the
+    # log says which call it was in (torch_shard's or the library's under test beside it).
+    faulthandler.enable()
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    backend = args.backend if args.backend != "auto" else ("nccl" if args.device == "cuda" else "gloo")
+    if backend == "nccl" and args.device == "cpu":
+        print("NCCL moves CUDA tensors only: use --device cuda with --backend nccl", file=sys.stderr)
+        return 2
+    gpu = local_rank
     if args.device == "cuda":
-        if not torch.cuda.is_available() or torch.cuda.device_count() <= local_rank:
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if backend == "gloo" and count:
+            gpu = local_rank % count  # several ranks per GPU: gloo allows it, NCCL does not
+        if count <= gpu:
             print(f"rank {rank}: --device cuda needs a GPU for local rank {local_rank}", file=sys.stderr)
             return 2
-        torch.cuda.set_device(local_rank)
-        backend = "nccl"
-    else:
-        backend = "gloo"
+        torch.cuda.set_device(gpu)
     dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
     try:
-        local_ranks: list[int | None] = [None] * world
-        dist.all_gather_object(local_ranks, local_rank)
-        failed = run(Smoke(args.device, rank, world, local_ranks), args.checkpoint_dir)
+        gpus: list[int | None] = [None] * world
+        dist.all_gather_object(gpus, gpu)
+        failed = run(Smoke(args.device, rank, world, gpus), args.checkpoint_dir)
         # Nobody leaves before rank 0 has printed the summary (torchrun stops the other workers as
         # soon as one exits with an error).
         dist.barrier()

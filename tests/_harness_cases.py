@@ -75,13 +75,15 @@ class DeviceSelectionCases(ShardedTensorTestBase):
     @with_comms(init_rpc=False)
     def test_rank_follows_the_selection(self):
         # The test process's choice, from the environment it had when the test started.
-        expected = os.environ[EXPECTED_DEVICE_ENV]
+        # "cpu", "cuda" (a GPU per rank, NCCL) or "one-gpu" (every rank on cuda:0, gloo).
+        mode = os.environ[EXPECTED_DEVICE_ENV]
+        expected = "cpu" if mode == "cpu" else "cuda"
         if (self.device_type, device_type()) != (expected, expected):
             raise AssertionError(f"rank {self.rank} runs on {self.device_type}, the test process chose {expected}")
-        backend = "nccl" if expected == "cuda" else "gloo"
+        backend = "nccl" if mode == "cuda" else "gloo"
         if (self.backend, dist.get_backend()) != (backend, backend):
             raise AssertionError(f"rank {self.rank}: backend {self.backend} / {dist.get_backend()}, expected {backend}")
-        device = torch.device(f"cuda:{self.rank}" if expected == "cuda" else "cpu")
+        device = torch.device({"cpu": "cpu", "cuda": f"cuda:{self.rank}", "one-gpu": "cuda:0"}[mode])
         if self.device != device or torch.device(rank_device(self.rank)) != device:
             raise AssertionError(f"rank {self.rank}: device {self.device}, expected {device}")
         if placement(self.rank) != f"rank:{self.rank}/{device}":

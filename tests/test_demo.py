@@ -15,7 +15,12 @@ import tempfile
 import unittest
 from pathlib import Path
 
+import pytest
+
 from torch_shard.testing import TEST_WORLD_SIZE
+
+# Launches ranks of its own: not a single-process test (tests/conftest.py).
+pytestmark = pytest.mark.distributed
 
 SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "demo.py"
 # The demo takes about 25 s on 4 CPU ranks of a busy 2-core machine, most of it start-up; far more

@@ -17,6 +17,11 @@ import sys
 import unittest
 from pathlib import Path
 
+import pytest
+
+# Launches ranks of its own: not a single-process test (tests/conftest.py).
+pytestmark = pytest.mark.distributed
+
 WORKER = Path(__file__).resolve().parent / "_exit_worker.py"
 LAUNCHES = 6
 TIMEOUT_S = 300

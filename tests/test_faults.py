@@ -32,6 +32,7 @@ import traceback
 import unittest
 from datetime import timedelta
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -39,6 +40,9 @@ import torch.nn.functional as F
 import torch_shard
 from torch_shard.sharding_spec import ChunkShardingSpec
 from torch_shard.testing import TestCase, run_tests  # also sets GLOO_SOCKET_IFNAME=lo
+
+# Launches ranks of its own: not a single-process test (tests/conftest.py).
+pytestmark = pytest.mark.distributed
 
 WORLD = 4
 FAULT_RANK = 2

@@ -14,6 +14,11 @@ import textwrap
 import unittest
 from pathlib import Path
 
+import pytest
+
+# Launches ranks of its own: not a single-process test (tests/conftest.py).
+pytestmark = pytest.mark.distributed
+
 HERE = Path(__file__).resolve().parent
 CASES = 2
 

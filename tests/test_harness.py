@@ -203,16 +203,34 @@ class TestDeviceSelection(TestCase):
 
     def test_unknown_value(self):
         with self._env("tpu"):
-            with self.assertRaisesRegex(ValueError, "TORCH_SHARD_TEST_DEVICE must be 'cpu', 'cuda' or 'auto' \\(or unset\\), but got 'tpu'"):
+            with self.assertRaisesRegex(
+                ValueError, "TORCH_SHARD_TEST_DEVICE must be 'cpu', 'cuda', 'one-gpu' or 'auto' \\(or unset\\), but got 'tpu'"
+            ):
                 device_type()
+
+    def test_one_gpu_on_request(self):
+        # Every rank on GPU 0, over gloo: the distributed suite through CUDA on a one-GPU machine.
+        for value in ("one-gpu", " ONE-GPU "):
+            with self._env(value):
+                if torch.cuda.device_count() >= 1:
+                    self.assertEqual((device_type(), default_backend()), ("cuda", "gloo"))
+                    self.assertTrue(testing.one_gpu())
+                    self.assertEqual([rank_device(r) for r in range(4)], ["cuda:0"] * 4)
+                    self.assertEqual(placement(3), "rank:3/cuda:0")
+                    continue
+                message = "TORCH_SHARD_TEST_DEVICE=one-gpu puts every rank's shards on GPU 0, but this machine has no GPU"
+                for ask in (device_type, default_backend, lambda: rank_device(0)):
+                    with self.assertRaisesRegex(RuntimeError, message):
+                        ask()
 
     def test_ranks_follow_the_test_process(self):
         # The fork server started long before (earlier tests): ranks take the environment the test
         # process has when the test starts, not the one the server was started with.
         choices = [None, "cpu"] + (["cuda"] if _machine_has_a_cuda_world() else [])
+        choices += ["one-gpu"] if torch.cuda.device_count() >= 1 else []
         for value in choices:
             with self.subTest(value=value), self._env(value):
-                os.environ[_harness_cases.EXPECTED_DEVICE_ENV] = device_type()
+                os.environ[_harness_cases.EXPECTED_DEVICE_ENV] = "one-gpu" if testing.one_gpu() else device_type()
                 result = run_case(_harness_cases.DeviceSelectionCases("test_rank_follows_the_selection"))
                 self.assertTrue(result.wasSuccessful(), result.failures + result.errors)
                 self.assertEqual([], result.skipped)
@@ -221,6 +239,8 @@ class TestDeviceSelection(TestCase):
         cases = [("tpu", "ValueError: TORCH_SHARD_TEST_DEVICE must be")]
         if not _machine_has_a_cuda_world():
             cases.append(("cuda", "RuntimeError: TORCH_SHARD_TEST_DEVICE=cuda "))
+        if torch.cuda.device_count() == 0:
+            cases.append(("one-gpu", "RuntimeError: TORCH_SHARD_TEST_DEVICE=one-gpu "))
         for value, message in cases:
             with self.subTest(value=value), self._env(value):
                 case = _harness_cases.DeviceSelectionCases("test_rank_follows_the_selection")

@@ -25,6 +25,11 @@ import tempfile
 import unittest
 from pathlib import Path
 
+import pytest
+
+# Launches ranks of its own: not a single-process test (tests/conftest.py).
+pytestmark = pytest.mark.distributed
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 RUNNER = HERE / "torchrec_scenarios.py"

@@ -7,9 +7,14 @@ machine, or from the environment variable ``TORCH_SHARD_TEST_DEVICE``:
   otherwise the CPU with gloo;
 * ``cuda``: CUDA with NCCL. Without 4 GPUs (or without NCCL) every distributed test FAILS with an
   error saying so: a run that asked for GPUs must not pass on the CPU, nor skip its way to green;
-* ``cpu``: the CPU with gloo, also on a GPU machine.
+* ``cpu``: the CPU with gloo, also on a GPU machine;
+* ``one-gpu``: every rank's shards on GPU 0, with gloo (which torch_shard stages CUDA shards through
+  host memory for; NCCL refuses two ranks on one GPU). On a machine with one GPU (or more) this runs the
+  whole distributed suite through the CUDA kernels and CUDA placements. Without a GPU every distributed
+  test FAILS, saying so.
 
-Shards of rank ``r`` live on ``cuda:r`` (each rank's current CUDA device) or on the CPU. The variable
+Shards of rank ``r`` live on ``cuda:r`` (each rank's current CUDA device), on ``cuda:0`` (``one-gpu``)
+or on the CPU. The variable
 is read whenever a test asks (:func:`device_type`, :func:`placement`, ...), not once at import: a rank
 process sees the environment of the test process as it was when the test started, so the test process
 and its ranks always agree. Tests take devices and placement strings from :func:`placement` /
@@ -39,6 +44,7 @@ __all__ = [
     "DEVICE_TYPE",
     "DEFAULT_BACKEND",
     "MultiProcessTestCase",
+    "ONE_GPU",
     "ShardedTensorTestBase",
     "TEST_GPU_NUM",
     "TEST_WORLD_SIZE",
@@ -47,6 +53,7 @@ __all__ = [
     "default_backend",
     "device_type",
     "gloo_only",
+    "one_gpu",
     "placement",
     "rank_device",
     "requires_cuda",
@@ -58,8 +65,10 @@ __all__ = [
 TEST_WORLD_SIZE = 4
 # Upstream's name for the world size of these tests (one rank per GPU there).
 TEST_GPU_NUM = TEST_WORLD_SIZE
-#: The environment variable that picks the tests' device: "cpu", "cuda", or unset / "auto".
+#: The environment variable that picks the tests' device: "cpu", "cuda", "one-gpu", or unset / "auto".
 DEVICE_ENV = "TORCH_SHARD_TEST_DEVICE"
+#: Its value for every rank on GPU 0, over gloo.
+ONE_GPU = "one-gpu"
 # Loopback only; tests never reach for another interface.
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -81,6 +90,11 @@ def device_type() -> str:
     """
     raw = os.environ.get(DEVICE_ENV, "")
     requested = raw.strip().lower()
+    if requested == ONE_GPU:
+        count = _cuda_device_count()
+        if count < 1:
+            raise RuntimeError(f"{DEVICE_ENV}={ONE_GPU} puts every rank's shards on GPU 0, but this machine has no GPU")
+        return "cuda"
     if requested in ("", "auto"):
         enough = _cuda_device_count() >= TEST_WORLD_SIZE and dist.is_nccl_available()
         return "cuda" if enough else "cpu"
@@ -96,12 +110,18 @@ def device_type() -> str:
         if not dist.is_nccl_available():
             raise RuntimeError(f"{DEVICE_ENV}=cuda runs the tests on NCCL, but this torch build has no NCCL")
         return "cuda"
-    raise ValueError(f"{DEVICE_ENV} must be 'cpu', 'cuda' or 'auto' (or unset), but got {raw!r}")
+    raise ValueError(f"{DEVICE_ENV} must be 'cpu', 'cuda', '{ONE_GPU}' or 'auto' (or unset), but got {raw!r}")
+
+
+def one_gpu() -> bool:
+    """Whether the tests run in the ``one-gpu`` mode: every rank on ``cuda:0``, gloo (see the module doc)."""
+    return os.environ.get(DEVICE_ENV, "").strip().lower() == ONE_GPU
 
 
 def default_backend() -> str:
-    """The process-group backend of the tests' device: ``"nccl"`` for CUDA, ``"gloo"`` for the CPU."""
-    return "nccl" if device_type() == "cuda" else "gloo"
+    """The process-group backend of the tests' device: ``"nccl"`` for CUDA (one GPU per rank), ``"gloo"``
+    for the CPU and for the ``one-gpu`` mode."""
+    return "nccl" if device_type() == "cuda" and not one_gpu() else "gloo"
 
 
 def __getattr__(name: str):
@@ -115,8 +135,11 @@ def __getattr__(name: str):
 
 
 def rank_device(rank: int) -> str:
-    """The device a rank's shards live on in tests: ``cuda:<rank>`` with GPUs, else ``cpu``."""
-    return f"cuda:{rank}" if device_type() == "cuda" else "cpu"
+    """The device a rank's shards live on in tests: ``cuda:<rank>`` with a GPU per rank, ``cuda:0`` in the
+    ``one-gpu`` mode, else ``cpu``."""
+    if device_type() != "cuda":
+        return "cpu"
+    return "cuda:0" if one_gpu() else f"cuda:{rank}"
 
 
 def placement(rank: int, device_index: int | None = None) -> str:
@@ -234,7 +257,7 @@ class ShardedTensorTestBase(MultiProcessTestCase):
             raise RuntimeError(f"Backend {backend} not supported!")
         if self.device_type == "cuda":
             # Before the group exists: NCCL binds each rank to its current device.
-            torch.cuda.set_device(self.rank)
+            torch.cuda.set_device(self.device)
         dist.init_process_group(
             backend=backend,
             world_size=self.world_size,
@@ -248,7 +271,10 @@ class ShardedTensorTestBase(MultiProcessTestCase):
         options.init_method = f"file://{self.file_name}"
         if self.device_type == "cuda":
             for rank in range(self.world_size):
-                options.set_device_map(f"worker{rank}", {rank: self.rank, self.rank: rank})
+                if one_gpu():
+                    options.set_device_map(f"worker{rank}", {0: 0})
+                else:
+                    options.set_device_map(f"worker{rank}", {rank: self.rank, self.rank: rank})
         rpc.init_rpc(
             name=f"worker{self.rank:d}",
             rank=self.rank,

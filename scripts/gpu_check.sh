@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# make gpu-check: everything torch_shard should do on a machine with one or more GPUs, in one command.
+#   1. build the extension in place against the installed (CUDA) torch;
+#   2. examples/gpu_smoke.py on NCCL, one rank per GPU;
+#   3. examples/gpu_smoke.py with 4 ranks on GPU 0 over gloo (CUDA kernels and placements, shards staged
+#      through host memory);
+#   4. the whole test suite in the one-gpu mode (TORCH_SHARD_TEST_DEVICE=one-gpu: every rank's shards
+#      on cuda:0, gloo), or with a GPU per rank (4 and more) on CUDA + NCCL as well.
+# Each step prints one summary line "gpu-check: <step>: PASS|FAIL (<seconds> s) <detail>"; the full
+# output goes to $GPU_CHECK_LOG (default build/gpu-check.log). Exit code 1 if any step failed.
+#
+#   scripts/gpu_check.sh [PYTHON]        (PYTHON: default python3; WHEELS=<dir>: install test
+#                                         dependencies from local wheels, for machines without an index)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${1:-${PYTHON:-python3}}
+LOG=${GPU_CHECK_LOG:-build/gpu-check.log}
+mkdir -p "$(dirname "$LOG")"
+: >"$LOG"
+failed=0
+export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 TORCH_SHOW_CPP_STACKTRACES=1
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-lo}
+
+step() {  # step NAME COMMAND...: run, log, one summary line
+  local name=$1 start status detail
+  shift
+  start=$(date +%s)
+  echo "===== $name: $*" >>"$LOG"
+  "$@" >>"$LOG" 2>&1
+  status=$?
+  detail=$(grep -E "gpu_smoke: [0-9]+/[0-9]+ pass|[0-9]+ passed|[0-9]+ failed|error" "$LOG" | tail -1 | cut -c1-160)
+  if [ "$status" -eq 0 ]; then
+    echo "gpu-check: $name: PASS ($(($(date +%s) - start)) s) $detail"
+  else
+    echo "gpu-check: $name: FAIL ($(($(date +%s) - start)) s, exit $status) $detail"
+    failed=1
+  fi
+  return "$status"
+}
+
+gpus=$("$PY" -c "import torch; print(torch.cuda.device_count())" 2>>"$LOG" || echo 0)
+echo "gpu-check: $("$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', '.'.join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else '-')" 2>>"$LOG"), $gpus GPU(s): $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | sort | uniq -c | xargs)"
+if [ "$gpus" -lt 1 ]; then
+  echo "gpu-check: no GPU on this machine; nothing to check" >&2
+  exit 2
+fi
+
+deps() {
+  local missing
+  missing=$("$PY" -c "
+import importlib.util
+print(' '.join(m for m in ('pytest', 'numpy', 'hypothesis', 'expecttest', 'tqdm', 'ninja') if importlib.util.find_spec(m) is None))")
+  [ -z "$missing" ] && return 0
+  if [ -n "${WHEELS:-}" ]; then
+    "$PY" -m pip install -q --no-index --find-links "$WHEELS" $missing
+  else
+    "$PY" -m pip install -q $missing
+  fi
+}
+step "test dependencies" deps
+step "build" env MAX_JOBS="${MAX_JOBS:-$(nproc)}" "$PY" setup.py -q build_ext --inplace || exit 1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+# The suite's ranks and pytest died with SIGSEGV on the first GPU machine in exactly the tests where
+# torch_shard's C++ raises (docs/gpus.md, "What happened on the first GPU machine"): this step throws
+# from the extension before and after CUDA is initialised, so the log says at once whether that holds.
+step "C++ errors reach Python, before and after CUDA init" "$PY" -c "
+import torch, torch_shard
+def bad():
+    try:
+        torch.ops.torch_shard.chunk_boxes([10, 4], 2, 3)
+    except ValueError as e:
+        print('raised ValueError:', str(e).splitlines()[0])
+    else:
+        raise SystemExit('no error raised')
+bad()
+torch.cuda.init()
+torch.zeros(1, device='cuda').sum().item()
+bad()
+"
+
+checkpoints=$(mktemp -d)
+trap 'rm -rf "$checkpoints"' EXIT
+step "smoke, NCCL, $gpus rank(s), one per GPU" "$PY" -m torch.distributed.run --standalone --nproc-per-node="$gpus" \
+  examples/gpu_smoke.py --device cuda --timeout 120 --checkpoint-dir "$checkpoints/nccl"
+step "smoke, gloo, 4 ranks on GPU 0" env CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0}" \
+  "$PY" -m torch.distributed.run --standalone --nproc-per-node=4 \
+  examples/gpu_smoke.py --device cuda --backend gloo --timeout 120 --checkpoint-dir "$checkpoints/gloo"
+step "suite, one-gpu mode (4 ranks on cuda:0, gloo)" env TORCH_SHARD_TEST_DEVICE=one-gpu \
+  "$PY" -m pytest -q -p no:cacheprovider tests
+if [ "$gpus" -ge 4 ]; then
+  step "suite, a GPU per rank (NCCL)" env TORCH_SHARD_TEST_DEVICE=cuda "$PY" -m pytest -q -p no:cacheprovider tests
+fi
+exit "$failed"
