@@ -199,6 +199,7 @@ from torch.distributed._shard.sharding_spec import ChunkShardingSpec
 from torch.testing._internal.distributed._shard.sharded_tensor import (
     ShardedTensorTestBase,
     TEST_GPU_NUM,
+    rank_device,
     with_comms,
 )
 from torch.testing._internal.distributed._shard.sharded_tensor._test_st_common import (
@@ -253,13 +254,10 @@ class UpstreamStyle(ShardedTensorTestBase):
             def forward(self, inputs):
                 return self.ebc(inputs)
 
-        # The base's device type, as newer upstream test files read it: cuda:<rank> under NCCL.
-        if self.device_type == "cuda":
-            devices = [f"rank:{i}/cuda:{i}" for i in range(TEST_GPU_NUM)]
-            device = torch.device("cuda", self.rank)
-        else:
-            devices = [f"rank:{i}/cpu" for i in range(TEST_GPU_NUM)]
-            device = torch.device("cpu")
+        # The base's device type, as newer upstream test files read it: cuda:<rank> under NCCL (cuda:0
+        # for every rank in the one-gpu mode), else the CPU.
+        devices = [f"rank:{i}/{rank_device(i)}" for i in range(TEST_GPU_NUM)]
+        device = torch.device(rank_device(self.rank))
         local = Model().to(device)
         sharded = copy.deepcopy(local)
         shard_module(sharded, ShardingPlan(plan={"ebc": HolderSharder(ChunkShardingSpec(dim=0, placements=devices))}))
