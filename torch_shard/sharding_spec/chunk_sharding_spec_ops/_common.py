@@ -297,19 +297,40 @@ def width_of(order: list[tuple[int, int, int]], rank: int) -> int:
     return sum(count for _, count, owner in order if owner == rank)
 
 
+def zeros_from(local: torch.Tensor, rows: int) -> torch.Tensor:
+    """``[rows, local.size(1)]`` zeros computed from ``local`` by no lookup kernel: what a shard that
+    holds nothing a lookup needs contributes (an empty shard, or none of the ids), with autograd still
+    giving the shard its (zero) gradient, as the dense op gives every row one.
+
+    NOTE [ Empty shards reach no embedding kernel ]
+    An empty shard is a normal state (6 columns over 4 ranks leave one a 13 x 0 chunk; a ceil split
+    can leave a 0-row one), and PyTorch's CUDA embedding / embedding_bag backward kernels cannot take
+    an empty weight (an illegal memory access that poisons the CUDA context). So the sharded ops never
+    call an ATen embedding kernel on an empty weight, or with no ids at all (the host knows both:
+    shapes, and the counts told with the agreement); the shard's contribution is then this: a sum over
+    zero rows (a fill, no lookup), broadcast. tests/test_embedding_kernels.py records what the kernels
+    get on every rank.
+    """
+    return local.narrow(0, 0, 0).sum(0, keepdim=True).expand(rows, local.size(1))
+
+
 def renorm_rows_(local: torch.Tensor, rows: torch.Tensor, max_norm: float, norm_type: float, weight, dim: int) -> None:
     """In-place max_norm renormalisation of the looked-up ``rows`` of the local shard, using each
     row's FULL norm (summed over column shards for a column-sharded weight)."""
     rows = torch.unique(rows)
     with torch.no_grad():
         if dim == 0:
-            torch.embedding_renorm_(local, rows, max_norm, norm_type)
+            if local.numel():  # NOTE [ Empty shards reach no embedding kernel ]
+                torch.embedding_renorm_(local, rows, max_norm, norm_type)
             return
-        # Column shards: every rank holds a slice of each row; combine |w|^p over all slices.
+        # Column shards: every rank holds a slice of each row; combine |w|^p over all slices (a rank
+        # with an empty chunk adds 0, but joins the sum).
         part = local.index_select(0, rows).abs().pow(norm_type).sum(dim=1)
         # Every rank holds the same `rows` (from the same shared inputs) and the agreement checked that
         # every rank renormalises, so the sum needs no agreement of its own.
         part = _ops._sum_over_ranks(part, weight._process_group.group_name)
+        if not local.numel():
+            return
         norms = part.pow(1.0 / norm_type)
         scale = torch.where(norms > max_norm, max_norm / (norms + 1e-7), torch.ones_like(norms))
         local.index_copy_(0, rows, local.index_select(0, rows) * scale.unsqueeze(1).to(local.dtype))

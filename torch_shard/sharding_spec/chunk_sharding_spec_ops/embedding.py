@@ -21,6 +21,7 @@ from ._common import (
     share_bags,
     validate_common,
     width_of,
+    zeros_from,
 )
 
 
@@ -87,6 +88,9 @@ def sharded_embedding(types, args, kwargs, pg):
         for rank, bags in enumerate(everyone):
             # The ids of `rank` I own, in their order; how many, `rank` told me with the agreement.
             mine_there = (bags.ids >= start) & (bags.ids < end)
+            if not shared.counts_in[rank]:  # NOTE [ Empty shards reach no embedding kernel ] (_common.py)
+                send.append(zeros_from(local, 0))
+                continue
             which = torch.nonzero_static(mine_there, size=shared.counts_in[rank]).squeeze(1)
             send.append(F.embedding(bags.ids[which] - start, local, padding_idx=local_pad))
         shapes = [(count, local.size(1)) for count in shared.counts_out]
@@ -100,7 +104,12 @@ def sharded_embedding(types, args, kwargs, pg):
 
     if max_norm is not None:
         renorm_rows_(local, torch.cat([b.ids for b in everyone]), max_norm, norm_type, weight, dim)
-    send = [F.embedding(bags.ids, local, padding_idx=padding_idx) for bags in everyone]
+    send = [
+        F.embedding(bags.ids, local, padding_idx=padding_idx)
+        if local.size(1) and bags.ids.numel()
+        else zeros_from(local, bags.ids.numel())  # NOTE [ Empty shards reach no embedding kernel ]
+        for bags in everyone
+    ]
     shapes = [(mine.ids.numel(), width_of(layout, rank)) for rank in range(len(everyone))]
     received = exchange_chunks(send, shapes, group)
     blocks = [received[rank] for _, _, rank in layout]

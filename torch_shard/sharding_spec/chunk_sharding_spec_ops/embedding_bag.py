@@ -23,18 +23,41 @@ from ._common import (
     share_bags,
     validate_common,
     width_of,
+    zeros_from,
 )
 
 
-def _partial_pool(weight, ids, offsets, per_sample_weights, row_start: int, mode: str, padding_idx: int, owned: int):
+def _partial_pool(weight, bags: Bags, row_start: int, mode: str, padding_idx: int, owned: int):
     """What a row shard contributes to one requester's bags: torch_shard._embedding_bag_partial, whose
     autograd (registered with the op, torch_shard/_op_registrations.py) scatters the gradient back into
     the shard. ``owned``: how many of the requester's ids this shard holds (told with the agreement),
-    so the kernels never read a count from the device."""
-    pooled, _ = torch.ops.torch_shard._embedding_bag_partial(
-        weight, ids, offsets, per_sample_weights, row_start, mode, padding_idx, True, owned
+    so the kernels never read a count from the device. Returns (pooled, the winners' positions in the
+    requester's ids for max, else None)."""
+    max_mode = mode == "max"
+    if not owned:  # NOTE [ Empty shards reach no embedding kernel ] (_common.py)
+        pooled = zeros_from(weight, bags.num_bags)
+        none = torch.full((bags.num_bags, weight.size(1)), -1, dtype=torch.int64, device=weight.device)
+        return pooled, none if max_mode else None
+    pooled, argmax = torch.ops.torch_shard._embedding_bag_partial(
+        weight, bags.ids, bags.offsets, bags.per_sample_weights, row_start, mode, padding_idx, True, owned
     )
-    return pooled
+    return pooled, argmax if max_mode else None
+
+
+def _max_over_owners(values: list[torch.Tensor], positions: list[torch.Tensor]) -> torch.Tensor:
+    """Each element's maximum over the owners' partial maxima, taken from ONE owner: among those holding
+    the maximum, the one whose winning id comes first in the bag (``positions``: -1 for none), which is
+    the dense op's choice (NOTE [ Max ties ] in csrc/ops/embedding_ops.cpp); so the gradient reaches
+    exactly the row the dense op gives it to. 0 where no owner holds an id of the bag."""
+    stacked = torch.stack(values)
+    where = torch.stack(positions)
+    with torch.no_grad():
+        held = where >= 0
+        best = torch.where(held, stacked, float("-inf")).amax(dim=0, keepdim=True)
+        none = torch.iinfo(torch.int64).max
+        first, chosen = torch.where(held & (stacked == best), where, none).min(dim=0, keepdim=True)
+    out = stacked.gather(0, chosen).squeeze(0)
+    return torch.where(first.squeeze(0) == none, torch.zeros((), dtype=out.dtype, device=out.device), out)
 
 
 def _check_offsets(checks: InputChecks, offsets: torch.Tensor, n: int, include_last_offset: bool) -> None:
@@ -220,7 +243,8 @@ def sharded_embedding_bag(types, args, kwargs, pg):
         # One lookup over every requester's bags (offsets shifted), then split per requester. A
         # requester without bags contributes no ids (they belong to no bag).
         pooling = [bags for bags in everyone if bags.num_bags]
-        if pooling:
+        # NOTE [ Empty shards reach no embedding kernel ] (_common.py): nor do zero ids.
+        if pooling and local.size(1) and sum(bags.ids.numel() for bags in pooling):
             shift = 0
             all_offsets = []
             for bags in pooling:
@@ -239,7 +263,7 @@ def sharded_embedding_bag(types, args, kwargs, pg):
                 padding_idx=padding_idx,
             )
         else:
-            pooled = local.new_zeros(0, local.size(1))
+            pooled = zeros_from(local, sum(bags.num_bags for bags in everyone))
         send = list(pooled.split([bags.num_bags for bags in everyone]))
         shapes = [(mine.num_bags, width_of(order, rank)) for rank in range(len(everyone))]
         received = exchange_chunks(send, shapes, group)
@@ -252,19 +276,15 @@ def sharded_embedding_bag(types, args, kwargs, pg):
         renorm_rows_(local, owned - start, max_norm, norm_type, weight, dim)
     pad = -1 if padding_idx is None else padding_idx
     pool_mode = "max" if mode == "max" else "sum"
-    send = [
-        _partial_pool(
-            local, bags.ids, bags.offsets, bags.per_sample_weights, start, pool_mode, pad, shared.counts_in[rank]
-        )
-        for rank, bags in enumerate(everyone)
+    partials = [
+        _partial_pool(local, bags, start, pool_mode, pad, shared.counts_in[rank]) for rank, bags in enumerate(everyone)
     ]
     shapes = [(mine.num_bags, embedding_dim)] * len(everyone)
-    received = exchange_chunks(send, shapes, group)
-    stacked = torch.stack(received)
+    received = exchange_chunks([pooled for pooled, _ in partials], shapes, group)
     if mode == "max":
-        out = stacked.amax(dim=0)
-        return torch.where(torch.isinf(out) & (out < 0), torch.zeros_like(out), out)
-    out = stacked.sum(dim=0)
+        positions = exchange_chunks([where for _, where in partials], shapes, group)
+        return _max_over_owners(received, positions)
+    out = torch.stack(received).sum(dim=0)
     if mode == "mean" and mine.num_bags:
         keep = mine.ids != padding_idx if padding_idx is not None else torch.ones_like(mine.ids, dtype=torch.bool)
         counts = torch.zeros(mine.num_bags, dtype=out.dtype, device=out.device).index_add(
