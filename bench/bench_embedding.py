@@ -197,9 +197,7 @@ def main() -> None:
                     ops = count_aten_ops(fn)
                     syncs = count_syncs(fn, device)
                     sent = bytes_sent(fn) if lib == "torch_shard" else None
-                rows.append(
-                    (sharding, mode or op, lib, times[f"{lib} fwd"], times.get(f"{lib} bwd"), ops, syncs, sent)
-                )
+                rows.append((sharding, mode or op, lib, times[f"{lib} fwd"], times.get(f"{lib} bwd"), ops, syncs, sent))
     if rank == 0:
         _report(args, world, device, ids, rows)
     dist.destroy_process_group()
