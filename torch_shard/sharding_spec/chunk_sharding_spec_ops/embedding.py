@@ -15,6 +15,7 @@ from ._common import (
     count_per_rank,
     exchange_chunks,
     lookup_arguments,
+    owned_ids,
     owner_of_ids,
     renorm_rows_,
     row_ranges,
@@ -84,32 +85,33 @@ def sharded_embedding(types, args, kwargs, pg):
             owned = all_ids[(all_ids >= start) & (all_ids < end)]
             renorm_rows_(local, owned - start, max_norm, norm_type, weight, dim)
         local_pad = padding_idx - start if padding_idx is not None and start <= padding_idx < end else None
-        send = []
-        for rank, bags in enumerate(everyone):
-            # The ids of `rank` I own, in their order; how many, `rank` told me with the agreement.
-            mine_there = (bags.ids >= start) & (bags.ids < end)
-            if not shared.counts_in[rank]:  # NOTE [ Empty shards reach no embedding kernel ] (_common.py)
-                send.append(zeros_from(local, 0))
-                continue
-            which = torch.nonzero_static(mine_there, size=shared.counts_in[rank]).squeeze(1)
-            send.append(F.embedding(bags.ids[which] - start, local, padding_idx=local_pad))
+        # One lookup for every requester's ids I own (NOTE [ One kernel per requester group ]), in rank
+        # order and each requester's ids' order; how many per requester, each told me with the agreement.
+        owned = sum(shared.counts_in)
+        if owned and local.numel():
+            all_ids = torch.cat([bags.ids for bags in everyone]) if len(everyone) > 1 else everyone[0].ids
+            which, _ = owned_ids(all_ids, start, end, owned)
+            rows = F.embedding(all_ids[which] - start, local, padding_idx=local_pad)
+        else:  # NOTE [ Empty shards reach no embedding kernel ] (_common.py)
+            rows = zeros_from(local, owned)
         shapes = [(count, local.size(1)) for count in shared.counts_out]
-        received = exchange_chunks(send, shapes, group)
+        received = exchange_chunks(list(rows.split(shared.counts_in)), shapes, group)
         # My ids grouped by owner, each group in my ids' order: where each owner's rows go.
-        positions = torch.argsort(owner, stable=True).split(shared.counts_out)
+        positions = torch.argsort(owner, stable=True)
         out = torch.zeros(mine.ids.numel(), weight.size(1), dtype=dtype, device=local.device)
-        for where, rows in zip(positions, received):
-            out = out.index_put((where,), rows)
+        out = out.index_put((positions,), torch.cat(received) if len(received) > 1 else received[0])
         return out.view(*input.shape, weight.size(1))
 
     if max_norm is not None:
         renorm_rows_(local, torch.cat([b.ids for b in everyone]), max_norm, norm_type, weight, dim)
-    send = [
-        F.embedding(bags.ids, local, padding_idx=padding_idx)
-        if local.size(1) and bags.ids.numel()
-        else zeros_from(local, bags.ids.numel())  # NOTE [ Empty shards reach no embedding kernel ]
-        for bags in everyone
-    ]
+    # One lookup for every requester's ids (NOTE [ One kernel per requester group ]).
+    sizes = [bags.ids.numel() for bags in everyone]
+    if local.size(1) and sum(sizes):
+        all_ids = torch.cat([bags.ids for bags in everyone]) if len(everyone) > 1 else everyone[0].ids
+        looked_up = F.embedding(all_ids, local, padding_idx=padding_idx)
+    else:  # NOTE [ Empty shards reach no embedding kernel ] (_common.py)
+        looked_up = zeros_from(local, sum(sizes))
+    send = list(looked_up.split(sizes))
     shapes = [(mine.ids.numel(), width_of(layout, rank)) for rank in range(len(everyone))]
     received = exchange_chunks(send, shapes, group)
     blocks = [received[rank] for _, _, rank in layout]

@@ -17,8 +17,10 @@ from ._common import (
     count_per_rank,
     exchange_chunks,
     lookup_arguments,
+    owned_ids,
     owner_of_ids,
     renorm_rows_,
+    requester_group,
     row_ranges,
     share_bags,
     validate_common,
@@ -27,21 +29,38 @@ from ._common import (
 )
 
 
-def _partial_pool(weight, bags: Bags, row_start: int, mode: str, padding_idx: int, owned: int):
-    """What a row shard contributes to one requester's bags: torch_shard._embedding_bag_partial, whose
-    autograd (registered with the op, torch_shard/_op_registrations.py) scatters the gradient back into
-    the shard. ``owned``: how many of the requester's ids this shard holds (told with the agreement),
-    so the kernels never read a count from the device. Returns (pooled, the winners' positions in the
-    requester's ids for max, else None)."""
-    max_mode = mode == "max"
-    if not owned:  # NOTE [ Empty shards reach no embedding kernel ] (_common.py)
-        pooled = zeros_from(weight, bags.num_bags)
-        none = torch.full((bags.num_bags, weight.size(1)), -1, dtype=torch.int64, device=weight.device)
-        return pooled, none if max_mode else None
-    pooled, argmax = torch.ops.torch_shard._embedding_bag_partial(
-        weight, bags.ids, bags.offsets, bags.per_sample_weights, row_start, mode, padding_idx, True, owned
+def _partial_sum(local, bags: Bags, start: int, end: int, padding_idx: int | None, owned: int) -> torch.Tensor:
+    """Sum (times the per-sample weights) over each bag's ids that the row shard ``local`` (global rows
+    [start, end)) holds, for every requester's bags at once: ONE ATen embedding_bag over the owned ids
+    remapped to the shard's rows (NOTE [ One kernel per requester group ], _common.py), whose autograd
+    scatters the gradient into the shard. ``owned``: how many of the ids the shard holds (the counts
+    told with the agreement), so nothing is read from the device."""
+    if not owned or not local.numel():  # NOTE [ Empty shards reach no embedding kernel ] (_common.py)
+        return zeros_from(local, bags.num_bags)
+    which, before = owned_ids(bags.ids, start, end, owned)
+    psw = bags.per_sample_weights
+    return F.embedding_bag(
+        bags.ids[which] - start,
+        local,
+        before[bags.offsets],
+        mode="sum",
+        per_sample_weights=None if psw is None else psw[which],
+        padding_idx=padding_idx - start if padding_idx is not None and start <= padding_idx < end else None,
     )
-    return pooled, argmax if max_mode else None
+
+
+def _partial_max(local, bags: Bags, start: int, padding_idx: int | None, owned: int):
+    """Max over each bag's ids that the row shard holds, with the winners' positions in ``bags.ids``
+    (-1: none; NOTE [ Max ties ] in csrc/ops/embedding_ops.cpp): torch_shard._embedding_bag_partial,
+    once over every requester's bags, whose autograd (torch_shard/_op_registrations.py) gives the
+    gradient to the winning rows."""
+    if not owned or not local.numel():  # NOTE [ Empty shards reach no embedding kernel ] (_common.py)
+        none = torch.full((bags.num_bags, local.size(1)), -1, dtype=torch.int64, device=local.device)
+        return zeros_from(local, bags.num_bags), none
+    pad = -1 if padding_idx is None else padding_idx
+    return torch.ops.torch_shard._embedding_bag_partial(
+        local, bags.ids, bags.offsets, None, start, "max", pad, True, owned
+    )
 
 
 def _max_over_owners(values: list[torch.Tensor], positions: list[torch.Tensor]) -> torch.Tensor:
@@ -237,34 +256,25 @@ def sharded_embedding_bag(types, args, kwargs, pg):
     group = pg.group_name
     embedding_dim = weight.size(1)
 
+    num_bags = [bags.num_bags for bags in everyone]
+    together, starts = requester_group(everyone)
     if dim == 1:
         if max_norm is not None:
             renorm_rows_(local, torch.cat([b.ids for b in everyone]), max_norm, norm_type, weight, dim)
-        # One lookup over every requester's bags (offsets shifted), then split per requester. A
-        # requester without bags contributes no ids (they belong to no bag).
-        pooling = [bags for bags in everyone if bags.num_bags]
-        # NOTE [ Empty shards reach no embedding kernel ] (_common.py): nor do zero ids.
-        if pooling and local.size(1) and sum(bags.ids.numel() for bags in pooling):
-            shift = 0
-            all_offsets = []
-            for bags in pooling:
-                all_offsets.append(bags.offsets + shift)
-                shift += bags.ids.numel()
+        # One lookup over every requester's bags (NOTE [ One kernel per requester group ], _common.py),
+        # then split per requester.
+        if local.size(1) and together.ids.numel():
             pooled = F.embedding_bag(
-                torch.cat([bags.ids for bags in pooling]),
+                together.ids,
                 local,
-                torch.cat(all_offsets),
+                together.offsets,
                 mode=mode,
-                per_sample_weights=(
-                    torch.cat([bags.per_sample_weights for bags in pooling])
-                    if pooling[0].per_sample_weights is not None
-                    else None
-                ),
+                per_sample_weights=together.per_sample_weights,
                 padding_idx=padding_idx,
             )
-        else:
-            pooled = zeros_from(local, sum(bags.num_bags for bags in everyone))
-        send = list(pooled.split([bags.num_bags for bags in everyone]))
+        else:  # NOTE [ Empty shards reach no embedding kernel ] (_common.py): nor do zero ids.
+            pooled = zeros_from(local, sum(num_bags))
+        send = list(pooled.split(num_bags))
         shapes = [(mine.num_bags, width_of(order, rank)) for rank in range(len(everyone))]
         received = exchange_chunks(send, shapes, group)
         return torch.cat([received[rank] for _, _, rank in order], dim=1)
@@ -274,16 +284,19 @@ def sharded_embedding_bag(types, args, kwargs, pg):
         all_ids = torch.cat([b.ids for b in everyone])
         owned = all_ids[(all_ids >= start) & (all_ids < end)]
         renorm_rows_(local, owned - start, max_norm, norm_type, weight, dim)
-    pad = -1 if padding_idx is None else padding_idx
-    pool_mode = "max" if mode == "max" else "sum"
-    partials = [
-        _partial_pool(local, bags, start, pool_mode, pad, shared.counts_in[rank]) for rank, bags in enumerate(everyone)
-    ]
+    owned = sum(shared.counts_in)
     shapes = [(mine.num_bags, embedding_dim)] * len(everyone)
-    received = exchange_chunks([pooled for pooled, _ in partials], shapes, group)
     if mode == "max":
-        positions = exchange_chunks([where for _, where in partials], shapes, group)
-        return _max_over_owners(received, positions)
+        pooled, where = _partial_max(local, together, start, padding_idx, owned)
+        received = exchange_chunks(list(pooled.split(num_bags)), shapes, group)
+        # Each requester's winners as positions in ITS ids (-1: none).
+        send_where = [
+            torch.where(part >= 0, part - starts[r], part) if starts[r] else part
+            for r, part in enumerate(where.split(num_bags))
+        ]
+        return _max_over_owners(received, exchange_chunks(send_where, shapes, group))
+    pooled = _partial_sum(local, together, start, end, padding_idx, owned)
+    received = exchange_chunks(list(pooled.split(num_bags)), shapes, group)
     out = torch.stack(received).sum(dim=0)
     if mode == "mean" and mine.num_bags:
         keep = mine.ids != padding_idx if padding_idx is not None else torch.ones_like(mine.ids, dtype=torch.bool)
