@@ -217,11 +217,13 @@ def share_bags(
     arguments: list[float] | None = None,
     checks: InputChecks | None = None,
     words: torch.Tensor | None = None,
+    share: bool = True,
 ) -> Shared:
     """Give every rank every rank's bags, after agreeing (raising on every rank if any rank's input
     was rejected, by the host or by ``checks`` on its device, or if the ranks' ``arguments``, from
     :func:`lookup_arguments`, differ): one C++ data op. ``words`` (int64 [world], on the device) are
-    told to the ranks with the agreement; see :class:`Shared`."""
+    told to the ranks with the agreement; see :class:`Shared`. With ``share=False`` the ranks only agree
+    and tell their words (``bags`` of the result is empty): row-wise lookups route ids themselves."""
     pg = weight._process_group
     if error is not None:
         abort_and_raise("share_inputs", error, pg)
@@ -229,6 +231,10 @@ def share_bags(
     parts = [bags.offsets, bags.ids]
     if has_psw:
         parts.append(bags.per_sample_weights.detach().reshape(-1))
+    if not share:
+        # Agreement (and words) only: one empty part on the inputs' device (NOTE [ Ids only to their
+        # owners ] in _routing.py). The per-sample weights' presence is still agreed (flags).
+        parts = [bags.ids[:0]]
     status = checks.status(bags.ids.device) if checks is not None else None
     received, info = _ops._share_inputs.with_words(
         parts, _state.read_state(weight).layout_fp, int(has_psw), pg.group_name, arguments or [], status, words
@@ -237,6 +243,8 @@ def share_bags(
         checks.raise_first()  # this rank's input failed on its device; every other rank raises naming it
     world = dist.get_world_size(pg)
     counts_in, counts_out = info[1 : 1 + world], info[1 + world :]
+    if not share:
+        return Shared([], counts_in, counts_out)
     width = len(parts)
     everyone = [
         Bags(

@@ -14,10 +14,8 @@ from ._common import (
     check_ids_in_range,
     check_index_dtype,
     column_order,
-    count_per_rank,
     exchange_chunks,
     lookup_arguments,
-    owned_ids,
     owner_of_ids,
     renorm_rows_,
     requester_group,
@@ -27,49 +25,15 @@ from ._common import (
     width_of,
     zeros_from,
 )
+from ._routing import bags_back, check_fits, decode, index_dtype, pool_max, pool_sum, positions_back, route, words_for
 
 
-def _partial_sum(local, bags: Bags, start: int, end: int, padding_idx: int | None, owned: int) -> torch.Tensor:
-    """Sum (times the per-sample weights) over each bag's ids that the row shard ``local`` (global rows
-    [start, end)) holds, for every requester's bags at once: ONE ATen embedding_bag over the owned ids
-    remapped to the shard's rows (NOTE [ One kernel per requester group ], _common.py), whose autograd
-    scatters the gradient into the shard. ``owned``: how many of the ids the shard holds (the counts
-    told with the agreement), so nothing is read from the device."""
-    if not owned or not local.numel():  # NOTE [ Empty shards reach no embedding kernel ] (_common.py)
-        return zeros_from(local, bags.num_bags)
-    which, before = owned_ids(bags.ids, start, end, owned)
-    psw = bags.per_sample_weights
-    return F.embedding_bag(
-        bags.ids[which] - start,
-        local,
-        before[bags.offsets],
-        mode="sum",
-        per_sample_weights=None if psw is None else psw[which],
-        padding_idx=padding_idx - start if padding_idx is not None and start <= padding_idx < end else None,
-    )
-
-
-def _partial_max(local, bags: Bags, start: int, padding_idx: int | None, owned: int):
-    """Max over each bag's ids that the row shard holds, with the winners' positions in ``bags.ids``
-    (-1: none; NOTE [ Max ties ] in csrc/ops/embedding_ops.cpp): torch_shard._embedding_bag_partial,
-    once over every requester's bags, whose autograd (torch_shard/_op_registrations.py) gives the
-    gradient to the winning rows."""
-    if not owned or not local.numel():  # NOTE [ Empty shards reach no embedding kernel ] (_common.py)
-        none = torch.full((bags.num_bags, local.size(1)), -1, dtype=torch.int64, device=local.device)
-        return zeros_from(local, bags.num_bags), none
-    pad = -1 if padding_idx is None else padding_idx
-    return torch.ops.torch_shard._embedding_bag_partial(
-        local, bags.ids, bags.offsets, None, start, "max", pad, True, owned
-    )
-
-
-def _max_over_owners(values: list[torch.Tensor], positions: list[torch.Tensor]) -> torch.Tensor:
+def _max_over_owners(stacked: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
     """Each element's maximum over the owners' partial maxima, taken from ONE owner: among those holding
     the maximum, the one whose winning id comes first in the bag (``positions``: -1 for none), which is
     the dense op's choice (NOTE [ Max ties ] in csrc/ops/embedding_ops.cpp); so the gradient reaches
-    exactly the row the dense op gives it to. 0 where no owner holds an id of the bag."""
-    stacked = torch.stack(values)
-    where = torch.stack(positions)
+    exactly the row the dense op gives it to. 0 where no owner holds an id of the bag. Both arguments
+    are [owners, bags, dim]."""
     with torch.no_grad():
         held = where >= 0
         best = torch.where(held, stacked, float("-inf")).amax(dim=0, keepdim=True)
@@ -202,6 +166,7 @@ def sharded_embedding_bag(types, args, kwargs, pg):
     error = None
     checks = InputChecks()
     words = None
+    routed_rows = False  # row-wise: ids go to their owners only, not to every rank
     try:
         # Everything that can fail on this rank happens here, before the exchange (share_bags), so a
         # failure raises on every rank instead of leaving the others in the exchange.
@@ -245,20 +210,25 @@ def sharded_embedding_bag(types, args, kwargs, pg):
             # How many of my ids each rank owns (the `owned` of each owner's partial pooling), told with
             # the agreement instead of counted from the device by every owner.
             # Ids that belong to no bag (there are no bags) are nobody's.
+            # Each id goes to its owner only (NOTE [ Ids only to their owners ] in _routing.py).
+            if not mine.num_bags:
+                psw = mine.per_sample_weights
+                mine = Bags(ids=mine.ids[:0], offsets=mine.offsets, per_sample_weights=None if psw is None else psw[:0])
+            check_fits(mine.ids.numel(), mine.num_bags)
             ranges = row_ranges(weight)
             owner = owner_of_ids(mine.ids, ranges)
-            words = count_per_rank(owner if mine.num_bags else owner[:0], len(ranges))
+            words = words_for(owner, len(ranges), mine.num_bags)
+            routed_rows = True
         arguments = lookup_arguments(padding_idx, max_norm, norm_type, mode)
     except Exception as exc:  # noqa: BLE001 - raised on every rank by share_bags
         error, mine, arguments = exc, None, None
-    shared = share_bags(mine, weight, error, "embedding_bag", arguments, checks, words)
+    shared = share_bags(mine, weight, error, "embedding_bag", arguments, checks, words, share=not routed_rows)
     everyone = shared.bags
     group = pg.group_name
-    embedding_dim = weight.size(1)
 
-    num_bags = [bags.num_bags for bags in everyone]
-    together, starts = requester_group(everyone)
     if dim == 1:
+        num_bags = [bags.num_bags for bags in everyone]
+        together, _ = requester_group(everyone)
         if max_norm is not None:
             renorm_rows_(local, torch.cat([b.ids for b in everyone]), max_norm, norm_type, weight, dim)
         # One lookup over every requester's bags (NOTE [ One kernel per requester group ], _common.py),
@@ -280,24 +250,18 @@ def sharded_embedding_bag(types, args, kwargs, pg):
         return torch.cat([received[rank] for _, _, rank in order], dim=1)
 
     end = start + local.size(0)
+    counts_in, bags_in = decode(shared.counts_in, bags=True)
+    counts_out, _ = decode(shared.counts_out, bags=True)
+    routed = route(mine, owner, counts_in, counts_out, bags_in, index_dtype(weight), group)
     if max_norm is not None:
-        all_ids = torch.cat([b.ids for b in everyone])
-        owned = all_ids[(all_ids >= start) & (all_ids < end)]
-        renorm_rows_(local, owned - start, max_norm, norm_type, weight, dim)
-    owned = sum(shared.counts_in)
-    shapes = [(mine.num_bags, embedding_dim)] * len(everyone)
+        # The rows any rank looks up here, renormalised before the lookup (the dense op's order).
+        renorm_rows_(local, routed.ids.long() - start, max_norm, norm_type, weight, dim)
+    local_pad = padding_idx - start if padding_idx is not None and start <= padding_idx < end else None
     if mode == "max":
-        pooled, where = _partial_max(local, together, start, padding_idx, owned)
-        received = exchange_chunks(list(pooled.split(num_bags)), shapes, group)
-        # Each requester's winners as positions in ITS ids (-1: none).
-        send_where = [
-            torch.where(part >= 0, part - starts[r], part) if starts[r] else part
-            for r, part in enumerate(where.split(num_bags))
-        ]
-        return _max_over_owners(received, exchange_chunks(send_where, shapes, group))
-    pooled = _partial_sum(local, together, start, end, padding_idx, owned)
-    received = exchange_chunks(list(pooled.split(num_bags)), shapes, group)
-    out = torch.stack(received).sum(dim=0)
+        pooled, where = pool_max(local, routed, start, local_pad)
+        values = bags_back(pooled, routed, mine.num_bags, group)
+        return _max_over_owners(values, positions_back(where, routed, mine.num_bags, group))
+    out = bags_back(pool_sum(local, routed, start, local_pad), routed, mine.num_bags, group).sum(dim=0)
     if mode == "mean" and mine.num_bags:
         keep = mine.ids != padding_idx if padding_idx is not None else torch.ones_like(mine.ids, dtype=torch.bool)
         counts = torch.zeros(mine.num_bags, dtype=out.dtype, device=out.device).index_add(
