@@ -180,6 +180,31 @@ class TestEmbeddingKernels(ShardedTensorTestBase):
             for dim in (0, 1):
                 self._cases(13, 7, dim, None, init=init, modes=("max",))
 
+    @with_comms(init_rpc=False)
+    def test_row_wise_ids_go_only_to_their_owners(self):
+        # NOTE [ Ids only to their owners ]: with the same bags, what a rank sends grows by one int32
+        # per id that ANOTHER rank owns, and not at all for its own ids (every id used to reach every
+        # rank, whoever owned it).
+        import torch.nn.functional as F
+
+        from torch_shard import sharded_tensor
+
+        spec = ChunkShardingSpec(dim=0, placements=[placement(r) for r in range(self.world_size)])
+        weight = sharded_tensor.rand(spec, 10 * self.world_size, 3)  # rank r owns rows [10r, 10r + 10)
+        device = rank_device(self.rank)
+        offsets = torch.tensor([0, 2, 2, 5], device=device)
+        mixed = torch.tensor([0, 11, 25, 3, 39, 17, 8, 30], device=device)
+        own = torch.arange(8, device=device) + 10 * self.rank
+        foreign = int(((mixed < 10 * self.rank) | (mixed >= 10 * self.rank + 10)).sum())
+
+        def sent(ids, mode):
+            torch.ops.torch_shard._comm_stats(True)
+            F.embedding_bag(ids, weight, offsets, mode=mode)
+            return torch.ops.torch_shard._comm_stats(True)[0]
+
+        for mode in ("sum", "max"):
+            self.assertEqual(sent(mixed, mode) - sent(own, mode), 4 * foreign, mode)
+
 
 if __name__ == "__main__":
     run_tests()

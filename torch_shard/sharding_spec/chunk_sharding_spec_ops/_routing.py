@@ -38,12 +38,24 @@ def index_dtype(weight) -> torch.dtype:
     return torch.int32 if weight.size(0) <= torch.iinfo(torch.int32).max else torch.int64
 
 
-def words_for(owner: torch.Tensor, world: int, num_bags: int | None) -> torch.Tensor:
-    """What this requester tells each owner with the agreement: how many of its ids the owner holds,
-    and (embedding_bag: ``num_bags`` not None) its number of bags in the high bits. The caller checked
-    that the counts fit below ``_BAGS_SHIFT`` bits."""
-    counts = count_per_rank(owner, world)
-    return counts if num_bags is None else counts + (num_bags << _BAGS_SHIFT)
+def words_for(owner: torch.Tensor, world: int) -> torch.Tensor:
+    """What an embedding requester tells each owner with the agreement: how many of its ids it holds."""
+    return count_per_rank(owner, world)
+
+
+def bag_lengths(bags: Bags, owner: torch.Tensor, world: int, dtype: torch.dtype) -> torch.Tensor:
+    """lengths[o, b]: how many ids of bag b owner o holds ([world, num_bags], on the ids' device)."""
+    num_bags = bags.num_bags
+    key = owner * num_bags + bags.bag_of_id() if num_bags else owner
+    lengths = torch.zeros(world * num_bags, dtype=dtype, device=owner.device)
+    return lengths.index_add_(0, key, torch.ones_like(key, dtype=dtype)).view(world, num_bags)
+
+
+def bag_words_for(lengths: torch.Tensor) -> torch.Tensor:
+    """What an embedding_bag requester tells each owner with the agreement: how many of its ids the
+    owner holds, and its number of bags in the high bits. The caller checked (:func:`check_fits`)
+    that both fit."""
+    return lengths.sum(dim=1, dtype=torch.int64) + (lengths.size(1) << _BAGS_SHIFT)
 
 
 def check_fits(num_ids: int, num_bags: int | None) -> None:
@@ -84,9 +96,11 @@ def route(
     bags_in: list[int] | None,
     dtype: torch.dtype,
     group: str,
+    lengths: torch.Tensor | None = None,
 ) -> Routed:
-    """Send each of this rank's ids to its owner (with per-bag lengths when ``bags_in`` is given) and
-    receive the ids this rank owns; one all-to-all (plus one for per-sample weights)."""
+    """Send each of this rank's ids to its owner (with its per-bag ``lengths``, from
+    :func:`bag_lengths`, when ``bags_in`` is given) and receive the ids this rank owns; one all-to-all
+    (plus one for per-sample weights)."""
     world = len(counts_out)
     perm = torch.argsort(owner, stable=True)
     ids = mine.ids.index_select(0, perm).to(dtype)
@@ -94,10 +108,6 @@ def route(
         received = _ops._all_to_all(ids, counts_out, counts_in, group)
         return Routed(received, None, None, counts_in, [0] * world, perm, counts_out)
     num_bags = mine.num_bags
-    # lengths[o, b]: how many ids of bag b owner o holds.
-    key = owner * num_bags + mine.bag_of_id() if num_bags else owner
-    lengths = torch.zeros(world * num_bags, dtype=dtype, device=ids.device)
-    lengths = lengths.index_add_(0, key, torch.ones_like(key, dtype=dtype)).view(world, num_bags)
     pieces = [piece for o, part in enumerate(ids.split(counts_out)) for piece in (part, lengths[o])]
     received = _ops._all_to_all(
         torch.cat(pieces),

@@ -72,7 +72,7 @@ def sharded_embedding(types, args, kwargs, pg):
             check_fits(ids.numel(), None)
             routed_rows = True
             owner = owner_of_ids(ids, layout)
-            words = words_for(owner, len(layout), None)
+            words = words_for(owner, len(layout))
         arguments = lookup_arguments(padding_idx, max_norm, norm_type)
     except Exception as exc:  # noqa: BLE001 - raised on every rank by share_bags
         error, mine, arguments = exc, None, None

@@ -25,7 +25,18 @@ from ._common import (
     width_of,
     zeros_from,
 )
-from ._routing import bags_back, check_fits, decode, index_dtype, pool_max, pool_sum, positions_back, route, words_for
+from ._routing import (
+    bag_lengths,
+    bag_words_for,
+    bags_back,
+    check_fits,
+    decode,
+    index_dtype,
+    pool_max,
+    pool_sum,
+    positions_back,
+    route,
+)
 
 
 def _max_over_owners(stacked: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
@@ -217,7 +228,8 @@ def sharded_embedding_bag(types, args, kwargs, pg):
             check_fits(mine.ids.numel(), mine.num_bags)
             ranges = row_ranges(weight)
             owner = owner_of_ids(mine.ids, ranges)
-            words = words_for(owner, len(ranges), mine.num_bags)
+            lengths = bag_lengths(mine, owner, len(ranges), index_dtype(weight))
+            words = bag_words_for(lengths)
             routed_rows = True
         arguments = lookup_arguments(padding_idx, max_norm, norm_type, mode)
     except Exception as exc:  # noqa: BLE001 - raised on every rank by share_bags
@@ -252,7 +264,7 @@ def sharded_embedding_bag(types, args, kwargs, pg):
     end = start + local.size(0)
     counts_in, bags_in = decode(shared.counts_in, bags=True)
     counts_out, _ = decode(shared.counts_out, bags=True)
-    routed = route(mine, owner, counts_in, counts_out, bags_in, index_dtype(weight), group)
+    routed = route(mine, owner, counts_in, counts_out, bags_in, index_dtype(weight), group, lengths)
     if max_norm is not None:
         # The rows any rank looks up here, renormalised before the lookup (the dense op's order).
         renorm_rows_(local, routed.ids.long() - start, max_norm, norm_type, weight, dim)
