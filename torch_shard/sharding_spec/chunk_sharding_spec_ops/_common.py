@@ -6,7 +6,9 @@ Every rank calls the op with its own input. The flow is:
    exception types and messages where it has them) and everything else that can fail (the owners'
    group ranks), then ONE C++ data op (``torch.ops.torch_shard._share_inputs``) that agrees (a bad
    input on any rank raises on every rank instead of hanging the others) and gives every rank every
-   rank's packed input (ids, offsets, per-sample weights), small inputs in the agreement round itself.
+   rank's packed input (ids, offsets, per-sample weights), small inputs in the agreement round itself
+   (column-wise; a row-wise lookup only agrees there, and sends each id to its owner alone: NOTE [ Ids
+   only to their owners ] in _routing.py).
    Checks that need the input's VALUES (ids in range, offsets well formed) and the counts of this
    rank's ids per owner are computed on the input's device and read by the host only with the
    agreement (:class:`InputChecks`; NOTE [ One host read per exchange ] in csrc/comm/exchange.cpp): on
