@@ -59,11 +59,11 @@ def bag_words_for(lengths: torch.Tensor) -> torch.Tensor:
 
 
 def check_fits(num_ids: int, num_bags: int | None) -> None:
-    """The words hold counts below 2**32 and bag counts below 2**31 (raised before the agreement, so on
-    every rank)."""
-    if num_ids > _LOW or (num_bags is not None and num_bags >= 1 << 31):
+    """The words hold counts below 2**32 and bag counts below 2**31, and max-mode winners travel as
+    int32 positions among a requester's ids (raised before the agreement, so on every rank)."""
+    if num_ids >= 1 << 31 or (num_bags is not None and num_bags >= 1 << 31):
         raise ValueError(
-            f"torch_shard: a row-wise sharded lookup takes fewer than 2**32 ids and 2**31 bags per rank, got "
+            f"torch_shard: a row-wise sharded lookup takes fewer than 2**31 ids and 2**31 bags per rank, got "
             f"{num_ids} ids and {num_bags} bags"
         )
 
@@ -186,7 +186,8 @@ def bags_back(pooled: torch.Tensor, routed: Routed, num_bags: int, group: str) -
 def positions_back(where: torch.Tensor, routed: Routed, num_bags: int, group: str) -> torch.Tensor:
     """The owners' winners (:func:`pool_max`) back to their requesters, as positions in the requester's
     ids: [owners, num_bags, dim], -1 for none."""
-    back = bags_back(where, routed, num_bags, group)
+    # As int32 (positions among fewer than 2**31 ids: check_fits): half the bytes of int64.
+    back = bags_back(where.to(torch.int32), routed, num_bags, group).long()
     if not routed.perm.numel():
         return back  # no ids: every position is -1
     counts = torch.tensor(routed.counts_out, dtype=torch.int64)
