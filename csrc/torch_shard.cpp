@@ -124,8 +124,8 @@ TORCH_LIBRARY(torch_shard, m) {
   m.def("_error_classes() -> str[]");
   // Row-wise sharded embedding_bag (csrc/ops/embedding_ops.cpp): pool, per bag, the rows of `weight`
   // (global rows row_start..) that a requester's bags use; mode "sum" or "max". Returns the pooled
-  // [num_bags, dim] (0 / -inf where the shard holds none of a bag's ids) and, for max, the winning
-  // local row per element (-1 for none). padding_idx -1 means none. fused=False takes the ATen
+  // [num_bags, dim] (0 / -inf where the shard holds none of a bag's ids) and, for max, the position in
+  // ids of the winning id per element (-1 for none; NOTE [ Max ties ]). padding_idx -1 means none. fused=False takes the ATen
   // composition other devices use, also on CPU (for tests). Bag b holds ids[offsets[b]:offsets[b+1]]
   // (the last to the end); both kernels check offsets (non-decreasing, within [0, numel(ids)]),
   // shapes, devices, row_start/rows and argmax, so no call reads or writes out of bounds.

@@ -92,6 +92,28 @@ class TestEmbeddingBagPartial(TestCase):
         pooled, _ = _ops._embedding_bag_partial(weight, ids, offsets, None, 0, "sum", -1)
         self.assertEqual(pooled.float(), torch.full((1, 4), 3.0), atol=0.02, rtol=0)
 
+    def test_max_ties_go_to_the_first_id_of_the_bag_on_every_path(self):
+        # NOTE [ Max ties ]: a zero table ties everywhere; the dense op (CPU and CUDA) gives each
+        # element's gradient to the first id of the bag holding the maximum, and so do both paths.
+        paths = [("cpu", True), ("cpu", False)] + ([("cuda", False)] if torch.cuda.is_available() else [])
+        ids, offsets = _ids(7, 2, 5, 2, 9, 3), _ids(0, 3, 3)
+        for device, fused in paths:
+            weight = torch.zeros(10, 3, device=device)
+            weight[2, 1] = -1.0  # in bag 2 (ids 2, 9, 3), column 1's first maximum is id 9's
+            pooled, argmax = _ops._embedding_bag_partial(
+                weight, ids.to(device), offsets.to(device), None, 0, "max", -1, fused
+            )
+            self.assertEqual(argmax.cpu(), torch.tensor([[0, 0, 0], [-1, -1, -1], [3, 4, 3]]), f"{device} {fused}")
+            grad = torch.arange(1.0, 10.0, device=device).view(3, 3)
+            got = _ops._embedding_bag_partial_backward(
+                grad, ids.to(device), offsets.to(device), None, argmax, 0, 10, "max", -1
+            )
+            dense_weight = weight.clone().requires_grad_(True)
+            torch.nn.functional.embedding_bag(
+                ids.to(device), dense_weight, offsets.to(device), mode="max"
+            ).backward(grad)
+            self.assertEqual(got, dense_weight.grad, f"{device} {fused}")
+
     def test_bad_mode(self):
         with self.assertRaisesRegex(ValueError, "mode must be 'sum' or 'max'"):
             _ops._embedding_bag_partial(torch.zeros(2, 2), torch.zeros(1, dtype=torch.int64), torch.tensor([0]), None, 0, "mean", -1)
@@ -174,11 +196,16 @@ class TestEmbeddingBagPartialPreconditions(TestCase):
             back(grad, ids, offsets, None, torch.zeros(2, 2, dtype=torch.int64), 0, 4, "max", -1)
         with self.assertRaisesRegex(TypeError, "argmax must be int64"):
             back(grad, ids, offsets, None, argmax.int(), 0, 4, "max", -1)
-        # A winning row outside the shard would write outside the gradient.
-        with self.assertRaisesRegex(ValueError, r"argmax holds rows in \[0, 4\]; expected -1 \(none\) or a row in \[0, 4\)"):
-            back(grad, ids, offsets, None, torch.tensor([[0, 4, 0], [0, 0, 0]]), 0, 4, "max", -1)
-        with self.assertRaisesRegex(ValueError, "argmax holds rows in \\[-2"):
+        # A winner's position outside the ids, or naming an id outside the shard, would read or write
+        # outside a tensor (argmax holds positions in ids: NOTE [ Max ties ]).
+        with self.assertRaisesRegex(
+            ValueError, r"argmax holds positions in \[0, 3\]; expected -1 \(none\) or a position in ids, in \[0, 3\)"
+        ):
+            back(grad, ids, offsets, None, torch.tensor([[0, 3, 0], [0, 0, 0]]), 0, 4, "max", -1)
+        with self.assertRaisesRegex(ValueError, "argmax holds positions in \\[-2"):
             back(grad, ids, offsets, None, torch.full((2, 3), -2), 0, 4, "max", -1)
+        with self.assertRaisesRegex(ValueError, r"argmax names a position whose id is outside the shard's rows \[1, 3\)"):
+            back(grad, ids, offsets, None, argmax, 1, 2, "max", -1)
         with self.assertRaisesRegex(ValueError, "grad must have one row per bag"):
             back(torch.ones(3, 3), ids, offsets, None, argmax, 0, 4, "sum", -1)
         with self.assertRaisesRegex(ValueError, "row_start and rows must be non-negative"):

@@ -65,8 +65,8 @@ def _check_mode(op: str, mode: str) -> None:
 def _embedding_bag_partial_fake(
     weight, ids, offsets, per_sample_weights, row_start, mode, padding_idx, fused=True, owned=None
 ):
-    """[num_bags, dim] of the weight's dtype, and the winning rows: int64 [num_bags, dim] for "max",
-    else empty; both on the weight's device."""
+    """[num_bags, dim] of the weight's dtype, and the winners' positions in ids: int64 [num_bags, dim]
+    for "max", else empty; both on the weight's device."""
     op = "torch_shard._embedding_bag_partial"
     _check_mode(op, mode)
     _check_bags(op, weight, "weight", ids, offsets, per_sample_weights, row_start, weight.shape[0])

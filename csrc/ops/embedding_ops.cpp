@@ -6,6 +6,16 @@
 // pass instead of mask + gather + scatter with their temporaries; the backward scatters the output
 // gradient to the owned rows the same way (for max, to the row that won each element).
 //
+// NOTE [ Max ties ]
+// Dense embedding_bag(mode="max") gives each output element's gradient to ONE id: the first id of the
+// bag (in input order) that holds the maximum; its CPU and CUDA kernels both compare with a strict
+// `>` walking the bag in order. So a partial max reports, per (bag, column), the POSITION in `ids` of
+// its winner (the first owned id holding the shard's maximum, -1 for none), on every device: the
+// requester then picks, among the owners holding the overall maximum, the one whose winner comes
+// first, exactly the dense op's choice, and the backward gives the gradient to the row at that
+// position. (A zero-initialised table ties everywhere; a row per owner would not say which came
+// first.)
+//
 // Max on CPU takes the fused loops; sums, and every other device, take an equivalent composition of
 // ATen ops (see embedding_bag_partial) that never reads device memory on the host: see NOTE [ Partial
 // pooling without host reads ].
@@ -128,6 +138,7 @@ void for_each_owned(const int64_t* ids, const int64_t* offsets, int64_t n, int64
 // a device-side assertion on a GPU. Each id's bag comes from bucketize over the offsets (ids before
 // offsets[0] get bag -1 and are left out), not from repeat_interleave, whose output size is data too.
 struct OwnedIds {
+  at::Tensor position;           // position in ids of each selected id
   at::Tensor rows;               // local row of each selected id
   at::Tensor bag;                // its bag
   at::Tensor keep;               // false for the padding id (selected, but contributes nothing)
@@ -162,6 +173,7 @@ OwnedIds owned_ids(const char* op, const at::Tensor& ids, const at::Tensor& offs
   }
   const at::Tensor which = at::nonzero_static(in_range, count).squeeze(1);
   OwnedIds out;
+  out.position = which;
   const at::Tensor selected = ids.index_select(0, which);
   out.rows = selected - row_start;
   out.bag = bag.index_select(0, which);
@@ -195,17 +207,19 @@ std::tuple<at::Tensor, at::Tensor> partial_cpu(const at::Tensor& weight, const a
     if (max_mode) {
       scalar_t* op = out.mutable_data_ptr<scalar_t>();
       int64_t* ap = arg.mutable_data_ptr<int64_t>();
-      for_each_owned(idp, offp, n, bags, row_start, rows, padding_idx, [&](int64_t b, int64_t, int64_t row) {
-        const scalar_t* src = wp + row * dim;
-        scalar_t* dst = op + b * dim;
-        int64_t* am = ap + b * dim;
-        for (int64_t d = 0; d < dim; ++d) {
-          if (am[d] < 0 || src[d] > dst[d]) {
-            dst[d] = src[d];
-            am[d] = row;
-          }
-        }
-      });
+      // Strict `>` in input order: the first owned id holding the maximum wins (NOTE [ Max ties ]).
+      for_each_owned(idp, offp, n, bags, row_start, rows, padding_idx,
+                     [&](int64_t b, int64_t i, int64_t row) {
+                       const scalar_t* src = wp + row * dim;
+                       scalar_t* dst = op + b * dim;
+                       int64_t* am = ap + b * dim;
+                       for (int64_t d = 0; d < dim; ++d) {
+                         if (am[d] < 0 || src[d] > dst[d]) {
+                           dst[d] = src[d];
+                           am[d] = i;
+                         }
+                       }
+                     });
       return;
     }
     // Sums accumulate in the op-math type: straight into the output for float and double, in a
@@ -256,17 +270,18 @@ std::tuple<at::Tensor, at::Tensor> partial_generic(const at::Tensor& weight, con
     return {at::zeros({num_bags, dim}, weight.options()).index_add(0, ids.bag, values),
             at::empty({0}, ids.rows.options())};
   }
-  // Max with the winning row: reduce, then find, per (bag, column), a row that equals the max.
+  // Max with the winning position: reduce, then find, per (bag, column), the first position whose
+  // value equals the max (NOTE [ Max ties ]: the CPU loop's choice).
   const auto lowest = at::full({}, -std::numeric_limits<double>::infinity(), values.options());
   values = at::where(keep, values, lowest);
   at::Tensor out = at::full({num_bags, dim}, -std::numeric_limits<double>::infinity(), weight.options())
                        .index_reduce(0, ids.bag, values, "amax", /*include_self=*/true);
-  at::Tensor winner = values.eq(out.index_select(0, ids.bag)) & keep;
-  at::Tensor candidate =
-      at::where(winner, ids.rows.unsqueeze(1).expand_as(values), at::full({}, -1, ids.rows.options()));
-  at::Tensor arg = at::full({num_bags, dim}, -1, ids.rows.options())
-                       .index_reduce(0, ids.bag, candidate, "amax", /*include_self=*/true);
-  return {out, arg};
+  const at::Tensor winner = values.eq(out.index_select(0, ids.bag)) & keep;
+  const auto none = at::full({}, std::numeric_limits<int64_t>::max(), ids.position.options());
+  const at::Tensor candidate = at::where(winner, ids.position.unsqueeze(1).expand_as(values), none);
+  at::Tensor first = at::full({num_bags, dim}, std::numeric_limits<int64_t>::max(), ids.position.options())
+                         .index_reduce(0, ids.bag, candidate, "amin", /*include_self=*/true);
+  return {out, at::where(first.eq(none), at::full({}, -1, first.options()), first)};
 }
 
 std::tuple<at::Tensor, at::Tensor>
@@ -316,20 +331,37 @@ at::Tensor embedding_bag_partial_backward(const at::Tensor& grad, const at::Tens
         const int64_t* a = rows_won.const_data_ptr<int64_t>();
         const auto [low, high] = std::minmax_element(a, a + rows_won.numel());
         const int64_t lo = *low, hi = *high;
-        TORCH_CHECK_VALUE(lo >= -1 && hi < rows, kBackward, ": argmax holds rows in [", lo, ", ", hi,
-                          "]; expected -1 (none) or a row in [0, ", rows, ")");
+        TORCH_CHECK_VALUE(lo >= -1 && hi < ids.numel(), kBackward, ": argmax holds positions in [", lo, ", ",
+                          hi, "]; expected -1 (none) or a position in ids, in [0, ", ids.numel(), ")");
       } else {
         at::_assert_async(
-            (argmax >= -1).all() & (argmax < rows).all(),
-            "torch_shard._embedding_bag_partial_backward: argmax holds a row outside [-1, rows)");
+            (argmax >= -1).all() & (argmax < ids.numel()).all(),
+            "torch_shard._embedding_bag_partial_backward: argmax holds a position outside [-1, ids.numel())");
       }
     }
-    // Each element of each bag's output came from one row (or none: -1). Elements without a row add
-    // nothing (their index is clamped to 0 and their gradient zeroed), so no output size depends on data.
+    // Each element of each bag's output came from the id at one position (or none: -1; NOTE [ Max
+    // ties ]). Elements without one add nothing (their row is clamped to 0 and their gradient zeroed),
+    // so no output size depends on data.
     const at::Tensor valid = argmax.ge(0);
+    if (ids.numel() == 0) {
+      return grad_weight; // every position is -1 (checked above)
+    }
+    const at::Tensor position = at::where(valid, argmax, at::zeros({}, argmax.options()));
+    const at::Tensor won = ids.index_select(0, position.reshape({-1})).view({num_bags, dim}) - row_start;
+    const at::Tensor inside = won.ge(0) & won.lt(rows);
+    if (won.is_cpu()) {
+      TORCH_CHECK_VALUE((inside | valid.logical_not()).all().item<bool>(), kBackward,
+                        ": argmax names a position whose id is outside the shard's rows [", row_start, ", ",
+                        row_start + rows, ")");
+    } else {
+      at::_assert_async((inside | valid.logical_not()).all(),
+                        "torch_shard._embedding_bag_partial_backward: argmax names a position whose id is "
+                        "outside the shard's rows");
+    }
     const at::Tensor cols = at::arange(dim, argmax.options()).expand({num_bags, dim});
-    const at::Tensor flat_index = at::where(valid, argmax * dim + cols, at::zeros({}, argmax.options()));
-    const at::Tensor contrib = at::where(valid, grad, at::zeros({}, grad.options()));
+    const at::Tensor flat_index =
+        at::where(valid & inside, won * dim + cols, at::zeros({}, argmax.options()));
+    const at::Tensor contrib = at::where(valid & inside, grad, at::zeros({}, grad.options()));
     grad_weight.view({-1}).index_add_(0, flat_index.reshape({-1}), contrib.reshape({-1}));
     return grad_weight;
   }

@@ -6,7 +6,9 @@ Every rank calls the op with its own input. The flow is:
    exception types and messages where it has them) and everything else that can fail (the owners'
    group ranks), then ONE C++ data op (``torch.ops.torch_shard._share_inputs``) that agrees (a bad
    input on any rank raises on every rank instead of hanging the others) and gives every rank every
-   rank's packed input (ids, offsets, per-sample weights), small inputs in the agreement round itself.
+   rank's packed input (ids, offsets, per-sample weights), small inputs in the agreement round itself
+   (column-wise; a row-wise lookup only agrees there, and sends each id to its owner alone: NOTE [ Ids
+   only to their owners ] in _routing.py).
    Checks that need the input's VALUES (ids in range, offsets well formed) and the counts of this
    rank's ids per owner are computed on the input's device and read by the host only with the
    agreement (:class:`InputChecks`; NOTE [ One host read per exchange ] in csrc/comm/exchange.cpp): on
@@ -217,11 +219,13 @@ def share_bags(
     arguments: list[float] | None = None,
     checks: InputChecks | None = None,
     words: torch.Tensor | None = None,
+    share: bool = True,
 ) -> Shared:
     """Give every rank every rank's bags, after agreeing (raising on every rank if any rank's input
     was rejected, by the host or by ``checks`` on its device, or if the ranks' ``arguments``, from
     :func:`lookup_arguments`, differ): one C++ data op. ``words`` (int64 [world], on the device) are
-    told to the ranks with the agreement; see :class:`Shared`."""
+    told to the ranks with the agreement; see :class:`Shared`. With ``share=False`` the ranks only agree
+    and tell their words (``bags`` of the result is empty): row-wise lookups route ids themselves."""
     pg = weight._process_group
     if error is not None:
         abort_and_raise("share_inputs", error, pg)
@@ -229,6 +233,10 @@ def share_bags(
     parts = [bags.offsets, bags.ids]
     if has_psw:
         parts.append(bags.per_sample_weights.detach().reshape(-1))
+    if not share:
+        # Agreement (and words) only: one empty part on the inputs' device (NOTE [ Ids only to their
+        # owners ] in _routing.py). The per-sample weights' presence is still agreed (flags).
+        parts = [bags.ids[:0]]
     status = checks.status(bags.ids.device) if checks is not None else None
     received, info = _ops._share_inputs.with_words(
         parts, _state.read_state(weight).layout_fp, int(has_psw), pg.group_name, arguments or [], status, words
@@ -237,6 +245,8 @@ def share_bags(
         checks.raise_first()  # this rank's input failed on its device; every other rank raises naming it
     world = dist.get_world_size(pg)
     counts_in, counts_out = info[1 : 1 + world], info[1 + world :]
+    if not share:
+        return Shared([], counts_in, counts_out)
     width = len(parts)
     everyone = [
         Bags(
@@ -297,19 +307,88 @@ def width_of(order: list[tuple[int, int, int]], rank: int) -> int:
     return sum(count for _, count, owner in order if owner == rank)
 
 
+# NOTE [ One kernel per requester group ]
+# What a shard contributes to every requester comes from ONE lookup kernel over all requesters' ids
+# (ATen's embedding / embedding_bag, whose backward is one kernel too), not one call per requester: a
+# call costs a launch and its host time on a GPU whatever its size, and W of them grow with the ranks.
+# Row-wise, the kernel sees only the ids the shard owns, remapped to its rows: nonzero_static selects
+# them (the count arrived with the agreement), and each bag's new offset is the number of owned ids
+# before it (a cumsum). Max mode is the exception: its winner must be the first owned id of the bag
+# holding the maximum, with its position (NOTE [ Max ties ] in csrc/ops/embedding_ops.cpp), which
+# ATen's kernel does not report, so it takes torch_shard._embedding_bag_partial, once, over the group.
+
+
+def requester_group(everyone: list[Bags]) -> tuple[Bags, list[int]]:
+    """Every requester's bags as ONE set of bags, so a shard's contribution to all of them is one
+    kernel call (NOTE [ One kernel per requester group ]): ids concatenated in rank order, offsets
+    shifted by the ids before them. Requesters without bags are left out (their ids belong to no bag;
+    they told every owner a count of 0). Returns the group and where each requester's ids start in it."""
+    pooling = [bags for bags in everyone if bags.num_bags]
+    starts, shift = [], 0
+    for bags in everyone:
+        starts.append(shift)
+        if bags.num_bags:
+            shift += bags.ids.numel()
+    if len(pooling) == 1:
+        return pooling[0], starts
+    if not pooling:
+        empty = everyone[0].offsets.new_zeros(0)
+        return Bags(ids=empty, offsets=empty, per_sample_weights=None), starts
+    offsets = [
+        bags.offsets + starts[r] if starts[r] else bags.offsets for r, bags in enumerate(everyone) if bags.num_bags
+    ]
+    psw = None
+    if pooling[0].per_sample_weights is not None:
+        psw = torch.cat([bags.per_sample_weights for bags in pooling])
+    return Bags(
+        ids=torch.cat([bags.ids for bags in pooling]), offsets=torch.cat(offsets), per_sample_weights=psw
+    ), starts
+
+
+def owned_ids(ids: torch.Tensor, start: int, end: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(positions in ``ids`` of the ids in rows [start, end), in order; how many of them come before
+    each position, int64 [n + 1]). ``count``: how many there are, told with the agreement, so the
+    selection (nonzero_static) reads no size from the device."""
+    mask = (ids >= start) & (ids < end)
+    which = torch.nonzero_static(mask, size=count).squeeze(1)
+    before = torch.cat([mask.new_zeros(1, dtype=torch.int64), mask.cumsum(0)])
+    return which, before
+
+
+def zeros_from(local: torch.Tensor, rows: int) -> torch.Tensor:
+    """``[rows, local.size(1)]`` zeros computed from ``local`` by no lookup kernel: what a shard that
+    holds nothing a lookup needs contributes (an empty shard, or none of the ids), with autograd still
+    giving the shard its (zero) gradient, as the dense op gives every row one.
+
+    NOTE [ Empty shards reach no embedding kernel ]
+    An empty shard is a normal state (6 columns over 4 ranks leave one a 13 x 0 chunk; a ceil split
+    can leave a 0-row one), and PyTorch's CUDA embedding / embedding_bag backward kernels cannot take
+    an empty weight (an illegal memory access that poisons the CUDA context). So the sharded ops never
+    call an ATen embedding kernel on an empty weight, or with no ids at all (the host knows both:
+    shapes, and the counts told with the agreement); the shard's contribution is then this: a sum over
+    zero rows (a fill, no lookup), broadcast. tests/test_embedding_kernels.py records what the kernels
+    get on every rank.
+    """
+    return local.narrow(0, 0, 0).sum(0, keepdim=True).expand(rows, local.size(1))
+
+
 def renorm_rows_(local: torch.Tensor, rows: torch.Tensor, max_norm: float, norm_type: float, weight, dim: int) -> None:
     """In-place max_norm renormalisation of the looked-up ``rows`` of the local shard, using each
     row's FULL norm (summed over column shards for a column-sharded weight)."""
     rows = torch.unique(rows)
     with torch.no_grad():
         if dim == 0:
-            torch.embedding_renorm_(local, rows, max_norm, norm_type)
+            if local.numel():  # NOTE [ Empty shards reach no embedding kernel ]
+                torch.embedding_renorm_(local, rows, max_norm, norm_type)
             return
-        # Column shards: every rank holds a slice of each row; combine |w|^p over all slices.
+        # Column shards: every rank holds a slice of each row; combine |w|^p over all slices (a rank
+        # with an empty chunk adds 0, but joins the sum).
         part = local.index_select(0, rows).abs().pow(norm_type).sum(dim=1)
         # Every rank holds the same `rows` (from the same shared inputs) and the agreement checked that
         # every rank renormalises, so the sum needs no agreement of its own.
         part = _ops._sum_over_ranks(part, weight._process_group.group_name)
+        if not local.numel():
+            return
         norms = part.pow(1.0 / norm_type)
         scale = torch.where(norms > max_norm, max_norm / (norms + 1e-7), torch.ones_like(norms))
         local.index_copy_(0, rows, local.index_select(0, rows) * scale.unsqueeze(1).to(local.dtype))

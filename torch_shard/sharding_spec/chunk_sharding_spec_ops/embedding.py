@@ -12,7 +12,6 @@ from ._common import (
     InputChecks,
     check_ids_in_range,
     column_order,
-    count_per_rank,
     exchange_chunks,
     lookup_arguments,
     owner_of_ids,
@@ -21,7 +20,9 @@ from ._common import (
     share_bags,
     validate_common,
     width_of,
+    zeros_from,
 )
+from ._routing import check_fits, index_dtype, lookup_rows, route, send_back, words_for
 
 
 @custom_sharding_spec_op(ChunkShardingSpec, F.embedding)
@@ -42,6 +43,7 @@ def sharded_embedding(types, args, kwargs, pg):
     error = None
     checks = InputChecks()
     words = None
+    routed_rows = False  # row-wise: ids go to their owners only, not to every rank
     try:
         # Everything that can fail on this rank happens here, before the exchange (share_bags), so a
         # failure raises on every rank instead of leaving the others in the exchange.
@@ -66,41 +68,43 @@ def sharded_embedding(types, args, kwargs, pg):
         if dim == 0:
             # How many of my ids each rank owns: the sizes of the row exchange, known to every rank
             # with the agreement instead of read from the device.
+            # Each id goes to its owner only (NOTE [ Ids only to their owners ] in _routing.py).
+            check_fits(ids.numel(), None)
+            routed_rows = True
             owner = owner_of_ids(ids, layout)
-            words = count_per_rank(owner, len(layout))
+            words = words_for(owner, len(layout))
         arguments = lookup_arguments(padding_idx, max_norm, norm_type)
     except Exception as exc:  # noqa: BLE001 - raised on every rank by share_bags
         error, mine, arguments = exc, None, None
-    shared = share_bags(mine, weight, error, "embedding", arguments, checks, words)
+    shared = share_bags(mine, weight, error, "embedding", arguments, checks, words, share=not routed_rows)
     everyone = shared.bags
     group = pg.group_name
     dtype = local.dtype
     if dim == 0:
         end = start + local.size(0)
+        routed = route(mine, owner, shared.counts_in, shared.counts_out, None, index_dtype(weight), group)
         if max_norm is not None:
-            # (Renormalising reads the rows to touch on the host, as the dense op does.)
-            all_ids = torch.cat([b.ids for b in everyone])
-            owned = all_ids[(all_ids >= start) & (all_ids < end)]
-            renorm_rows_(local, owned - start, max_norm, norm_type, weight, dim)
+            # The rows any rank looks up here, renormalised before the lookup (the dense op's order).
+            renorm_rows_(local, routed.ids.long() - start, max_norm, norm_type, weight, dim)
         local_pad = padding_idx - start if padding_idx is not None and start <= padding_idx < end else None
-        send = []
-        for rank, bags in enumerate(everyone):
-            # The ids of `rank` I own, in their order; how many, `rank` told me with the agreement.
-            mine_there = (bags.ids >= start) & (bags.ids < end)
-            which = torch.nonzero_static(mine_there, size=shared.counts_in[rank]).squeeze(1)
-            send.append(F.embedding(bags.ids[which] - start, local, padding_idx=local_pad))
-        shapes = [(count, local.size(1)) for count in shared.counts_out]
-        received = exchange_chunks(send, shapes, group)
-        # My ids grouped by owner, each group in my ids' order: where each owner's rows go.
-        positions = torch.argsort(owner, stable=True).split(shared.counts_out)
+        # One lookup of every requester's ids (NOTE [ One kernel per requester group ], _common.py),
+        # each requester's rows back to it, placed where its ids were.
+        rows = lookup_rows(local, routed, start, local_pad)
+        back = send_back(rows, shared.counts_in, shared.counts_out, group)
         out = torch.zeros(mine.ids.numel(), weight.size(1), dtype=dtype, device=local.device)
-        for where, rows in zip(positions, received):
-            out = out.index_put((where,), rows)
+        out = out.index_put((routed.perm,), back)
         return out.view(*input.shape, weight.size(1))
 
     if max_norm is not None:
         renorm_rows_(local, torch.cat([b.ids for b in everyone]), max_norm, norm_type, weight, dim)
-    send = [F.embedding(bags.ids, local, padding_idx=padding_idx) for bags in everyone]
+    # One lookup for every requester's ids (NOTE [ One kernel per requester group ]).
+    sizes = [bags.ids.numel() for bags in everyone]
+    if local.size(1) and sum(sizes):
+        all_ids = torch.cat([bags.ids for bags in everyone]) if len(everyone) > 1 else everyone[0].ids
+        looked_up = F.embedding(all_ids, local, padding_idx=padding_idx)
+    else:  # NOTE [ Empty shards reach no embedding kernel ] (_common.py)
+        looked_up = zeros_from(local, sum(sizes))
+    send = list(looked_up.split(sizes))
     shapes = [(mine.ids.numel(), width_of(layout, rank)) for rank in range(len(everyone))]
     received = exchange_chunks(send, shapes, group)
     blocks = [received[rank] for _, _, rank in layout]

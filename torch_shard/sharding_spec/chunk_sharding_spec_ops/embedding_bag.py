@@ -14,27 +14,44 @@ from ._common import (
     check_ids_in_range,
     check_index_dtype,
     column_order,
-    count_per_rank,
     exchange_chunks,
     lookup_arguments,
     owner_of_ids,
     renorm_rows_,
+    requester_group,
     row_ranges,
     share_bags,
     validate_common,
     width_of,
+    zeros_from,
+)
+from ._routing import (
+    bag_lengths,
+    bag_words_for,
+    bags_back,
+    check_fits,
+    decode,
+    index_dtype,
+    pool_max,
+    pool_sum,
+    positions_back,
+    route,
 )
 
 
-def _partial_pool(weight, ids, offsets, per_sample_weights, row_start: int, mode: str, padding_idx: int, owned: int):
-    """What a row shard contributes to one requester's bags: torch_shard._embedding_bag_partial, whose
-    autograd (registered with the op, torch_shard/_op_registrations.py) scatters the gradient back into
-    the shard. ``owned``: how many of the requester's ids this shard holds (told with the agreement),
-    so the kernels never read a count from the device."""
-    pooled, _ = torch.ops.torch_shard._embedding_bag_partial(
-        weight, ids, offsets, per_sample_weights, row_start, mode, padding_idx, True, owned
-    )
-    return pooled
+def _max_over_owners(stacked: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+    """Each element's maximum over the owners' partial maxima, taken from ONE owner: among those holding
+    the maximum, the one whose winning id comes first in the bag (``positions``: -1 for none), which is
+    the dense op's choice (NOTE [ Max ties ] in csrc/ops/embedding_ops.cpp); so the gradient reaches
+    exactly the row the dense op gives it to. 0 where no owner holds an id of the bag. Both arguments
+    are [owners, bags, dim]."""
+    with torch.no_grad():
+        held = where >= 0
+        best = torch.where(held, stacked, float("-inf")).amax(dim=0, keepdim=True)
+        none = torch.iinfo(torch.int64).max
+        first, chosen = torch.where(held & (stacked == best), where, none).min(dim=0, keepdim=True)
+    out = stacked.gather(0, chosen).squeeze(0)
+    return torch.where(first.squeeze(0) == none, torch.zeros((), dtype=out.dtype, device=out.device), out)
 
 
 def _check_offsets(checks: InputChecks, offsets: torch.Tensor, n: int, include_last_offset: bool) -> None:
@@ -160,6 +177,7 @@ def sharded_embedding_bag(types, args, kwargs, pg):
     error = None
     checks = InputChecks()
     words = None
+    routed_rows = False  # row-wise: ids go to their owners only, not to every rank
     try:
         # Everything that can fail on this rank happens here, before the exchange (share_bags), so a
         # failure raises on every rank instead of leaving the others in the exchange.
@@ -203,68 +221,59 @@ def sharded_embedding_bag(types, args, kwargs, pg):
             # How many of my ids each rank owns (the `owned` of each owner's partial pooling), told with
             # the agreement instead of counted from the device by every owner.
             # Ids that belong to no bag (there are no bags) are nobody's.
+            # Each id goes to its owner only (NOTE [ Ids only to their owners ] in _routing.py).
+            if not mine.num_bags:
+                psw = mine.per_sample_weights
+                mine = Bags(ids=mine.ids[:0], offsets=mine.offsets, per_sample_weights=None if psw is None else psw[:0])
+            check_fits(mine.ids.numel(), mine.num_bags)
             ranges = row_ranges(weight)
             owner = owner_of_ids(mine.ids, ranges)
-            words = count_per_rank(owner if mine.num_bags else owner[:0], len(ranges))
+            lengths = bag_lengths(mine, owner, len(ranges), index_dtype(weight))
+            words = bag_words_for(lengths)
+            routed_rows = True
         arguments = lookup_arguments(padding_idx, max_norm, norm_type, mode)
     except Exception as exc:  # noqa: BLE001 - raised on every rank by share_bags
         error, mine, arguments = exc, None, None
-    shared = share_bags(mine, weight, error, "embedding_bag", arguments, checks, words)
+    shared = share_bags(mine, weight, error, "embedding_bag", arguments, checks, words, share=not routed_rows)
     everyone = shared.bags
     group = pg.group_name
-    embedding_dim = weight.size(1)
 
     if dim == 1:
+        num_bags = [bags.num_bags for bags in everyone]
+        together, _ = requester_group(everyone)
         if max_norm is not None:
             renorm_rows_(local, torch.cat([b.ids for b in everyone]), max_norm, norm_type, weight, dim)
-        # One lookup over every requester's bags (offsets shifted), then split per requester. A
-        # requester without bags contributes no ids (they belong to no bag).
-        pooling = [bags for bags in everyone if bags.num_bags]
-        if pooling:
-            shift = 0
-            all_offsets = []
-            for bags in pooling:
-                all_offsets.append(bags.offsets + shift)
-                shift += bags.ids.numel()
+        # One lookup over every requester's bags (NOTE [ One kernel per requester group ], _common.py),
+        # then split per requester.
+        if local.size(1) and together.ids.numel():
             pooled = F.embedding_bag(
-                torch.cat([bags.ids for bags in pooling]),
+                together.ids,
                 local,
-                torch.cat(all_offsets),
+                together.offsets,
                 mode=mode,
-                per_sample_weights=(
-                    torch.cat([bags.per_sample_weights for bags in pooling])
-                    if pooling[0].per_sample_weights is not None
-                    else None
-                ),
+                per_sample_weights=together.per_sample_weights,
                 padding_idx=padding_idx,
             )
-        else:
-            pooled = local.new_zeros(0, local.size(1))
-        send = list(pooled.split([bags.num_bags for bags in everyone]))
+        else:  # NOTE [ Empty shards reach no embedding kernel ] (_common.py): nor do zero ids.
+            pooled = zeros_from(local, sum(num_bags))
+        send = list(pooled.split(num_bags))
         shapes = [(mine.num_bags, width_of(order, rank)) for rank in range(len(everyone))]
         received = exchange_chunks(send, shapes, group)
         return torch.cat([received[rank] for _, _, rank in order], dim=1)
 
     end = start + local.size(0)
+    counts_in, bags_in = decode(shared.counts_in, bags=True)
+    counts_out, _ = decode(shared.counts_out, bags=True)
+    routed = route(mine, owner, counts_in, counts_out, bags_in, index_dtype(weight), group, lengths)
     if max_norm is not None:
-        all_ids = torch.cat([b.ids for b in everyone])
-        owned = all_ids[(all_ids >= start) & (all_ids < end)]
-        renorm_rows_(local, owned - start, max_norm, norm_type, weight, dim)
-    pad = -1 if padding_idx is None else padding_idx
-    pool_mode = "max" if mode == "max" else "sum"
-    send = [
-        _partial_pool(
-            local, bags.ids, bags.offsets, bags.per_sample_weights, start, pool_mode, pad, shared.counts_in[rank]
-        )
-        for rank, bags in enumerate(everyone)
-    ]
-    shapes = [(mine.num_bags, embedding_dim)] * len(everyone)
-    received = exchange_chunks(send, shapes, group)
-    stacked = torch.stack(received)
+        # The rows any rank looks up here, renormalised before the lookup (the dense op's order).
+        renorm_rows_(local, routed.ids.long() - start, max_norm, norm_type, weight, dim)
+    local_pad = padding_idx - start if padding_idx is not None and start <= padding_idx < end else None
     if mode == "max":
-        out = stacked.amax(dim=0)
-        return torch.where(torch.isinf(out) & (out < 0), torch.zeros_like(out), out)
-    out = stacked.sum(dim=0)
+        pooled, where = pool_max(local, routed, start, local_pad)
+        values = bags_back(pooled, routed, mine.num_bags, group)
+        return _max_over_owners(values, positions_back(where, routed, mine.num_bags, group))
+    out = bags_back(pool_sum(local, routed, start, local_pad), routed, mine.num_bags, group).sum(dim=0)
     if mode == "mean" and mine.num_bags:
         keep = mine.ids != padding_idx if padding_idx is not None else torch.ones_like(mine.ids, dtype=torch.bool)
         counts = torch.zeros(mine.num_bags, dtype=out.dtype, device=out.device).index_add(

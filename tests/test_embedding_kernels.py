@@ -1,0 +1,210 @@
+"""What the ATen embedding kernels get from the sharded embedding ops, and max-mode ties.
+
+* Empty shards. PyTorch's CUDA embedding backward kernels cannot take an empty weight (an N x 0 or
+  0 x D weight is an illegal memory access that poisons the CUDA context), and an empty shard is a
+  normal state: 6 columns over 4 ranks leave one rank a 13 x 0 chunk, 9 rows over 4 ranks a 0 x 5
+  one. A TorchDispatchMode records the weight shape every ATen embedding kernel receives (forward,
+  backward, renorm) on every rank, so the rule "no empty weight ever reaches one" is checked on the
+  CPU; the results and gradients still equal the dense op's.
+* Max ties. When two ids of a bag hold the same maximum (a zero-initialised table ties everywhere),
+  the dense op gives the gradient to the first of them in the bag (CPU and CUDA alike); the sharded
+  op must give it to the same row, whichever rank owns it, and not split it between the owners.
+"""
+
+import copy
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from torch_shard import shard_parameter
+from torch_shard.sharded_tensor import ShardedTensor
+from torch_shard.sharding_spec import ChunkShardingSpec
+from torch_shard.testing import (
+    ShardedTensorTestBase,
+    placement,
+    rank_device,
+    run_tests,
+    with_comms,
+)
+
+aten = torch.ops.aten
+
+
+def _weight_shape(func, args):
+    """The (rows, columns) of the weight an ATen embedding kernel works on, or None for other ops."""
+    packet = func.overloadpacket
+    if packet in (aten.embedding, aten.embedding_renorm_, aten.embedding_renorm):
+        return tuple(args[0].shape)
+    if packet in (aten.embedding_bag, aten._embedding_bag, aten._embedding_bag_forward_only):
+        return tuple(args[0].shape)
+    if packet in (aten.embedding_backward, aten.embedding_dense_backward, aten.embedding_sparse_backward):
+        return (args[2], args[0].shape[-1])  # (grad_output, indices, num_weights, ...)
+    if packet is aten._embedding_bag_backward:
+        return (args[6], args[0].shape[-1])  # (grad, indices, offsets, offset2bag, bag_size, max_indices, num_weights)
+    if packet in (aten._embedding_bag_dense_backward, aten._embedding_bag_sparse_backward):
+        return (args[5], args[0].shape[-1])  # (grad, indices, offset2bag, bag_size, max_indices, num_weights)
+    if packet is aten._embedding_bag_per_sample_weights_backward:
+        return tuple(args[1].shape)  # (grad, weight, ...)
+    return None
+
+
+class _RecordEmbeddingKernels(TorchDispatchMode):
+    """Records (op name, weight shape) of every ATen embedding kernel call."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        shape = _weight_shape(func, args)
+        if shape is not None:
+            self.calls.append((str(func), shape))
+        return func(*args, **(kwargs or {}))
+
+
+def _shard_slice(weight: ShardedTensor, full: torch.Tensor) -> torch.Tensor:
+    md = weight.local_shards()[0].metadata
+    return full[
+        md.shard_offsets[0] : md.shard_offsets[0] + md.shard_sizes[0],
+        md.shard_offsets[1] : md.shard_offsets[1] + md.shard_sizes[1],
+    ]
+
+
+class TestEmbeddingKernels(ShardedTensorTestBase):
+    def _compare(self, dense, spec, make_input, call, record=None):
+        """Forward and backward of every rank's input against ``dense``; with ``record``, the sharded
+        forward and backward run under it."""
+        sharded = copy.deepcopy(dense)
+        shard_parameter(sharded, "weight", spec)
+        weight = sharded.weight
+        inputs, grad = make_input(self.rank, torch.Generator().manual_seed(self.rank))
+        if record is not None:
+            with record:
+                out = call(sharded, inputs)
+                (out * grad).sum().backward()
+        else:
+            out = call(sharded, inputs)
+            (out * grad).sum().backward()
+        self.assertEqual(out, call(dense, inputs), f"{spec} forward")
+        dense.zero_grad()
+        total = 0
+        for r in range(self.world_size):
+            inputs_r, grad_r = make_input(r, torch.Generator().manual_seed(r))
+            total = total + (call(dense, inputs_r) * grad_r).sum()
+        total.backward()
+        shard = weight.local_shards()[0].tensor
+        self.assertIsNotNone(shard.grad, f"{spec} backward")
+        self.assertEqual(shard.grad, _shard_slice(weight, dense.weight.grad), f"{spec} backward")
+
+    def _cases(self, rows, cols, dim, record, init=None, modes=("sum", "mean", "max")):
+        """Embedding and embedding_bag (sum with per-sample weights and a padding id, mean, max) on a
+        ``rows`` x ``cols`` table sharded on ``dim`` over every rank."""
+        device = rank_device(self.rank)
+        spec = ChunkShardingSpec(dim=dim, placements=[placement(r) for r in range(self.world_size)])
+
+        def embedding_input(rank, g):
+            ids = torch.randint(0, rows, (3, 4), generator=g)
+            return ids.to(device), torch.randn(3, 4, cols, generator=g).to(device)
+
+        def bag_input(rank, g):
+            ids = torch.randint(0, rows, (11,), generator=g)
+            offsets = torch.tensor([0, 3, 3, 7])  # with an empty bag
+            psw = torch.rand(11, generator=g)
+            return (ids.to(device), offsets.to(device), psw.to(device)), torch.randn(4, cols, generator=g).to(device)
+
+        def reset(module):
+            if init is not None:
+                with torch.no_grad():
+                    module.weight.copy_(init(rows, cols).to(device))
+            return module
+
+        if "embedding" in modes:
+            torch.manual_seed(0)
+            dense = reset(nn.Embedding(rows, cols, padding_idx=1).to(device))
+            self._compare(dense, spec, embedding_input, lambda m, ids: m(ids), record)
+        for mode in modes:
+            if mode == "embedding":
+                continue
+            torch.manual_seed(1)
+            dense = reset(nn.EmbeddingBag(rows, cols, mode=mode, padding_idx=2 if mode == "sum" else None).to(device))
+
+            def call(m, inputs, mode=mode):
+                ids, offsets, psw = inputs
+                return m(ids, offsets, per_sample_weights=psw if mode == "sum" else None)
+
+            self._compare(dense, spec, bag_input, call, record)
+
+    def _check_no_empty_weight(self, rows, cols, dim):
+        record = _RecordEmbeddingKernels()
+        self._cases(rows, cols, dim, record, modes=("embedding", "sum", "mean", "max"))
+        # max_norm renormalises in place through embedding_renorm_ (row-wise) on the looked-up rows.
+        device = rank_device(self.rank)
+        spec = ChunkShardingSpec(dim=dim, placements=[placement(r) for r in range(self.world_size)])
+        for module in (nn.Embedding(rows, cols, max_norm=0.5), nn.EmbeddingBag(rows, cols, max_norm=0.5)):
+            sharded = copy.deepcopy(module.to(device))
+            shard_parameter(sharded, "weight", spec)
+            ids = torch.randint(0, rows, (2, 3), generator=torch.Generator().manual_seed(self.rank)).to(device)
+            with record:
+                sharded(ids).sum().backward()
+        empty = [(op, shape) for op, shape in record.calls if 0 in shape]
+        gathered = [None] * self.world_size
+        dist.all_gather_object(gathered, (sorted({op for op, _ in record.calls}), empty))
+        self.assertEqual([bad for _, bad in gathered], [[]] * self.world_size, "empty weights reached ATen kernels")
+        # The mode sees the kernels at all (forward and backward) on the ranks with a non-empty shard.
+        everywhere = set().union(*(set(ops) for ops, _ in gathered))
+        self.assertTrue(any("backward" in op for op in everywhere), everywhere)
+        self.assertTrue(any("backward" not in op for op in everywhere), everywhere)
+
+    @with_comms(init_rpc=False)
+    def test_empty_column_shard_reaches_no_kernel(self):
+        # 6 columns over 4 ranks: chunks of 2, 2, 2 and 0 (rank 3 holds a 13 x 0 chunk).
+        self._check_no_empty_weight(13, 6, dim=1)
+
+    @with_comms(init_rpc=False)
+    def test_empty_row_shard_reaches_no_kernel(self):
+        # 9 rows over 4 ranks: chunks of 3, 3, 3 and 0 (rank 3 holds a 0 x 5 chunk).
+        self._check_no_empty_weight(9, 5, dim=0)
+
+    @with_comms(init_rpc=False)
+    def test_max_ties_give_the_gradient_to_the_dense_ops_row(self):
+        # A zero table ties everywhere; a table of 0s and 1s ties often, between owners too.
+        def zeros(rows, cols):
+            return torch.zeros(rows, cols)
+
+        def zeros_and_ones(rows, cols):
+            return torch.randint(0, 2, (rows, cols), generator=torch.Generator().manual_seed(5)).float()
+
+        for init in (zeros, zeros_and_ones):
+            for dim in (0, 1):
+                self._cases(13, 7, dim, None, init=init, modes=("max",))
+
+    @with_comms(init_rpc=False)
+    def test_row_wise_ids_go_only_to_their_owners(self):
+        # NOTE [ Ids only to their owners ]: with the same bags, what a rank sends grows by one int32
+        # per id that ANOTHER rank owns, and not at all for its own ids (every id used to reach every
+        # rank, whoever owned it).
+        import torch.nn.functional as F
+
+        from torch_shard import sharded_tensor
+
+        spec = ChunkShardingSpec(dim=0, placements=[placement(r) for r in range(self.world_size)])
+        weight = sharded_tensor.rand(spec, 10 * self.world_size, 3)  # rank r owns rows [10r, 10r + 10)
+        device = rank_device(self.rank)
+        offsets = torch.tensor([0, 2, 2, 5], device=device)
+        mixed = torch.tensor([0, 11, 25, 3, 39, 17, 8, 30], device=device)
+        own = torch.arange(8, device=device) + 10 * self.rank
+        foreign = int(((mixed < 10 * self.rank) | (mixed >= 10 * self.rank + 10)).sum())
+
+        def sent(ids, mode):
+            torch.ops.torch_shard._comm_stats(True)
+            F.embedding_bag(ids, weight, offsets, mode=mode)
+            return torch.ops.torch_shard._comm_stats(True)[0]
+
+        for mode in ("sum", "max"):
+            self.assertEqual(sent(mixed, mode) - sent(own, mode), 4 * foreign, mode)
+
+
+if __name__ == "__main__":
+    run_tests()
