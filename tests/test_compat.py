@@ -18,14 +18,14 @@ from pathlib import Path
 
 import torch
 
-from torch_shard.testing import TestCase
+from torch_shard.testing import TestCase, package_root
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def run_python(code: str, cwd: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root(), env.get("PYTHONPATH", "")]))
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     env.setdefault("OMP_NUM_THREADS", "1")
     return subprocess.run(

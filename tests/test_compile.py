@@ -17,7 +17,6 @@ import subprocess
 import sys
 import textwrap
 import unittest
-from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -26,7 +25,15 @@ from torch_shard import shard_parameter
 from torch_shard.sharded_tensor import ShardedTensor
 from torch_shard.sharded_tensor._compile import GRAPH_BREAK_REASON
 from torch_shard.sharding_spec import ChunkShardingSpec
-from torch_shard.testing import TEST_WORLD_SIZE, ShardedTensorTestBase, placement, rank_device, run_tests, with_comms
+from torch_shard.testing import (
+    TEST_WORLD_SIZE,
+    ShardedTensorTestBase,
+    package_root,
+    placement,
+    rank_device,
+    run_tests,
+    with_comms,
+)
 
 ROWS, DIM, DENSE, BAGS, IDS = 40, 8, 5, 6, 15
 STEPS = 3
@@ -137,8 +144,7 @@ class TestCompile(ShardedTensorTestBase):
 def _run_python(code: str) -> subprocess.CompletedProcess:
     """``code`` in a fresh interpreter (import order is the point), with this checkout importable."""
     env = dict(os.environ)
-    repo = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo, env.get("PYTHONPATH", "")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root(), env.get("PYTHONPATH", "")]))
     return subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
     )

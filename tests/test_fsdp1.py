@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from torch_shard.testing import package_root
+
 # Launches ranks of its own: not a single-process test (tests/conftest.py).
 pytestmark = pytest.mark.distributed
 
@@ -26,7 +28,7 @@ CASES = 2
 class TestFSDP1ThroughTheAlias(unittest.TestCase):
     def test_fsdp1_cases(self):
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parent), env.get("PYTHONPATH", "")]))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root(), env.get("PYTHONPATH", "")]))
         env["TORCH_SHARD_TEST_DEVICE"] = "cpu"  # the cases are about FSDP1 on the CPU, with gloo
         code = f"""
             import torch_shard.compat

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import pytest
 
+from torch_shard.testing import package_root
+
 # Launches ranks of its own: not a single-process test (tests/conftest.py).
 pytestmark = pytest.mark.distributed
 
@@ -48,7 +50,7 @@ SCENARIOS = (
 
 def _environment() -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root(), env.get("PYTHONPATH", "")]))
     env["PYTHONHASHSEED"] = "0"
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     env.setdefault("OMP_NUM_THREADS", "1")

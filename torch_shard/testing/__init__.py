@@ -54,6 +54,7 @@ __all__ = [
     "device_type",
     "gloo_only",
     "one_gpu",
+    "package_root",
     "placement",
     "rank_device",
     "requires_cuda",
@@ -326,6 +327,16 @@ def with_comms(func=None, init_rpc: bool = True, backend: str | None = None):
     # For decorators above this one (gloo_only): the backend the test asked for, None for the default.
     wrapper._comms_backend = backend
     return wrapper
+
+
+def package_root() -> str:
+    """The folder a fresh interpreter must find first on ``sys.path`` to import this same torch_shard:
+    the parent of the package as it was imported. Tests that start interpreters put it on PYTHONPATH
+    (not their checkout's root, whose torch_shard may hold another build: `make test`'s legs test a
+    linked package tree built against another torch). Links are not resolved, for the same reason."""
+    import torch_shard
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(torch_shard.__file__)))
 
 
 def run_tests() -> None:
