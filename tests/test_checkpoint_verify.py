@@ -191,6 +191,47 @@ class TestVerifiedLoads(ShardedTensorTestBase):
         self.assertEqual(loaded["step"], 11)
 
     @with_comms(init_rpc=False)
+    def test_async_save_with_default_stager(self):
+        # No writer or stager given: DCP's own DefaultStager copies the ShardedTensors (NOTE [ Staging
+        # a ShardedTensor with DCP's default stager ]) and FileSystemWriter saves them.
+        full = _values(torch.float32)
+        st = _make(full, _chunks(0))
+        doubles = _make(full.double(), _chunks(1))
+        group = st._process_group
+        self.assertEqual(st.data_ptr(), 0)  # no storage of its own: DCP's stager copies its __dict__
+        empty = st.new_empty(st.size(), device="cpu")
+        self.assertEqual([s.metadata.shard_sizes for s in empty.local_shards()],
+                         [s.metadata.shard_sizes for s in st.local_shards()])
+        self.assertTrue(all(s.tensor.is_cpu for s in empty.local_shards()))
+        path = self._tmp_dir()
+        state = {"w": st, "d": doubles, "bias": torch.arange(5.0), "step": 11}
+        future = dcp.async_save(state, checkpoint_id=path)
+        for shard in st.local_shards():  # training goes on: the save has its own copy
+            shard.tensor.add_(1)
+        for shard in doubles.local_shards():
+            shard.tensor.zero_()
+        state["bias"].add_(1)
+        future.result()
+        dist.barrier()
+        if self.rank == 0:
+            report = verify_checkpoint(path, progress=False)
+            self.assertTrue(report.ok, report)
+        target = sharded_tensor.zeros(_chunks(1), ROWS, COLS)
+        other = sharded_tensor.zeros(_chunks(0), ROWS, COLS, dtype=torch.float64)
+        loaded = {"w": target, "d": other, "bias": torch.zeros(5), "step": 0}
+        load(loaded, path)
+        for shard in target.local_shards():
+            self.assertTrue(torch.equal(shard.tensor, _box(full, shard.metadata)))
+        for shard in other.local_shards():
+            self.assertTrue(torch.equal(shard.tensor, _box(full.double(), shard.metadata)))
+        self.assertTrue(torch.equal(loaded["bias"], torch.arange(5.0)))
+        self.assertEqual(loaded["step"], 11)
+        # The original is untouched by staging: same layout, its own (changed) shards, same group.
+        for shard in st.local_shards():
+            self.assertTrue(torch.equal(shard.tensor, _box(full, shard.metadata) + 1))
+        self.assertIs(st._process_group, group)
+
+    @with_comms(init_rpc=False)
     def test_verify_command_line(self):
         full = _values(torch.float32)
         path = self._tmp_dir()
