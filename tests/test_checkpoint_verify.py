@@ -263,6 +263,40 @@ def _saved(tensor):
     return source, read_archive(source), ChunkChecksums("t", grid, tuple(crcs))
 
 
+def test_crc32_is_zlibs_whatever_the_backend():
+    # zlib-ng / ISA-L / zlib: the same CRC-32, whole or continued piece by piece, of bytes and tensors.
+    import zlib
+
+    from torch_shard.checkpoint._archive import crc32
+
+    rng = random.Random(0)
+    data = bytes(rng.randrange(256) for _ in range(100_003))
+    assert crc32(data) == zlib.crc32(data)
+    running = 0
+    for at in range(0, len(data), 7919):
+        running = crc32(memoryview(data)[at : at + 7919], running)
+    assert running == zlib.crc32(data)
+    tensor = torch.frombuffer(bytearray(data[:100_000]), dtype=torch.float32)
+    assert crc32(tensor) == zlib.crc32(data[:100_000])
+    assert crc32(b"") == 0
+
+
+def test_tile_crcs_are_crcs_of_each_tiles_bytes():
+    import zlib
+
+    torch.manual_seed(0)
+    for shape in [(300, 700), (65, 256), (5, 3000), (1, 17), (128, 1024)]:
+        t = torch.randn(shape)
+        grid, crcs = tensor_tile_crcs(t)
+        m = t.reshape(-1).view(torch.uint8).view(grid.rows, grid.row_bytes)
+        expected = []
+        for r in range(0, grid.rows, grid.tile_rows):
+            for c in range(0, grid.row_bytes, grid.tile_bytes):
+                tile = m[r : r + grid.tile_rows, c : c + grid.tile_bytes].contiguous().numpy().tobytes()
+                expected.append(zlib.crc32(tile))
+        assert crcs == expected, shape
+
+
 def test_box_reads_match_slicing():
     rng = random.Random(0)
     place = ItemPlace("t", None, "f")
