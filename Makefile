@@ -19,7 +19,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # from the environment.
 RUN_ENV = OMP_NUM_THREADS=$(or $(OMP_NUM_THREADS),1) GLOO_SOCKET_IFNAME=$(or $(GLOO_SOCKET_IFNAME),lo)
 
-STAMP_DEPS := $(VENV)/.deps-$(TORCH_VERSION)-4
+STAMP_DEPS := $(VENV)/.deps-$(TORCH_VERSION)-5
 STAMP_BUILD := $(VENV)/.build
 # TorchRec for tests/test_torchrec.py: pinned, installed without dependency resolution (see the file).
 TORCHREC_REQUIREMENTS := requirements/torchrec.txt
@@ -37,7 +37,7 @@ $(PY):
 $(STAMP_DEPS): | $(PY)
 	$(PIP) install --quiet "setuptools>=77" wheel
 	$(PIP) install --quiet "torch==$(TORCH_VERSION)"
-	$(PIP) install --quiet pytest numpy ninja hypothesis expecttest tqdm
+	$(PIP) install --quiet pytest numpy ninja hypothesis expecttest tqdm zlib-ng
 	$(PIP) install --quiet "ruff==$(RUFF_VERSION)" "clang-format==$(CLANG_FORMAT_VERSION)"
 	touch $@
 

@@ -13,7 +13,8 @@ chunks (the same layout) and into column chunks:
 * torch_shard saved through ``ChecksumFileSystemWriter`` (block CRCs in ``.checksums``) and loaded
   through the checking reader (row "torch_shard+checksums").
 
-Times are the max over ranks per iteration, median over --repeats iterations after one warm-up. Bytes
+Times are the max over ranks per iteration, median over --repeats iterations after one warm-up, with
+the cases compared interleaved (all saves; per library and layout, all readers). Bytes
 read are the largest per-rank growth of ``rchar`` in /proc/self/io over one load: what the process
 read through read()-family system calls (checkpoint data, archive headers, the metadata file on the
 coordinator). The files sit in the page cache after the save, so the times are of reading memory and
@@ -31,7 +32,7 @@ import warnings
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from _timing import timed
+from _timing import timed_cases
 from torch.distributed._shard import sharded_tensor as up_sharded_tensor
 from torch.distributed._shard.sharding_spec import ChunkShardingSpec as UpChunkShardingSpec
 from torch.distributed.device_mesh import init_device_mesh
@@ -40,6 +41,7 @@ from torch.distributed.tensor import zeros as dtensor_zeros
 
 from torch_shard import sharded_tensor
 from torch_shard.checkpoint import ByteRangeFileSystemReader, ChecksumFileSystemWriter
+from torch_shard.checkpoint._archive import CRC32_BACKEND
 from torch_shard.sharding_spec import ChunkShardingSpec
 
 
@@ -71,6 +73,10 @@ def _fill(st, full):
     return st
 
 
+def _load(target, reader_cls, path) -> None:
+    dcp.load({"w": target}, storage_reader=reader_cls(path))
+
+
 def _holds(local: torch.Tensor, full: torch.Tensor, offsets) -> bool:
     return torch.equal(local, full[tuple(slice(o, o + s) for o, s in zip(offsets, local.shape))])
 
@@ -79,6 +85,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--libraries",
+        default="torch_shard,DTensor,upstream,torch_shard+checksums",
+        help="comma-separated rows to run (torch_shard, DTensor, upstream, torch_shard+checksums)",
+    )
     args = parser.parse_args()
     warnings.filterwarnings("ignore")  # upstream's deprecation notices, one per call
 
@@ -120,29 +131,44 @@ def main() -> None:
     ]
     # The same tensor saved with block checksums: only the checking reader needs them.
     libraries["torch_shard+checksums"] = libraries["torch_shard"]
+    wanted = args.libraries.split(",")
+    unknown = set(wanted) - set(libraries)
+    if unknown:
+        parser.error(f"unknown --libraries {sorted(unknown)}; choose from {list(libraries)}")
+    libraries = {name: value for name, value in libraries.items() if name in wanted}
 
     root = [tempfile.mkdtemp(prefix="torch_shard_bench_dcp_") if rank == 0 else None]
     dist.broadcast_object_list(root, src=0)
     rows_out = []
     try:
-        for name, (saved, make_rows, make_cols) in libraries.items():
-            path = f"{root[0]}/{name}"
+        # Every case is timed interleaved with the ones it is compared with (A, B, A, B, ...), so the
+        # machine's noise hits them alike: the saves of all libraries, then per library and layout the
+        # loads through every reader.
+        paths = {name: f"{root[0]}/{name}" for name in libraries}
+
+        def save_case(name, saved):
             writer = ChecksumFileSystemWriter if name.endswith("+checksums") else dcp.FileSystemWriter
-            save_ms = 1e3 * timed(lambda: dcp.save({"w": saved}, storage_writer=writer(path)), args.repeats)
-            for reader_name, reader_cls in readers:
-                if name == "upstream" and reader_cls is not dcp.FileSystemReader:
-                    continue
-                if name.endswith("+checksums") and reader_cls is not ByteRangeFileSystemReader:
-                    continue
-                cells = []
-                for make in (make_rows, make_cols):
-                    target = make()
+            return None, lambda: dcp.save({"w": saved}, storage_writer=writer(paths[name]))
 
-                    def load(target=target):
-                        dcp.load({"w": target}, storage_reader=reader_cls(path))
-
-                    ms = 1e3 * timed(load, args.repeats)
+        save_s = timed_cases({name: save_case(name, lib[0]) for name, lib in libraries.items()}, args.repeats)
+        for name, (_saved, make_rows, make_cols) in libraries.items():
+            mine = [
+                (reader_name, reader_cls)
+                for reader_name, reader_cls in readers
+                if not (name == "upstream" and reader_cls is not dcp.FileSystemReader)
+                and not (name.endswith("+checksums") and reader_cls is not ByteRangeFileSystemReader)
+            ]
+            cells: dict[str, list] = {reader_name: [] for reader_name, _ in mine}
+            for make in (make_rows, make_cols):
+                targets = {reader_name: make() for reader_name, _ in mine}
+                loads = {
+                    reader_name: functools.partial(_load, targets[reader_name], reader_cls, paths[name])
+                    for reader_name, reader_cls in mine
+                }
+                times = timed_cases({reader_name: (None, fn) for reader_name, fn in loads.items()}, args.repeats)
+                for reader_name, load in loads.items():
                     read = _bytes_read(load)
+                    target = targets[reader_name]
                     if isinstance(target, DTensor):
                         ok = _holds(target.to_local(), full, _dtensor_offsets(target, rank, world, n))
                     else:
@@ -150,9 +176,10 @@ def main() -> None:
                         ok = all(_holds(s.tensor, full, s.metadata.shard_offsets) for s in shards)
                     if not ok:
                         raise RuntimeError(f"{name} / {reader_name}: loaded values differ from the saved")
-                    cells.append((ms, read / 2**20))
+                    cells[reader_name].append((1e3 * times[reader_name], read / 2**20))
+            for reader_name, reader_cls in mine:
                 first = reader_cls is dcp.FileSystemReader or name.endswith("+checksums")
-                rows_out.append((name, reader_name, save_ms if first else None, cells))
+                rows_out.append((name, reader_name, 1e3 * save_s[name] if first else None, cells[reader_name]))
     finally:
         dist.barrier()
         if rank == 0:
@@ -161,12 +188,26 @@ def main() -> None:
     if rank == 0:
         mb = n * n * 4 / 2**20
         print(f"\ndcp.save / dcp.load of {n} x {n} float32 ({mb:.0f} MB) in row chunks, {world} ranks (gloo)")
+        print(f"CRC-32 from {CRC32_BACKEND}")
         print("| library | reader | save ms | rows->rows ms | MB read/rank | rows->cols ms | MB read/rank |")
         print("|---|---|---|---|---|---|---|")
         for name, reader_name, save_ms, ((rr_ms, rr_mb), (rc_ms, rc_mb)) in rows_out:
             save = f"{save_ms:.1f}" if save_ms is not None else "-"
             cells = f"{rr_ms:.1f} | {rr_mb:.1f} | {rc_ms:.1f} | {rc_mb:.1f}"
             print(f"| {name} | {reader_name} | {save} | {cells} |")
+        got = {(name, reader_name): (save_ms, cells) for name, reader_name, save_ms, cells in rows_out}
+        plain = got.get(("torch_shard", "FileSystemReader"))
+        unchecked = got.get(("torch_shard", "ByteRange, unchecked"))
+        checked = got.get(("torch_shard", "ByteRange, checked"))
+        with_sums = got.get(("torch_shard+checksums", "ByteRange, checked"))
+        if unchecked and checked:
+            ratio = checked[1][0][0] / unchecked[1][0][0]
+            print(f"torch_shard rows->rows load, checked / unchecked: {ratio:.2f}x (target <= 1.2x)")
+        if plain and with_sums:
+            print(f"save, ChecksumFileSystemWriter / FileSystemWriter: {with_sums[0] / plain[0]:.2f}x (target <= 1.1x)")
+        if unchecked and with_sums:
+            ratio = with_sums[1][1][1] / unchecked[1][1][1]
+            print(f"rows->cols MB read, checked with .checksums / unchecked: {ratio:.2f}x (target <= 1.25x)")
     dist.destroy_process_group()
 
 

@@ -191,6 +191,47 @@ class TestVerifiedLoads(ShardedTensorTestBase):
         self.assertEqual(loaded["step"], 11)
 
     @with_comms(init_rpc=False)
+    def test_async_save_with_default_stager(self):
+        # No writer or stager given: DCP's own DefaultStager copies the ShardedTensors (NOTE [ Staging
+        # a ShardedTensor with DCP's default stager ]) and FileSystemWriter saves them.
+        full = _values(torch.float32)
+        st = _make(full, _chunks(0))
+        doubles = _make(full.double(), _chunks(1))
+        group = st._process_group
+        self.assertEqual(st.data_ptr(), 0)  # no storage of its own: DCP's stager copies its __dict__
+        empty = st.new_empty(st.size(), device="cpu")
+        self.assertEqual([s.metadata.shard_sizes for s in empty.local_shards()],
+                         [s.metadata.shard_sizes for s in st.local_shards()])
+        self.assertTrue(all(s.tensor.is_cpu for s in empty.local_shards()))
+        path = self._tmp_dir()
+        state = {"w": st, "d": doubles, "bias": torch.arange(5.0), "step": 11}
+        future = dcp.async_save(state, checkpoint_id=path)
+        for shard in st.local_shards():  # training goes on: the save has its own copy
+            shard.tensor.add_(1)
+        for shard in doubles.local_shards():
+            shard.tensor.zero_()
+        state["bias"].add_(1)
+        future.result()
+        dist.barrier()
+        if self.rank == 0:
+            report = verify_checkpoint(path, progress=False)
+            self.assertTrue(report.ok, report)
+        target = sharded_tensor.zeros(_chunks(1), ROWS, COLS)
+        other = sharded_tensor.zeros(_chunks(0), ROWS, COLS, dtype=torch.float64)
+        loaded = {"w": target, "d": other, "bias": torch.zeros(5), "step": 0}
+        load(loaded, path)
+        for shard in target.local_shards():
+            self.assertTrue(torch.equal(shard.tensor, _box(full, shard.metadata)))
+        for shard in other.local_shards():
+            self.assertTrue(torch.equal(shard.tensor, _box(full.double(), shard.metadata)))
+        self.assertTrue(torch.equal(loaded["bias"], torch.arange(5.0)))
+        self.assertEqual(loaded["step"], 11)
+        # The original is untouched by staging: same layout, its own (changed) shards, same group.
+        for shard in st.local_shards():
+            self.assertTrue(torch.equal(shard.tensor, _box(full, shard.metadata) + 1))
+        self.assertIs(st._process_group, group)
+
+    @with_comms(init_rpc=False)
     def test_verify_command_line(self):
         full = _values(torch.float32)
         path = self._tmp_dir()
@@ -220,6 +261,40 @@ def _saved(tensor):
     source = BytesSource(buffer.getvalue(), 0)
     grid, crcs = tensor_tile_crcs(tensor)
     return source, read_archive(source), ChunkChecksums("t", grid, tuple(crcs))
+
+
+def test_crc32_is_zlibs_whatever_the_backend():
+    # zlib-ng / ISA-L / zlib: the same CRC-32, whole or continued piece by piece, of bytes and tensors.
+    import zlib
+
+    from torch_shard.checkpoint._archive import crc32
+
+    rng = random.Random(0)
+    data = bytes(rng.randrange(256) for _ in range(100_003))
+    assert crc32(data) == zlib.crc32(data)
+    running = 0
+    for at in range(0, len(data), 7919):
+        running = crc32(memoryview(data)[at : at + 7919], running)
+    assert running == zlib.crc32(data)
+    tensor = torch.frombuffer(bytearray(data[:100_000]), dtype=torch.float32)
+    assert crc32(tensor) == zlib.crc32(data[:100_000])
+    assert crc32(b"") == 0
+
+
+def test_tile_crcs_are_crcs_of_each_tiles_bytes():
+    import zlib
+
+    torch.manual_seed(0)
+    for shape in [(300, 700), (65, 256), (5, 3000), (1, 17), (128, 1024)]:
+        t = torch.randn(shape)
+        grid, crcs = tensor_tile_crcs(t)
+        m = t.reshape(-1).view(torch.uint8).view(grid.rows, grid.row_bytes)
+        expected = []
+        for r in range(0, grid.rows, grid.tile_rows):
+            for c in range(0, grid.row_bytes, grid.tile_bytes):
+                tile = m[r : r + grid.tile_rows, c : c + grid.tile_bytes].contiguous().numpy().tobytes()
+                expected.append(zlib.crc32(tile))
+        assert crcs == expected, shape
 
 
 def test_box_reads_match_slicing():

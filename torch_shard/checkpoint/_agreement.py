@@ -8,12 +8,16 @@ collects them, and each rank then knows who else is loading. After staging and c
 each rank sends its outcome (corruptions found, or another error) to the others over the group of
 those ranks (the default group when every rank loads, else the group DCP was given, found by its
 members), so every rank raises the same error or none does; nobody waits on a rank that raised.
+The common case costs one collective: an all-reduce of one flag saying whether any rank found
+anything; only when one did do the ranks gather each other's outcomes (an object all-gather, two
+more collectives) to name every corruption.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 import torch.distributed as dist
 
 from ._errors import Corruption
@@ -56,12 +60,31 @@ def _group_of(ranks: tuple[int, ...]):
     raise RuntimeError(f"torch_shard.checkpoint: no process group with the loading ranks {sorted(ranks)}")
 
 
+def _flag_device(group) -> torch.device:
+    """Where the group's collectives take a tensor: as ``all_gather_object`` chooses (CUDA for NCCL)."""
+    choose = getattr(dist.distributed_c10d, "_get_object_coll_device", None)
+    kind = choose(group) if choose is not None else "cpu"
+    if kind == "cpu":
+        return torch.device("cpu")
+    module = getattr(torch, kind, None)
+    if module is not None and hasattr(module, "current_device"):
+        return torch.device(kind, module.current_device())
+    return torch.device(kind)
+
+
 def exchange(outcome: Outcome, participants: Participants | None) -> list[Outcome]:
-    """Every participant's outcome (only this rank's when it loads alone or ranks are unknown)."""
+    """Every participant's outcome when any of them found a problem; else only this rank's (clean)
+    outcome, after one all-reduce (only this rank's, too, when it loads alone or ranks are unknown)."""
     if participants is None or len(participants.ranks) <= 1 or None in participants.ranks:
         return [outcome]
     if this_rank() not in participants.ranks:
         return [outcome]
+    group = _group_of(participants.ranks)
+    troubled = bool(outcome.corruptions) or outcome.error is not None
+    flag = torch.tensor([int(troubled)], dtype=torch.int32, device=_flag_device(group))
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+    if not flag.item():
+        return [outcome]
     gathered: list = [None] * len(participants.ranks)
-    dist.all_gather_object(gathered, outcome, group=_group_of(participants.ranks))
+    dist.all_gather_object(gathered, outcome, group=group)
     return gathered

@@ -65,25 +65,37 @@ class TileGrid:
         return -(-self.rows // self.tile_rows) * self.tile_cols
 
 
-def band_crcs(band: torch.Tensor, grid: TileGrid) -> list[int]:
+def band_crcs(band: torch.Tensor, grid: TileGrid, scratch: torch.Tensor | None = None) -> list[int]:
     """CRC-32s of the tiles in ``band``: a uint8 matrix of whole tile rows' bytes whose columns start
-    on a tile edge and hold whole tiles (the last may end at the row's end)."""
+    on a tile edge and hold whole tiles (the last may end at the row's end).
+
+    Tiles narrower than the band are gathered into ``scratch`` (a flat uint8 buffer reused from band
+    to band, so the bytes are copied into memory that stays in the cache rather than into pages
+    allocated afresh for each band), then hashed with one CRC call per tile."""
     h, width = band.shape
     if h == 0 or width == 0:
         return []
-    if width == grid.tile_bytes or (width == grid.row_bytes and grid.tile_cols == 1):
+    tb = grid.tile_bytes
+    if width == tb or (width == grid.row_bytes and grid.tile_cols == 1):
         return [crc32(band.contiguous())]
-    full = width // grid.tile_bytes
+    full = width // tb
     out = []
     if full:
-        # One copy puts every tile's bytes next to each other; then one CRC call per tile.
-        tiles = band[:, : full * grid.tile_bytes].reshape(h, full, grid.tile_bytes).transpose(0, 1).contiguous()
-        flat = tiles.view(-1).numpy()
-        step = h * grid.tile_bytes
+        n = h * full * tb
+        if scratch is None or scratch.numel() < n:
+            scratch = torch.empty(n, dtype=torch.uint8)
+        scratch[:n].view(full, h, tb).copy_(band[:, : full * tb].reshape(h, full, tb).transpose(0, 1))
+        flat = memoryview(scratch[:n].numpy())
+        step = h * tb
         out = [crc32(flat[i * step : (i + 1) * step]) for i in range(full)]
-    if width > full * grid.tile_bytes:
-        out.append(crc32(band[:, full * grid.tile_bytes :].contiguous()))
+    if width > full * tb:
+        out.append(crc32(band[:, full * tb :].contiguous()))
     return out
+
+
+def band_scratch(grid: TileGrid) -> torch.Tensor:
+    """A buffer :func:`band_crcs` can gather any band of ``grid`` into."""
+    return torch.empty(min(grid.rows, grid.tile_rows) * grid.row_bytes, dtype=torch.uint8)
 
 
 def tensor_tile_crcs(tensor: torch.Tensor) -> tuple[TileGrid, list[int]]:
@@ -92,9 +104,10 @@ def tensor_tile_crcs(tensor: torch.Tensor) -> tuple[TileGrid, list[int]]:
     if grid.count == 0:
         return grid, []
     matrix = tensor.reshape(-1).view(torch.uint8).view(grid.rows, grid.row_bytes)
+    scratch = band_scratch(grid) if grid.tile_cols > 1 else None
     crcs: list[int] = []
     for start in range(0, grid.rows, grid.tile_rows):
-        crcs.extend(band_crcs(matrix[start : start + grid.tile_rows], grid))
+        crcs.extend(band_crcs(matrix[start : start + grid.tile_rows], grid, scratch))
     return grid, crcs
 
 

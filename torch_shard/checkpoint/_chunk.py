@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from ._archive import Archive, Record, Source, crc32
-from ._checksums import ChunkChecksums, TileGrid, band_crcs
+from ._checksums import ChunkChecksums, TileGrid, band_crcs, band_scratch
 from ._errors import Corruption
 
 
@@ -45,17 +45,24 @@ def check_small_records(source: Source, archive: Archive, place: ItemPlace) -> l
     return bad
 
 
+# Whole records are read and hashed a piece at a time, each piece hashed while it is in the cache.
+_PIECE = 1 << 20
+
+
 def read_record(source: Source, record: Record, place: ItemPlace) -> tuple[torch.Tensor, list[Corruption]]:
-    """A record's bytes (uint8) and, if its CRC-32 is recorded and differs, the corruption."""
+    """A record's bytes (uint8) and, if its CRC-32 is recorded and differs, the corruption. The CRC
+    is of the bytes in the returned buffer: what is checked is what the caller hands on."""
     buffer = torch.empty(record.size, dtype=torch.uint8)
-    if record.size:
-        source.read_into(memoryview(buffer.numpy()).cast("B"), record.data_offset)
-    if not record.has_crc:
+    view = memoryview(buffer.numpy()).cast("B") if record.size else memoryview(b"")
+    found = 0
+    for at in range(0, record.size, _PIECE):
+        piece = view[at : at + _PIECE]
+        source.read_into(piece, record.data_offset + at)
+        if record.has_crc:
+            found = crc32(piece, found)
+    if not record.has_crc or found == record.crc:
         return buffer, []
-    found = crc32(buffer)
-    if found != record.crc:
-        return buffer, [place.corruption(source, record.data_offset, record.crc, found, f"record '{record.name}'")]
-    return buffer, []
+    return buffer, [place.corruption(source, record.data_offset, record.crc, found, f"record '{record.name}'")]
 
 
 def check_tiles_of_whole(buffer: torch.Tensor, archive: Archive, sums: ChunkChecksums, source: Source,
@@ -64,8 +71,9 @@ def check_tiles_of_whole(buffer: torch.Tensor, archive: Archive, sums: ChunkChec
     grid = sums.grid
     matrix = buffer.view(grid.rows, grid.row_bytes)
     bad = []
+    scratch = band_scratch(grid)
     for band, start in enumerate(range(0, grid.rows, grid.tile_rows)):
-        found = band_crcs(matrix[start : start + grid.tile_rows], grid)
+        found = band_crcs(matrix[start : start + grid.tile_rows], grid, scratch)
         bad += _compare_band(found, sums, grid, band, 0, start, archive, source, place)
     return bad
 
@@ -104,6 +112,7 @@ def read_box_by_tiles(
     bad: list[Corruption] = []
     at = 0
     whole_rows = w0 == 0 and w1 == grid.row_bytes
+    scratch = torch.empty(grid.tile_rows * (w1 - w0), dtype=torch.uint8)
     for band, height in zip(bands, heights):
         part = window[at : at + height]
         first = band * grid.tile_rows
@@ -114,7 +123,7 @@ def read_box_by_tiles(
             width = w1 - w0
             for i in range(height):
                 source.read_into(view[i * width : (i + 1) * width], base + (first + i) * grid.row_bytes + w0)
-        found = band_crcs(part, grid)
+        found = band_crcs(part, grid, scratch)
         bad += _compare_band(found, sums, grid, band, w0 // grid.tile_bytes, first, archive, source, place, w0)
         at += height
     # Where each box row sits in the window: bands are sorted and only the chunk's last can be short.

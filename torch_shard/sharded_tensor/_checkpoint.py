@@ -122,3 +122,81 @@ class _DCPCheckpointable:
             memory_format=props.memory_format,
             pin_memory=props.pin_memory,
         )
+
+
+# NOTE [ Staging a ShardedTensor with DCP's default stager ]
+# ``dcp.async_save`` without a stager of the caller's copies the state dict with DCP's
+# ``StateDictStager`` (torch/distributed/checkpoint/_state_dict_stager.py). For a tensor whose
+# ``data_ptr()`` is 0 (a subclass with no storage of its own: DTensor, ShardedTensor) it makes
+# ``y = x.new_empty(x.size(), device="cpu")`` and then sets on ``y`` a staged copy of every entry of
+# ``x.__dict__`` (tensors in them copied to the CPU, the rest deep-copied). A subclass's data must
+# therefore be reachable from its ``__dict__`` and every entry must survive that copy. A ShardedTensor
+# keeps its data in the C++ impl, so:
+# * ``data_ptr()`` is 0 and ``new_empty(size, device=...)`` of the tensor's own size is an
+#   uninitialised ShardedTensor with this layout on that device (placements moved as ``.to`` does);
+# * the process group sits in ``__dict__`` inside a :class:`_GroupHandle`, which a deep copy shares
+#   (a ProcessGroup cannot be copied); ``_process_group`` reads and writes it;
+# * the cached state view copies as None (a cache: the copy builds its own);
+# * ``__dict__["_staged_shards"]`` holds a :class:`_LocalShardsForStaging`, whose deep copy (through
+#   ``__reduce_ex__``, so the stager copies the shard tensors with its own options: pinned, shared,
+#   non-blocking from CUDA) is a :class:`_StagedLocalShards`; setting that on the new ShardedTensor
+#   makes the copies its local shards. The staged ShardedTensor then holds the values the shards had
+#   when ``async_save`` was called, and DCP saves it as it would the original.
+
+
+class _GroupHandle:
+    """The process group of a ShardedTensor, as held in its ``__dict__``: copies share it."""
+
+    __slots__ = ("group",)
+
+    def __init__(self, group):
+        self.group = group
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def __copy__(self):
+        return self
+
+    def __reduce__(self):
+        # Never pickled with the tensor (ShardedTensor pickles through its own __reduce_ex__).
+        raise TypeError("a ShardedTensor's process group handle cannot be pickled")
+
+
+class _StagedLocalShards:
+    """Copies of a ShardedTensor's local shard tensors, in ``local_shards()`` order."""
+
+    __slots__ = ("tensors",)
+
+    def __init__(self, tensors):
+        self.tensors = tuple(tensors)
+
+
+class _LocalShardsForStaging:
+    """The entry of a ShardedTensor's ``__dict__`` through which DCP's stager copies its local shards
+    (NOTE [ Staging a ShardedTensor with DCP's default stager ])."""
+
+    __slots__ = ("_owner",)
+
+    def __init__(self, owner):
+        import weakref
+
+        self._owner = weakref.ref(owner)
+
+    def __reduce_ex__(self, protocol):
+        owner = self._owner()
+        tensors = tuple(s.tensor.detach() for s in owner.local_shards()) if owner is not None else ()
+        return (_StagedLocalShards, (tensors,))
+
+
+def _install_staged_shards(st, staged: _StagedLocalShards) -> None:
+    """Make ``staged``'s tensors ``st``'s local shards (``st`` has the layout they were copied from)."""
+    from . import _state
+    from .shard import Shard
+
+    shards = st.local_shards()
+    if len(shards) != len(staged.tensors):
+        raise RuntimeError(
+            f"staging a ShardedTensor: {len(staged.tensors)} staged shards for {len(shards)} local shards"
+        )
+    _state.replace_local_shards(st, [Shard(t, s.metadata) for t, s in zip(staged.tensors, shards)])

@@ -97,9 +97,9 @@ class _DeviceMoves:
             return self
         return self._moved(device_to, dtype_to, process_group, non_blocking=non_blocking, copy_shards=copy_tensor)
 
-    def _moved(self, device, dtype, process_group, non_blocking: bool, copy_shards: bool = False):
+    def _moved(self, device, dtype, process_group, non_blocking: bool, copy_shards: bool = False, empty: bool = False):
         """A new ShardedTensor with local shards converted to ``device``/``dtype`` (copies when
-        ``copy_shards``) and every placement in the metadata rewritten to ``device``'s type (ranks
+        ``copy_shards``; uninitialised tensors of the shards' sizes when ``empty``) and every placement in the metadata rewritten to ``device``'s type (ranks
         kept), this rank's own to ``device`` exactly."""
         device = torch.device(device)
         # pin_memory is a promise about CPU shards: it holds for a CPU result (whose shards are then
@@ -108,9 +108,12 @@ class _DeviceMoves:
         pinned = self.is_pinned() and device.type == "cpu"
         local_shards = []
         for shard in self.local_shards():
-            tensor = converted(
-                shard.tensor, device=device, dtype=dtype, pinned=pinned, non_blocking=non_blocking, copy=copy_shards
-            )
+            if empty:
+                tensor = torch.empty(shard.tensor.shape, dtype=dtype, device=device, pin_memory=pinned)
+            else:
+                tensor = converted(
+                    shard.tensor, device=device, dtype=dtype, pinned=pinned, non_blocking=non_blocking, copy=copy_shards
+                )
             md = copy.deepcopy(shard.metadata)
             md.placement._device = tensor.device
             local_shards.append(Shard(tensor, md))

@@ -111,6 +111,11 @@ class StateView:
         self.metadata = None
         self.shards = None
 
+    def __deepcopy__(self, memo):
+        # A cache of the impl: a copied ShardedTensor builds its own (NOTE [ Staging a ShardedTensor
+        # with DCP's default stager ]).
+        return None
+
 
 def _new_shard_metadata(offsets: list[int], sizes: list[int], placement) -> ShardMetadata:
     # The values were validated by the C++ layout; skip __init__'s per-field checks.

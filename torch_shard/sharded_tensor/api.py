@@ -23,7 +23,13 @@ from .. import _C  # noqa: F401  (registers torch.ops.torch_shard)
 from ..metadata import ShardMetadata  # noqa: F401  (upstream's api module exports it)
 from ..sharding_spec.api import ShardingSpec, _dispatch_custom_op, _has_custom_op
 from . import _compile, _construction, _movement, _state
-from ._checkpoint import _DCPCheckpointable
+from ._checkpoint import (
+    _DCPCheckpointable,
+    _GroupHandle,
+    _install_staged_shards,
+    _LocalShardsForStaging,
+    _StagedLocalShards,
+)
 from ._construction import _create_tensor_from_params, _flatten_tensor_size  # noqa: F401  (upstream names)
 from ._device import _DeviceMoves
 from ._pickling import ProcessGroupState, _Pickling, _rebuild_sharded_tensor  # noqa: F401
@@ -76,10 +82,33 @@ class ShardedTensorBase(torch.Tensor):
         self._state_view = None
         self._sharding_spec = None
         self._spec_layout_serial = None
-        self._process_group = process_group
+        self.__dict__["_group"] = _GroupHandle(process_group)
         self._init_rrefs = False
         self._remote_shards = {}
         self._sharded_tensor_id = None
+        # NOTE [ Staging a ShardedTensor with DCP's default stager ] (_checkpoint.py)
+        self.__dict__["_staged_shards"] = _LocalShardsForStaging(self)
+
+    @property
+    def _process_group(self):
+        handle = self.__dict__.get("_group")
+        return handle.group if handle is not None else None
+
+    @_process_group.setter
+    def _process_group(self, group) -> None:
+        self.__dict__["_group"] = _GroupHandle(group)
+
+    @property
+    def _staged_shards(self):
+        return self.__dict__.get("_staged_shards")
+
+    @_staged_shards.setter
+    def _staged_shards(self, value) -> None:
+        # DCP's stager sets the staged copy of the original's entry on the new ShardedTensor.
+        if isinstance(value, _StagedLocalShards):
+            _install_staged_shards(self, value)
+        else:
+            self.__dict__["_staged_shards"] = value
 
     @classmethod
     def _init_from_local_shards_and_global_metadata(

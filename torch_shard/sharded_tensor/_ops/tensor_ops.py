@@ -133,3 +133,36 @@ def sharded_copy_(types, args=(), kwargs=None, pg=None):
 def sharded_has_compatible_shallow_copy_type(types, args=(), kwargs=None, pg=None):
     # Module._apply then replaces parameters instead of assigning `.data` into a ShardedTensor.
     return False
+
+
+@_sharded_op_impl(torch.Tensor.data_ptr)
+def sharded_data_ptr(types, args=(), kwargs=None, pg=None):
+    """0: a ShardedTensor owns no storage (its data is its local shards), as for other tensor
+    subclasses without storage (DCP's stager goes by this; NOTE [ Staging a ShardedTensor with DCP's
+    default stager ])."""
+    return 0
+
+
+@_sharded_op_impl(torch.Tensor.new_empty)
+def sharded_new_empty(types, args=(), kwargs=None, pg=None):
+    """An uninitialised ShardedTensor with this one's layout, spec and group, optionally of another
+    dtype or on another device (placements moved as ``.to`` moves them). Only the tensor's own size:
+    another size has no layout to follow."""
+    kwargs = dict(kwargs or {})
+    st, size = args[0], args[1:]
+    size = kwargs.pop("size", size[0] if len(size) == 1 and not isinstance(size[0], int) else size)
+    if list(size) != list(st.size()):
+        raise NotImplementedError(
+            f"new_empty on a ShardedTensor makes a tensor of its own size {list(st.size())} (got {list(size)})"
+        )
+    dtype = kwargs.pop("dtype", None) or st.dtype
+    device = kwargs.pop("device", None)
+    requires_grad = kwargs.pop("requires_grad", False)
+    layout = kwargs.pop("layout", None)
+    if kwargs.pop("pin_memory", False) or layout not in (None, torch.strided) or kwargs:
+        raise NotImplementedError(f"new_empty on a ShardedTensor: unsupported arguments {sorted(kwargs)}")
+    if device is None:
+        out = torch.empty_like(st, dtype=dtype)
+    else:
+        out = st._moved(torch.device(device), dtype, None, non_blocking=False, empty=True)
+    return out.requires_grad_(requires_grad) if requires_grad else out
