@@ -14,7 +14,7 @@ ROOT=$PWD
 VENV=$ROOT/.venv-$VERSION
 PY=$VENV/bin/python
 OUT=$ROOT/build-leg-$VERSION
-STAMP=$VENV/.deps-4
+STAMP=$VENV/.deps-5
 log() { echo "[torch $VERSION] $*"; }
 
 # 1. The venv. Releases newer than the machine's pip cap (torch<=2.14.1 in /etc/xdg/pip on some
@@ -24,7 +24,7 @@ if [ ! -f "$STAMP" ]; then
   "$PYTHON" -m venv "$VENV"
   "$PY" -m pip install --quiet "setuptools>=77" wheel
   PIP_CONSTRAINT=/dev/null "$PY" -m pip install --quiet "torch==$VERSION"
-  "$PY" -m pip install --quiet pytest numpy ninja hypothesis expecttest tqdm
+  "$PY" -m pip install --quiet pytest numpy ninja hypothesis expecttest tqdm zlib-ng
   touch "$STAMP"
 fi
 export PATH="$VENV/bin:$PATH"
