@@ -137,6 +137,16 @@ TORCH_LIBRARY(torch_shard, m) {
   m.def("_embedding_bag_partial_backward(Tensor grad, Tensor ids, Tensor offsets, "
         "Tensor? per_sample_weights, Tensor argmax, int row_start, int rows, str mode, "
         "int padding_idx, int? owned=None) -> Tensor");
+  // Row-wise requester's preparation in one CPU pass (csrc/ops/embedding_ops.cpp, NOTE [ Requester-side
+  // routing in one op ]): (ids in owner order, each owner's per-bag lengths after its ids, as int32 when
+  // `int32`; the positions in ids of that order; the word told to each owner with the agreement; the
+  // status: range_code when an id is outside [0, num_embeddings), else `status`). row_ranges: the
+  // (first, end) rows of each group rank, flattened. Without offsets: no lengths, words are counts.
+  m.def("_bucket_ids(Tensor ids, Tensor? offsets, int[] row_ranges, int num_embeddings, bool int32, "
+        "int range_code, Tensor? status) -> (Tensor, Tensor, Tensor, Tensor)");
+  // Owner side: every requester's ids (less row_start) and its bags' offsets, from what _bucket_ids
+  // sent (per requester: counts_in[r] ids, then bags_in[r] lengths). CPU kernel and fake kernel.
+  m.def("_unpack_routed(Tensor received, int[] counts_in, int[] bags_in, int row_start) -> (Tensor, Tensor)");
   // [bytes sent to other ranks, bytes received from other ranks, communication rounds, plan cache
   // hits, plan cache misses, data ops done in a single round] since the last reset.
   m.def("_comm_stats(bool reset=False) -> int[]");

@@ -205,6 +205,20 @@ class TestEmbeddingKernels(ShardedTensorTestBase):
         for mode in ("sum", "max"):
             self.assertEqual(sent(mixed, mode) - sent(own, mode), 4 * foreign, mode)
 
+    @with_comms(init_rpc=False)
+    def test_row_wise_composition_path_matches_dense(self):
+        # NOTE [ Requester-side routing in one op ]: on the CPU a row-wise requester prepares its ids
+        # with torch_shard._bucket_ids; every other device takes the ATen composition, run here on the
+        # CPU too (uneven rows with an empty shard, ties, every mode).
+        from torch_shard.sharding_spec.chunk_sharding_spec_ops import _common
+
+        _common.FUSED_ROUTING = False
+        try:
+            self._check_no_empty_weight(9, 5, dim=0)
+            self._cases(13, 7, 0, None, init=lambda rows, cols: torch.zeros(rows, cols), modes=("max",))
+        finally:
+            _common.FUSED_ROUTING = True
+
 
 if __name__ == "__main__":
     run_tests()

@@ -127,6 +127,30 @@ def _chunk_boxes_fake(global_size, dim, num_chunks):
     return torch.empty(offsets.shape, dtype=torch.int64), torch.empty(offsets.shape, dtype=torch.int64)
 
 
+@torch.library.register_fake("torch_shard::_bucket_ids")
+def _bucket_ids_fake(ids, offsets, row_ranges, num_embeddings, int32, range_code, status):
+    """(send, perm, words, status): sizes from the shapes (NOTE [ Requester-side routing in one op ] in
+    csrc/ops/embedding_ops.cpp)."""
+    op = "torch_shard._bucket_ids"
+    if ids.dtype != torch.int64 or ids.dim() != 1:
+        raise TypeError(f"{op}: ids must be 1-D int64, got {ids.dim()}-D {ids.dtype}")
+    if not row_ranges or len(row_ranges) % 2:
+        raise ValueError(f"{op}: row_ranges must hold a (first, end) pair per rank, got {len(row_ranges)} values")
+    world = len(row_ranges) // 2
+    lengths = world * offsets.numel() if offsets is not None else 0
+    send = ids.new_empty(ids.numel() + lengths, dtype=torch.int32 if int32 else torch.int64)
+    return send, ids.new_empty(ids.numel()), ids.new_empty(world), ids.new_empty(())
+
+
+@torch.library.register_fake("torch_shard::_unpack_routed")
+def _unpack_routed_fake(received, counts_in, bags_in, row_start):
+    """(ids, offsets) of sum(counts_in) and sum(bags_in) values, in ``received``'s dtype."""
+    if received.numel() != sum(counts_in) + sum(bags_in):
+        raise ValueError(f"torch_shard._unpack_routed: received holds {received.numel()} values, the counts say "
+                         f"{sum(counts_in)} ids and {sum(bags_in)} lengths")
+    return received.new_empty(sum(counts_in)), received.new_empty(sum(bags_in))
+
+
 # The two collectives on plain tensors (NOTE [ Why not torch's functional collectives ] in
 # csrc/ops/data_ops.cpp): CPU and CUDA kernels, their autograd here, and fake kernels that raise.
 _ALL_TO_ALL = "torch_shard::_all_to_all"

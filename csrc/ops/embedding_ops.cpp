@@ -22,7 +22,9 @@
 
 #include <algorithm>
 #include <limits>
+#include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <ATen/Dispatch.h>
@@ -376,6 +378,187 @@ at::Tensor embedding_bag_partial_backward(const at::Tensor& grad, const at::Tens
   return grad_weight;
 }
 
+// NOTE [ Requester-side routing in one op ]
+// A row-wise requester's preparation (which rank owns each id, how many of its ids each owner holds
+// per bag, the ids in owner order with each owner's per-bag lengths after them, the words told with
+// the agreement, and the ids' range check) is one pass over its ids here instead of some twenty small
+// ATen ops in Python (torch_shard/sharding_spec/chunk_sharding_spec_ops/_routing.py). CPU only: the
+// loops read the ids on the host. Other devices keep the Python composition, which reads no device
+// memory on the host (NOTE [ One host read per exchange ] in csrc/comm/exchange.cpp).
+//
+// The input has NOT been checked yet (its verdict travels with the agreement that follows), so ids
+// out of range and ill-formed offsets must leave every index in bounds: an id outside the table is
+// given to the nearest owned range, an id before the first offset to bag 0, and the status says the
+// ids failed their range check.
+constexpr const char* kBucket = "torch_shard._bucket_ids";
+constexpr const char* kUnpack = "torch_shard._unpack_routed";
+constexpr int kBagsShift = 32;
+
+template <typename index_t>
+void bucket_loop(const int64_t* ids, int64_t n, const int64_t* offsets, int64_t num_bags, bool bags,
+                 const std::vector<int64_t>& starts, const std::vector<int64_t>& owners, int64_t world,
+                 index_t* send, int64_t* perm, int64_t* words, bool* out_of_range, int64_t num_embeddings) {
+  std::vector<int64_t> owner(static_cast<size_t>(n));
+  std::vector<int64_t> count(static_cast<size_t>(world), 0);
+  const int64_t stride = bags ? num_bags : 0;
+  std::vector<int64_t> lengths(static_cast<size_t>(world * stride), 0);
+  bool bad = false;
+  int64_t bag = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t id = ids[i];
+    bad |= id < 0 || id >= num_embeddings;
+    int64_t o = 0;
+    if (!starts.empty()) {
+      // The last owned range starting at or before id (the first one for ids below every start).
+      const auto it = std::upper_bound(starts.begin(), starts.end(), id);
+      o = owners[static_cast<size_t>(it == starts.begin() ? 0 : (it - starts.begin()) - 1)];
+    }
+    owner[static_cast<size_t>(i)] = o;
+    ++count[static_cast<size_t>(o)];
+    if (bags) {
+      while (bag + 1 < num_bags && offsets[bag + 1] <= i) {
+        ++bag;
+      }
+      ++lengths[static_cast<size_t>(o * stride + bag)];
+    }
+  }
+  *out_of_range = bad;
+  // Where each owner's block (its ids, then its per-bag lengths) starts in `send`, and where its ids
+  // start among the sorted positions.
+  std::vector<int64_t> block(static_cast<size_t>(world)), first(static_cast<size_t>(world));
+  int64_t at = 0, sorted = 0;
+  for (int64_t o = 0; o < world; ++o) {
+    block[static_cast<size_t>(o)] = at;
+    first[static_cast<size_t>(o)] = sorted;
+    at += count[static_cast<size_t>(o)] + stride;
+    sorted += count[static_cast<size_t>(o)];
+    words[o] = count[static_cast<size_t>(o)] + (bags ? (num_bags << kBagsShift) : 0);
+    for (int64_t b = 0; b < stride; ++b) {
+      send[at - stride + b] = static_cast<index_t>(lengths[static_cast<size_t>(o * stride + b)]);
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const auto o = static_cast<size_t>(owner[static_cast<size_t>(i)]);
+    send[block[o]++] = static_cast<index_t>(ids[i]);
+    perm[first[o]++] = i;
+  }
+}
+
+// See NOTE [ Requester-side routing in one op ]. row_ranges: [first row, end row) of each group rank,
+// flattened (2 * world values; empty ranges for ranks without rows).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+bucket_ids(const at::Tensor& ids, const std::optional<at::Tensor>& offsets, c10::IntArrayRef row_ranges,
+           int64_t num_embeddings, bool int32, int64_t range_code, const std::optional<at::Tensor>& status) {
+  TORCH_CHECK_TYPE(ids.scalar_type() == at::kLong, kBucket, ": ids must be int64, got ", ids.scalar_type());
+  TORCH_CHECK_VALUE(ids.dim() == 1, kBucket, ": ids must be 1-D, got ", ids.dim(), "-D");
+  TORCH_CHECK_VALUE(row_ranges.size() % 2 == 0 && !row_ranges.empty(), kBucket,
+                    ": row_ranges must hold a (first, end) pair per rank, got ", row_ranges.size(),
+                    " values");
+  const bool bags = offsets.has_value() && offsets->defined();
+  const int64_t n = ids.numel();
+  const int64_t num_bags = bags ? offsets->numel() : 0;
+  TORCH_CHECK_VALUE(n < (int64_t{1} << 31) && num_bags < (int64_t{1} << 31), kBucket,
+                    ": fewer than 2**31 ids and bags per rank, got ", n, " ids and ", num_bags, " bags");
+  TORCH_CHECK_VALUE(!bags || n == 0 || num_bags > 0, kBucket, ": ids without bags (", n, " ids, 0 bags)");
+  if (bags) {
+    TORCH_CHECK_TYPE(offsets->scalar_type() == at::kLong && offsets->dim() == 1, kBucket,
+                     ": offsets must be 1-D int64, got ", offsets->dim(), "-D ", offsets->scalar_type());
+  }
+  const auto world = static_cast<int64_t>(row_ranges.size() / 2);
+  std::vector<std::pair<int64_t, int64_t>> owned; // (first row, rank) of the non-empty ranges
+  for (int64_t r = 0; r < world; ++r) {
+    const int64_t lo = row_ranges[2 * r], hi = row_ranges[2 * r + 1];
+    TORCH_CHECK_VALUE(0 <= lo && lo <= hi && hi <= num_embeddings, kBucket, ": rank ", r, "'s rows [", lo,
+                      ", ", hi, ") are not within [0, ", num_embeddings, ")");
+    if (hi > lo) {
+      owned.emplace_back(lo, r);
+    }
+  }
+  std::sort(owned.begin(), owned.end());
+  std::vector<int64_t> starts, owners;
+  for (const auto& [lo, r] : owned) {
+    starts.push_back(lo);
+    owners.push_back(r);
+  }
+  int64_t lengths_size = 0, send_size = 0;
+  TORCH_CHECK_VALUE(!c10::mul_overflows(world, num_bags, &lengths_size) &&
+                        !c10::add_overflows(n, lengths_size, &send_size),
+                    kBucket, ": ", world, " owners x ", num_bags, " bags overflow int64");
+  TORCH_CHECK_VALUE(!int32 || num_embeddings <= std::numeric_limits<int32_t>::max(), kBucket,
+                    ": int32 ids need fewer than 2**31 rows, got ", num_embeddings);
+  const auto long_options = ids.options().dtype(at::kLong);
+  at::Tensor send = at::empty({send_size}, ids.options().dtype(int32 ? at::kInt : at::kLong));
+  at::Tensor perm = at::empty({n}, long_options);
+  at::Tensor words = at::empty({world}, long_options);
+  const at::Tensor flat = ids.contiguous();
+  const at::Tensor bag_offsets = bags ? offsets->contiguous() : at::Tensor();
+  bool out_of_range = false;
+  AT_DISPATCH_INDEX_TYPES(send.scalar_type(), kBucket, [&] {
+    bucket_loop<index_t>(flat.const_data_ptr<int64_t>(), n,
+                         bags ? bag_offsets.const_data_ptr<int64_t>() : nullptr, num_bags, bags, starts,
+                         owners, world, send.mutable_data_ptr<index_t>(), perm.mutable_data_ptr<int64_t>(),
+                         words.mutable_data_ptr<int64_t>(), &out_of_range, num_embeddings);
+  });
+  int64_t code = 0;
+  if (out_of_range) {
+    code = range_code;
+  } else if (status.has_value() && status->defined()) {
+    TORCH_CHECK_VALUE(status->numel() == 1 && status->scalar_type() == at::kLong, kBucket,
+                      ": status must be one int64, got ", status->sizes(), " ", status->scalar_type());
+    code = status->item<int64_t>(); // on the CPU, as this kernel's ids
+  }
+  at::Tensor verdict = at::empty({}, long_options); // written on the host: no fill kernel
+  *verdict.mutable_data_ptr<int64_t>() = code;
+  return {send, perm, words, verdict};
+}
+
+// Owner side of NOTE [ Requester-side routing in one op ]: `received` holds, per requester r,
+// counts_in[r] ids then bags_in[r] per-bag lengths. Returns every requester's ids less row_start,
+// concatenated, and their bags' offsets (same dtype as `received`), for one ATen embedding_bag.
+std::tuple<at::Tensor, at::Tensor> unpack_routed(const at::Tensor& received, c10::IntArrayRef counts_in,
+                                                 c10::IntArrayRef bags_in, int64_t row_start) {
+  TORCH_CHECK_TYPE(received.scalar_type() == at::kLong || received.scalar_type() == at::kInt, kUnpack,
+                   ": received must be int64 or int32, got ", received.scalar_type());
+  TORCH_CHECK_VALUE(received.dim() == 1 && counts_in.size() == bags_in.size(), kUnpack,
+                    ": received must be 1-D and counts_in and bags_in of one length");
+  int64_t total_ids = 0, total_bags = 0, expected = 0;
+  for (size_t r = 0; r < counts_in.size(); ++r) {
+    TORCH_CHECK_VALUE(counts_in[r] >= 0 && bags_in[r] >= 0, kUnpack, ": negative count from rank ", r);
+    TORCH_CHECK_VALUE(!c10::add_overflows(total_ids, counts_in[r], &total_ids) &&
+                          !c10::add_overflows(total_bags, bags_in[r], &total_bags),
+                      kUnpack, ": counts overflow int64");
+  }
+  TORCH_CHECK_VALUE(!c10::add_overflows(total_ids, total_bags, &expected) && expected == received.numel(),
+                    kUnpack, ": received holds ", received.numel(), " values, the counts say ", total_ids,
+                    " ids and ", total_bags, " lengths");
+  at::Tensor ids = at::empty({total_ids}, received.options());
+  at::Tensor offsets = at::empty({total_bags}, received.options());
+  const at::Tensor flat = received.contiguous();
+  AT_DISPATCH_INDEX_TYPES(received.scalar_type(), kUnpack, [&] {
+    const index_t* in = flat.const_data_ptr<index_t>();
+    index_t* out_ids = ids.mutable_data_ptr<index_t>();
+    index_t* out_offsets = offsets.mutable_data_ptr<index_t>();
+    int64_t at = 0, id_at = 0, bag_at = 0;
+    for (size_t r = 0; r < counts_in.size(); ++r) {
+      const int64_t first_id = id_at;
+      for (int64_t i = 0; i < counts_in[r]; ++i) {
+        out_ids[id_at++] = static_cast<index_t>(static_cast<int64_t>(in[at++]) - row_start);
+      }
+      int64_t position = first_id;
+      for (int64_t b = 0; b < bags_in[r]; ++b) {
+        const int64_t length = in[at++];
+        out_offsets[bag_at++] = static_cast<index_t>(position);
+        TORCH_CHECK_VALUE(length >= 0 && length <= first_id + counts_in[r] - position, kUnpack, ": rank ", r,
+                          "'s bag lengths do not add up to its ", counts_in[r], " ids");
+        position += length;
+      }
+      TORCH_CHECK_VALUE(bags_in[r] == 0 || position == first_id + counts_in[r], kUnpack, ": rank ", r,
+                        "'s bag lengths do not add up to its ", counts_in[r], " ids");
+    }
+  });
+  return {ids, offsets};
+}
+
 } // namespace
 
 // One function per op for both devices: it picks the fused CPU loops or the ATen composition itself.
@@ -385,6 +568,8 @@ at::Tensor embedding_bag_partial_backward(const at::Tensor& grad, const at::Tens
 TORCH_LIBRARY_IMPL(torch_shard, CPU, m) {
   m.impl("_embedding_bag_partial", TORCH_FN(embedding_bag_partial));
   m.impl("_embedding_bag_partial_backward", TORCH_FN(embedding_bag_partial_backward));
+  m.impl("_bucket_ids", TORCH_FN(bucket_ids));
+  m.impl("_unpack_routed", TORCH_FN(unpack_routed));
 }
 
 TORCH_LIBRARY_IMPL(torch_shard, CUDA, m) {

@@ -38,10 +38,13 @@ from ..chunk_sharding_spec import ChunkShardingSpec
 _ops = torch.ops.torch_shard
 
 
-def exchange_chunks(chunks: list[torch.Tensor], recv_shapes: list[tuple], group_name: str) -> list[torch.Tensor]:
-    """Send ``chunks[p]`` to rank p and receive from each rank p a tensor of ``recv_shapes[p]``."""
-    flat = torch.cat([chunk.reshape(-1) for chunk in chunks])
-    send_counts = [chunk.numel() for chunk in chunks]
+def exchange_rows(
+    flat: torch.Tensor, send_counts: list[int], recv_shapes: list[tuple], group_name: str
+) -> list[torch.Tensor]:
+    """Send rank p the ``send_counts[p]`` elements of ``flat`` after those of the ranks before it (the
+    chunks lie consecutively in one tensor, so they go as they lie, copied into no buffer) and receive
+    from each rank p a tensor of ``recv_shapes[p]``."""
+    flat = flat.reshape(-1)
     recv_counts = [prod(shape) for shape in recv_shapes]
     # Autograd-aware: the op's registered backward is the reverse all-to-all (torch_shard/_op_registrations.py).
     received = _ops._all_to_all(flat, send_counts, recv_counts, group_name)
@@ -111,16 +114,28 @@ class InputChecks:
     """
 
     def __init__(self) -> None:
-        self._checks: list[tuple[torch.Tensor, type[BaseException], Callable[[], None]]] = []
+        self._checks: list[tuple[torch.Tensor | None, type[BaseException], Callable[[], None]]] = []
+        self._status: torch.Tensor | None = None
 
-    def add(self, failed: torch.Tensor, error_class: type[BaseException], raise_on_host: Callable[[], None]) -> None:
+    def add(
+        self, failed: torch.Tensor | None, error_class: type[BaseException], raise_on_host: Callable[[], None]
+    ) -> None:
+        """``failed`` None: a check computed elsewhere (a C++ op's status, :meth:`set_status`); it must be
+        added before every check that status does not fold in, so ``raise_first`` keeps the order."""
         self._checks.append((failed, error_class, raise_on_host))
 
+    def set_status(self, status: torch.Tensor) -> None:
+        """The folded status, computed by a C++ op (NOTE [ Requester-side routing in one op ])."""
+        self._status = status
+
     def status(self, device: torch.device) -> torch.Tensor | None:
-        if not self._checks:
+        if self._status is not None:
+            return self._status
+        checks = [(failed, error_class) for failed, error_class, _ in self._checks if failed is not None]
+        if not checks:
             return None
         code = torch.zeros((), dtype=torch.int64, device=device)
-        for failed, error_class, _ in reversed(self._checks):
+        for failed, error_class in reversed(checks):
             code = torch.where(failed.to(device), _class_code(error_class), code)
         return code
 
@@ -130,8 +145,10 @@ class InputChecks:
         raise RuntimeError("torch_shard: an input check failed on the device but not on the host; please report this")
 
 
-def check_ids_in_range(checks: InputChecks, ids: torch.Tensor, num_embeddings: int) -> None:
-    """Every id in [0, num_embeddings), as a device-side check (the message names the range seen)."""
+def check_ids_in_range(checks: InputChecks, ids: torch.Tensor, num_embeddings: int, on_device: bool = True) -> None:
+    """Every id in [0, num_embeddings), as a device-side check (the message names the range seen).
+    ``on_device=False``: the check itself is torch_shard._bucket_ids' (its status), only the host's
+    message is added here."""
 
     def raise_on_host() -> None:
         if ids.numel():
@@ -139,7 +156,18 @@ def check_ids_in_range(checks: InputChecks, ids: torch.Tensor, num_embeddings: i
             if low < 0 or high >= num_embeddings:
                 raise ValueError(f"Index out of range in Input {low} {high} {num_embeddings}")
 
-    checks.add(((ids < 0) | (ids >= num_embeddings)).any(), ValueError, raise_on_host)
+    failed = ((ids < 0) | (ids >= num_embeddings)).any() if on_device else None
+    checks.add(failed, ValueError, raise_on_host)
+
+
+def fused_routing(device: torch.device) -> bool:
+    """Whether a row-wise requester prepares its ids with torch_shard._bucket_ids (one CPU op) rather
+    than the ATen composition (every other device): NOTE [ Requester-side routing in one op ]."""
+    return device.type == "cpu" and FUSED_ROUTING
+
+
+# Tests turn it off to run the composition other devices take on the CPU too.
+FUSED_ROUTING = True
 
 
 def validate_common(input, weight, max_norm, scale_grad_by_freq, sparse, op_name: str, fn_name: str):

@@ -86,6 +86,69 @@ class Routed:
     bags_in: list[int]  # bags of each requester
     perm: torch.Tensor  # requester side: its ids in owner order (positions in its ids)
     counts_out: list[int]  # requester side: its ids per owner
+    start: int = 0  # what was already subtracted from ``ids`` (the shard's first row, or 0)
+
+    def local_ids(self, start: int) -> torch.Tensor:
+        """``ids`` less the shard's first row ``start``."""
+        return self.ids if self.start == start else self.ids - (start - self.start)
+
+
+@dataclass
+class Prepared:
+    """A requester's ids prepared for routing by torch_shard._bucket_ids (NOTE [ Requester-side
+    routing in one op ] in csrc/ops/embedding_ops.cpp)."""
+
+    send: torch.Tensor  # per owner: its ids, then (bags) its per-bag lengths
+    perm: torch.Tensor  # positions of the ids in owner order
+    words: torch.Tensor  # told to the owners with the agreement
+
+
+def prepare(
+    mine: Bags, ranges: list[tuple[int, int]], num_embeddings: int, dtype: torch.dtype, bags: bool, checks
+) -> Prepared:
+    """One CPU op: owners, per-bag lengths, the ids in owner order with the lengths, the words, and the
+    ids' range check folded into ``checks``' status (which it then is)."""
+    from ..._agreement import _class_code
+
+    send, perm, words, status = _ops._bucket_ids(
+        mine.ids,
+        mine.offsets if bags else None,
+        [row for pair in ranges for row in pair],
+        num_embeddings,
+        dtype == torch.int32,
+        _class_code(ValueError),
+        checks.status(mine.ids.device),
+    )
+    checks.set_status(status)
+    return Prepared(send, perm, words)
+
+
+def route_prepared(
+    mine: Bags,
+    prepared: Prepared,
+    counts_in: list[int],
+    counts_out: list[int],
+    bags_in: list[int] | None,
+    start: int,
+    group: str,
+) -> Routed:
+    """:func:`route` for ids :func:`prepare` laid out: one all-to-all, then one op that unpacks the
+    received ids (less ``start``) and offsets."""
+    world = len(counts_out)
+    num_bags = mine.num_bags if bags_in is not None else 0
+    got = _ops._all_to_all(
+        prepared.send,
+        [count + num_bags for count in counts_out],
+        [count + bags for count, bags in zip(counts_in, bags_in or [0] * world)],
+        group,
+    )
+    if bags_in is None:
+        return Routed(got, None, None, counts_in, [0] * world, prepared.perm, counts_out)
+    ids, offsets = _ops._unpack_routed(got, counts_in, bags_in, start)
+    psw = None
+    if mine.per_sample_weights is not None:
+        psw = _ops._all_to_all(mine.per_sample_weights.index_select(0, prepared.perm), counts_out, counts_in, group)
+    return Routed(ids, offsets, psw, counts_in, bags_in, prepared.perm, counts_out, start)
 
 
 def route(
@@ -130,7 +193,7 @@ def lookup_rows(local: torch.Tensor, routed: Routed, start: int, padding_idx: in
     owned = sum(routed.counts_in)
     if not owned or not local.numel():  # NOTE [ Empty shards reach no embedding kernel ] (_common.py)
         return zeros_from(local, owned)
-    return F.embedding(routed.ids - start, local, padding_idx=padding_idx)
+    return F.embedding(routed.local_ids(start), local, padding_idx=padding_idx)
 
 
 def pool_sum(local: torch.Tensor, routed: Routed, start: int, padding_idx: int | None) -> torch.Tensor:
@@ -139,7 +202,7 @@ def pool_sum(local: torch.Tensor, routed: Routed, start: int, padding_idx: int |
     if not sum(routed.counts_in) or not local.numel():  # NOTE [ Empty shards reach no embedding kernel ]
         return zeros_from(local, sum(routed.bags_in))
     return F.embedding_bag(
-        routed.ids - start,
+        routed.local_ids(start),
         local,
         routed.offsets,
         mode="sum",
@@ -158,7 +221,7 @@ def pool_max(local: torch.Tensor, routed: Routed, start: int, padding_idx: int |
         return zeros_from(local, total_bags), none
     pad = -1 if padding_idx is None else padding_idx
     pooled, where = _ops._embedding_bag_partial(
-        local, (routed.ids - start).long(), routed.offsets.long(), None, 0, "max", pad, True, owned
+        local, routed.local_ids(start).long(), routed.offsets.long(), None, 0, "max", pad, True, owned
     )
     # Positions among each requester's own ids sent here: less the ids of the requesters before it.
     counts = torch.tensor(routed.counts_in, dtype=torch.int64)

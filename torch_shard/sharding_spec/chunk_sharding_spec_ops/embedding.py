@@ -12,7 +12,8 @@ from ._common import (
     InputChecks,
     check_ids_in_range,
     column_order,
-    exchange_chunks,
+    exchange_rows,
+    fused_routing,
     lookup_arguments,
     owner_of_ids,
     renorm_rows_,
@@ -22,7 +23,7 @@ from ._common import (
     width_of,
     zeros_from,
 )
-from ._routing import check_fits, index_dtype, lookup_rows, route, send_back, words_for
+from ._routing import check_fits, index_dtype, lookup_rows, prepare, route, route_prepared, send_back, words_for
 
 
 @custom_sharding_spec_op(ChunkShardingSpec, F.embedding)
@@ -44,6 +45,7 @@ def sharded_embedding(types, args, kwargs, pg):
     checks = InputChecks()
     words = None
     routed_rows = False  # row-wise: ids go to their owners only, not to every rank
+    fused = False  # row-wise on the CPU: the requester prepares its ids in one op
     try:
         # Everything that can fail on this rank happens here, before the exchange (share_bags), so a
         # failure raises on every rank instead of leaving the others in the exchange.
@@ -62,7 +64,8 @@ def sharded_embedding(types, args, kwargs, pg):
             if padding_idx < 0:
                 padding_idx += weight.size(0)
         ids = input.reshape(-1).to(torch.int64)
-        check_ids_in_range(checks, ids, weight.size(0))
+        fused = dim == 0 and fused_routing(local.device)
+        check_ids_in_range(checks, ids, weight.size(0), on_device=not fused)
         mine = Bags(ids=ids, offsets=torch.zeros(0, dtype=torch.int64, device=ids.device), per_sample_weights=None)
         layout = row_ranges(weight) if dim == 0 else column_order(weight)
         if dim == 0:
@@ -71,8 +74,12 @@ def sharded_embedding(types, args, kwargs, pg):
             # Each id goes to its owner only (NOTE [ Ids only to their owners ] in _routing.py).
             check_fits(ids.numel(), None)
             routed_rows = True
-            owner = owner_of_ids(ids, layout)
-            words = words_for(owner, len(layout))
+            if fused:  # one op (NOTE [ Requester-side routing in one op ] in csrc/ops/embedding_ops.cpp)
+                prepared = prepare(mine, layout, weight.size(0), index_dtype(weight), False, checks)
+                words = prepared.words
+            else:
+                owner = owner_of_ids(ids, layout)
+                words = words_for(owner, len(layout))
         arguments = lookup_arguments(padding_idx, max_norm, norm_type)
     except Exception as exc:  # noqa: BLE001 - raised on every rank by share_bags
         error, mine, arguments = exc, None, None
@@ -82,10 +89,13 @@ def sharded_embedding(types, args, kwargs, pg):
     dtype = local.dtype
     if dim == 0:
         end = start + local.size(0)
-        routed = route(mine, owner, shared.counts_in, shared.counts_out, None, index_dtype(weight), group)
+        if fused:
+            routed = route_prepared(mine, prepared, shared.counts_in, shared.counts_out, None, start, group)
+        else:
+            routed = route(mine, owner, shared.counts_in, shared.counts_out, None, index_dtype(weight), group)
         if max_norm is not None:
             # The rows any rank looks up here, renormalised before the lookup (the dense op's order).
-            renorm_rows_(local, routed.ids.long() - start, max_norm, norm_type, weight, dim)
+            renorm_rows_(local, routed.local_ids(start).long(), max_norm, norm_type, weight, dim)
         local_pad = padding_idx - start if padding_idx is not None and start <= padding_idx < end else None
         # One lookup of every requester's ids (NOTE [ One kernel per requester group ], _common.py),
         # each requester's rows back to it, placed where its ids were.
@@ -104,8 +114,8 @@ def sharded_embedding(types, args, kwargs, pg):
         looked_up = F.embedding(all_ids, local, padding_idx=padding_idx)
     else:  # NOTE [ Empty shards reach no embedding kernel ] (_common.py)
         looked_up = zeros_from(local, sum(sizes))
-    send = list(looked_up.split(sizes))
+    # The requesters' rows are consecutive in `looked_up`: sent as they lie, no copy.
     shapes = [(mine.ids.numel(), width_of(layout, rank)) for rank in range(len(everyone))]
-    received = exchange_chunks(send, shapes, group)
+    received = exchange_rows(looked_up, [size * looked_up.size(1) for size in sizes], shapes, group)
     blocks = [received[rank] for _, _, rank in layout]
     return torch.cat(blocks, dim=1).view(*input.shape, weight.size(1))

@@ -14,7 +14,8 @@ from ._common import (
     check_ids_in_range,
     check_index_dtype,
     column_order,
-    exchange_chunks,
+    exchange_rows,
+    fused_routing,
     lookup_arguments,
     owner_of_ids,
     renorm_rows_,
@@ -35,7 +36,9 @@ from ._routing import (
     pool_max,
     pool_sum,
     positions_back,
+    prepare,
     route,
+    route_prepared,
 )
 
 
@@ -178,6 +181,7 @@ def sharded_embedding_bag(types, args, kwargs, pg):
     checks = InputChecks()
     words = None
     routed_rows = False  # row-wise: ids go to their owners only, not to every rank
+    fused = False  # row-wise on the CPU: the requester prepares its ids in one op
     try:
         # Everything that can fail on this rank happens here, before the exchange (share_bags), so a
         # failure raises on every rank instead of leaving the others in the exchange.
@@ -206,7 +210,8 @@ def sharded_embedding_bag(types, args, kwargs, pg):
                 )
             if padding_idx < 0:
                 padding_idx += weight.size(0)
-        check_ids_in_range(checks, input.reshape(-1), weight.size(0))
+        fused = dim == 0 and fused_routing(local.device)
+        check_ids_in_range(checks, input.reshape(-1), weight.size(0), on_device=not fused)
         mine = _as_bags(
             input,
             offsets,
@@ -227,9 +232,13 @@ def sharded_embedding_bag(types, args, kwargs, pg):
                 mine = Bags(ids=mine.ids[:0], offsets=mine.offsets, per_sample_weights=None if psw is None else psw[:0])
             check_fits(mine.ids.numel(), mine.num_bags)
             ranges = row_ranges(weight)
-            owner = owner_of_ids(mine.ids, ranges)
-            lengths = bag_lengths(mine, owner, len(ranges), index_dtype(weight))
-            words = bag_words_for(lengths)
+            if fused:  # one op (NOTE [ Requester-side routing in one op ] in csrc/ops/embedding_ops.cpp)
+                prepared = prepare(mine, ranges, weight.size(0), index_dtype(weight), True, checks)
+                words = prepared.words
+            else:
+                owner = owner_of_ids(mine.ids, ranges)
+                lengths = bag_lengths(mine, owner, len(ranges), index_dtype(weight))
+                words = bag_words_for(lengths)
             routed_rows = True
         arguments = lookup_arguments(padding_idx, max_norm, norm_type, mode)
     except Exception as exc:  # noqa: BLE001 - raised on every rank by share_bags
@@ -256,18 +265,21 @@ def sharded_embedding_bag(types, args, kwargs, pg):
             )
         else:  # NOTE [ Empty shards reach no embedding kernel ] (_common.py): nor do zero ids.
             pooled = zeros_from(local, sum(num_bags))
-        send = list(pooled.split(num_bags))
+        # The requesters' bags are consecutive rows of `pooled`: sent as they lie, no copy.
         shapes = [(mine.num_bags, width_of(order, rank)) for rank in range(len(everyone))]
-        received = exchange_chunks(send, shapes, group)
+        received = exchange_rows(pooled, [bags * pooled.size(1) for bags in num_bags], shapes, group)
         return torch.cat([received[rank] for _, _, rank in order], dim=1)
 
     end = start + local.size(0)
     counts_in, bags_in = decode(shared.counts_in, bags=True)
     counts_out, _ = decode(shared.counts_out, bags=True)
-    routed = route(mine, owner, counts_in, counts_out, bags_in, index_dtype(weight), group, lengths)
+    if fused:
+        routed = route_prepared(mine, prepared, counts_in, counts_out, bags_in, start, group)
+    else:
+        routed = route(mine, owner, counts_in, counts_out, bags_in, index_dtype(weight), group, lengths)
     if max_norm is not None:
         # The rows any rank looks up here, renormalised before the lookup (the dense op's order).
-        renorm_rows_(local, routed.ids.long() - start, max_norm, norm_type, weight, dim)
+        renorm_rows_(local, routed.local_ids(start).long(), max_norm, norm_type, weight, dim)
     local_pad = padding_idx - start if padding_idx is not None and start <= padding_idx < end else None
     if mode == "max":
         pooled, where = pool_max(local, routed, start, local_pad)
