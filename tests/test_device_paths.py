@@ -27,6 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from torch_shard import _shard_tensor, sharded_tensor
 from torch_shard.sharding_spec import ChunkShardingSpec, EnumerableShardingSpec, ShardMetadata
+from torch_shard.sharding_spec.chunk_sharding_spec_ops import _common
 from torch_shard.testing import (
     ShardedTensorTestBase,
     TestCase,
@@ -195,11 +196,19 @@ class TestDevicePaths(ShardedTensorTestBase):
                 ("bag max 2-D", lambda w: F.embedding_bag(ids, w, mode="max")),
                 ("bag sum last", lambda w: F.embedding_bag(flat, w, torch.tensor([0, 9, 18], device=device), include_last_offset=True, mode="sum")),
             ]
-            for name, lookup in cases:
-                with _CountHostReads() as counter:
-                    out = lookup(weight)
-                self.assertEqual(counter.seen, [], f"{name}, dim {spec.dim}: host reads of device data")
-                self.assertEqual(out, lookup(dense), atol=1e-5, rtol=1e-5, msg=f"{name}, dim {spec.dim}")
+            # Row-wise on the CPU the requester prepares its ids in one op (NOTE [ Requester-side
+            # routing in one op ]); other devices take the composition, checked here on the CPU too.
+            for fused in (True, False):
+                _common.FUSED_ROUTING = fused
+                try:
+                    for name, lookup in cases:
+                        with _CountHostReads() as counter:
+                            out = lookup(weight)
+                        where = f"{name}, dim {spec.dim}, fused {fused}"
+                        self.assertEqual(counter.seen, [], f"{where}: host reads of device data")
+                        self.assertEqual(out, lookup(dense), atol=1e-5, rtol=1e-5, msg=where)
+                finally:
+                    _common.FUSED_ROUTING = True
 
     @with_comms(init_rpc=False)
     def test_share_inputs_carries_device_status_and_words(self):

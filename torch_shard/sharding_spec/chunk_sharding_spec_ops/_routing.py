@@ -225,7 +225,9 @@ def pool_max(local: torch.Tensor, routed: Routed, start: int, padding_idx: int |
     )
     # Positions among each requester's own ids sent here: less the ids of the requesters before it.
     counts = torch.tensor(routed.counts_in, dtype=torch.int64)
-    firsts = torch.repeat_interleave(counts.cumsum(0) - counts, torch.tensor(routed.bags_in))  # on the host
+    firsts = torch.repeat_interleave(  # on the host; output_size: no size read from the data
+        counts.cumsum(0) - counts, torch.tensor(routed.bags_in), output_size=total_bags
+    )
     return pooled, torch.where(where >= 0, where - _host_to_device(firsts, local.device).unsqueeze(1), where)
 
 
