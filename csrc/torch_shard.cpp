@@ -142,8 +142,9 @@ TORCH_LIBRARY(torch_shard, m) {
   // `int32`; the positions in ids of that order; the word told to each owner with the agreement; the
   // status: range_code when an id is outside [0, num_embeddings), else `status`). row_ranges: the
   // (first, end) rows of each group rank, flattened. Without offsets: no lengths, words are counts.
+  // Last, mean's divisor per bag: its ids other than padding_idx (-1: none), at least 1.
   m.def("_bucket_ids(Tensor ids, Tensor? offsets, int[] row_ranges, int num_embeddings, bool int32, "
-        "int range_code, Tensor? status) -> (Tensor, Tensor, Tensor, Tensor)");
+        "int range_code, Tensor? status, int padding_idx=-1) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   // Owner side: every requester's ids (less row_start) and its bags' offsets, from what _bucket_ids
   // sent (per requester: counts_in[r] ids, then bags_in[r] lengths). CPU kernel and fake kernel.
   m.def("_unpack_routed(Tensor received, int[] counts_in, int[] bags_in, int row_start) -> (Tensor, Tensor)");

@@ -146,7 +146,7 @@ class TestRegistrations(TestCase):
         ids, offsets, ranges = _long(9, 1, 5, 0, 8), _long(0, 2, 2), [0, 0, 0, 4, 4, 8, 8, 10]
         for int32 in (False, True):
             with self.subTest(int32=int32):
-                send, perm, words, status = _ops._bucket_ids(ids, offsets, ranges, 10, int32, 7, None)
+                send, perm, words, status, divisors = _ops._bucket_ids(ids, offsets, ranges, 10, int32, 7, None, 1)
                 self.assertEqual(send.dtype, torch.int32 if int32 else torch.int64)
                 # per owner: its ids, then its lengths of the 3 bags
                 expected = [0, 0, 0, 1, 0, 1, 0, 1, 5, 0, 0, 1, 9, 8, 1, 0, 1]
@@ -154,24 +154,25 @@ class TestRegistrations(TestCase):
                 self.assertEqual(perm.tolist(), [1, 3, 2, 0, 4])
                 self.assertEqual(words.tolist(), [c + (3 << 32) for c in (0, 2, 1, 2)])
                 self.assertEqual(int(status), 0)
+                self.assertEqual(divisors.tolist(), [1, 1, 3])  # id 1 pads; an empty bag divides by 1
                 # Rank 3 receives from two requesters that sent it the same block, rows from 8.
                 block = send[-5:]
                 got_ids, got_offsets = _ops._unpack_routed(torch.cat([block, block]), [2, 2], [3, 3], 8)
                 self.assertEqual(got_ids.tolist(), [1, 0, 1, 0])
                 self.assertEqual(got_offsets.tolist(), [0, 1, 1, 2, 3, 3])
-                torch.library.opcheck(_ops._bucket_ids.default, (ids, offsets, ranges, 10, int32, 7, None))
+                torch.library.opcheck(_ops._bucket_ids.default, (ids, offsets, ranges, 10, int32, 7, None, 1))
                 torch.library.opcheck(_ops._bucket_ids.default, (ids, None, ranges, 10, int32, 7, _long(3)[0]))
                 torch.library.opcheck(_ops._unpack_routed.default, (torch.cat([block, block]), [2, 2], [3, 3], 8))
         # An id out of range: the status says so (before any other check's), every index stays in bounds.
         for bad in (-3, 10, 2**40):
-            _, _, words, status = _ops._bucket_ids(_long(bad, 1), _long(0), ranges, 10, True, 7, _long(5)[0])
+            _, _, words, status, _ = _ops._bucket_ids(_long(bad, 1), _long(0), ranges, 10, True, 7, _long(5)[0])
             self.assertEqual((int(status), int(words.sum()) & 0xFFFFFFFF), (7, 2))
-        _, _, _, status = _ops._bucket_ids(_long(3, 1), _long(0), ranges, 10, True, 7, _long(5)[0])
+        _, _, _, status, _ = _ops._bucket_ids(_long(3, 1), _long(0), ranges, 10, True, 7, _long(5)[0])
         self.assertEqual(int(status), 5)
         # Ill-formed offsets (the agreement raises on them) and no ids at all stay in bounds too.
-        send, perm, words, _ = _ops._bucket_ids(_long(3, 1, 9), _long(2, 0, 7), ranges, 10, False, 7, None)
+        send, perm, words, _, _ = _ops._bucket_ids(_long(3, 1, 9), _long(2, 0, 7), ranges, 10, False, 7, None)
         self.assertEqual((send.numel(), sorted(perm.tolist())), (3 + 4 * 3, [0, 1, 2]))
-        send, perm, words, _ = _ops._bucket_ids(_long(), _long(), ranges, 10, False, 7, None)
+        send, perm, words, _, _ = _ops._bucket_ids(_long(), _long(), ranges, 10, False, 7, None)
         self.assertEqual((send.numel(), perm.numel(), words.tolist()), (0, 0, [0] * 4))
         with self.assertRaisesRegex(ValueError, "lengths do not add up"):
             _ops._unpack_routed(_long(8, 9, 3), [2], [1], 8)

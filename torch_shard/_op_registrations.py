@@ -128,8 +128,8 @@ def _chunk_boxes_fake(global_size, dim, num_chunks):
 
 
 @torch.library.register_fake("torch_shard::_bucket_ids")
-def _bucket_ids_fake(ids, offsets, row_ranges, num_embeddings, int32, range_code, status):
-    """(send, perm, words, status): sizes from the shapes (NOTE [ Requester-side routing in one op ] in
+def _bucket_ids_fake(ids, offsets, row_ranges, num_embeddings, int32, range_code, status, padding_idx=-1):
+    """(send, perm, words, status, divisors): sizes from the shapes (NOTE [ Requester-side routing in one op ] in
     csrc/ops/embedding_ops.cpp)."""
     op = "torch_shard._bucket_ids"
     if ids.dtype != torch.int64 or ids.dim() != 1:
@@ -139,7 +139,8 @@ def _bucket_ids_fake(ids, offsets, row_ranges, num_embeddings, int32, range_code
     world = len(row_ranges) // 2
     lengths = world * offsets.numel() if offsets is not None else 0
     send = ids.new_empty(ids.numel() + lengths, dtype=torch.int32 if int32 else torch.int64)
-    return send, ids.new_empty(ids.numel()), ids.new_empty(world), ids.new_empty(())
+    bags = offsets.numel() if offsets is not None else 0
+    return send, ids.new_empty(ids.numel()), ids.new_empty(world), ids.new_empty(()), ids.new_empty(bags)
 
 
 @torch.library.register_fake("torch_shard::_unpack_routed")

@@ -397,7 +397,8 @@ constexpr int kBagsShift = 32;
 template <typename index_t>
 void bucket_loop(const int64_t* ids, int64_t n, const int64_t* offsets, int64_t num_bags, bool bags,
                  const std::vector<int64_t>& starts, const std::vector<int64_t>& owners, int64_t world,
-                 index_t* send, int64_t* perm, int64_t* words, bool* out_of_range, int64_t num_embeddings) {
+                 index_t* send, int64_t* perm, int64_t* words, int64_t* divisors, bool* out_of_range,
+                 int64_t num_embeddings, int64_t padding_idx) {
   std::vector<int64_t> owner(static_cast<size_t>(n));
   std::vector<int64_t> count(static_cast<size_t>(world), 0);
   const int64_t stride = bags ? num_bags : 0;
@@ -420,6 +421,7 @@ void bucket_loop(const int64_t* ids, int64_t n, const int64_t* offsets, int64_t 
         ++bag;
       }
       ++lengths[static_cast<size_t>(o * stride + bag)];
+      divisors[bag] += id != padding_idx;
     }
   }
   *out_of_range = bad;
@@ -446,9 +448,10 @@ void bucket_loop(const int64_t* ids, int64_t n, const int64_t* offsets, int64_t 
 
 // See NOTE [ Requester-side routing in one op ]. row_ranges: [first row, end row) of each group rank,
 // flattened (2 * world values; empty ranges for ranks without rows).
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 bucket_ids(const at::Tensor& ids, const std::optional<at::Tensor>& offsets, c10::IntArrayRef row_ranges,
-           int64_t num_embeddings, bool int32, int64_t range_code, const std::optional<at::Tensor>& status) {
+           int64_t num_embeddings, bool int32, int64_t range_code, const std::optional<at::Tensor>& status,
+           int64_t padding_idx) {
   TORCH_CHECK_TYPE(ids.scalar_type() == at::kLong, kBucket, ": ids must be int64, got ", ids.scalar_type());
   TORCH_CHECK_VALUE(ids.dim() == 1, kBucket, ": ids must be 1-D, got ", ids.dim(), "-D");
   TORCH_CHECK_VALUE(row_ranges.size() % 2 == 0 && !row_ranges.empty(), kBucket,
@@ -490,15 +493,19 @@ bucket_ids(const at::Tensor& ids, const std::optional<at::Tensor>& offsets, c10:
   at::Tensor send = at::empty({send_size}, ids.options().dtype(int32 ? at::kInt : at::kLong));
   at::Tensor perm = at::empty({n}, long_options);
   at::Tensor words = at::empty({world}, long_options);
+  at::Tensor divisors = at::empty({num_bags}, long_options);
+  int64_t* divisor = divisors.mutable_data_ptr<int64_t>();
+  std::fill(divisor, divisor + num_bags, int64_t{0});
   const at::Tensor flat = ids.contiguous();
   const at::Tensor bag_offsets = bags ? offsets->contiguous() : at::Tensor();
   bool out_of_range = false;
   AT_DISPATCH_INDEX_TYPES(send.scalar_type(), kBucket, [&] {
-    bucket_loop<index_t>(flat.const_data_ptr<int64_t>(), n,
-                         bags ? bag_offsets.const_data_ptr<int64_t>() : nullptr, num_bags, bags, starts,
-                         owners, world, send.mutable_data_ptr<index_t>(), perm.mutable_data_ptr<int64_t>(),
-                         words.mutable_data_ptr<int64_t>(), &out_of_range, num_embeddings);
+    bucket_loop<index_t>(
+        flat.const_data_ptr<int64_t>(), n, bags ? bag_offsets.const_data_ptr<int64_t>() : nullptr, num_bags,
+        bags, starts, owners, world, send.mutable_data_ptr<index_t>(), perm.mutable_data_ptr<int64_t>(),
+        words.mutable_data_ptr<int64_t>(), divisor, &out_of_range, num_embeddings, padding_idx);
   });
+  std::for_each(divisor, divisor + num_bags, [](int64_t& d) { d = std::max(d, int64_t{1}); });
   int64_t code = 0;
   if (out_of_range) {
     code = range_code;
@@ -509,7 +516,7 @@ bucket_ids(const at::Tensor& ids, const std::optional<at::Tensor>& offsets, c10:
   }
   at::Tensor verdict = at::empty({}, long_options); // written on the host: no fill kernel
   *verdict.mutable_data_ptr<int64_t>() = code;
-  return {send, perm, words, verdict};
+  return {send, perm, words, verdict, divisors};
 }
 
 // Owner side of NOTE [ Requester-side routing in one op ]: `received` holds, per requester r,

@@ -134,8 +134,11 @@ class InputChecks:
         checks = [(failed, error_class) for failed, error_class, _ in self._checks if failed is not None]
         if not checks:
             return None
-        code = torch.zeros((), dtype=torch.int64, device=device)
-        for failed, error_class in reversed(checks):
+        # The last check's code where it failed (else 0), then each earlier one's over it: the first
+        # failed check's code.
+        failed, error_class = checks[-1]
+        code = failed.to(device) * _class_code(error_class)
+        for failed, error_class in reversed(checks[:-1]):
             code = torch.where(failed.to(device), _class_code(error_class), code)
         return code
 
@@ -156,7 +159,10 @@ def check_ids_in_range(checks: InputChecks, ids: torch.Tensor, num_embeddings: i
             if low < 0 or high >= num_embeddings:
                 raise ValueError(f"Index out of range in Input {low} {high} {num_embeddings}")
 
-    failed = ((ids < 0) | (ids >= num_embeddings)).any() if on_device else None
+    # An id is in range iff clamping it to the range leaves it unchanged (three ops, not five).
+    failed = None
+    if on_device:  # an empty table: every id is out of range
+        failed = (ids.clamp(0, num_embeddings - 1) != ids).any() if num_embeddings else (ids == ids).any()
     checks.add(failed, ValueError, raise_on_host)
 
 

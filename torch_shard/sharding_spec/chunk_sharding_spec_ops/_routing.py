@@ -101,16 +101,23 @@ class Prepared:
     send: torch.Tensor  # per owner: its ids, then (bags) its per-bag lengths
     perm: torch.Tensor  # positions of the ids in owner order
     words: torch.Tensor  # told to the owners with the agreement
+    divisors: torch.Tensor  # mean's per bag: its ids other than the padding id, at least 1 (int64)
 
 
 def prepare(
-    mine: Bags, ranges: list[tuple[int, int]], num_embeddings: int, dtype: torch.dtype, bags: bool, checks
+    mine: Bags,
+    ranges: list[tuple[int, int]],
+    num_embeddings: int,
+    dtype: torch.dtype,
+    bags: bool,
+    checks,
+    padding_idx: int | None = None,
 ) -> Prepared:
     """One CPU op: owners, per-bag lengths, the ids in owner order with the lengths, the words, and the
     ids' range check folded into ``checks``' status (which it then is)."""
     from ..._agreement import _class_code
 
-    send, perm, words, status = _ops._bucket_ids(
+    send, perm, words, status, divisors = _ops._bucket_ids(
         mine.ids,
         mine.offsets if bags else None,
         [row for pair in ranges for row in pair],
@@ -118,9 +125,10 @@ def prepare(
         dtype == torch.int32,
         _class_code(ValueError),
         checks.status(mine.ids.device),
+        -1 if padding_idx is None else padding_idx,
     )
     checks.set_status(status)
-    return Prepared(send, perm, words)
+    return Prepared(send, perm, words, divisors)
 
 
 def route_prepared(

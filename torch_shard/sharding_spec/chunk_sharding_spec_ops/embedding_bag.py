@@ -233,7 +233,7 @@ def sharded_embedding_bag(types, args, kwargs, pg):
             check_fits(mine.ids.numel(), mine.num_bags)
             ranges = row_ranges(weight)
             if fused:  # one op (NOTE [ Requester-side routing in one op ] in csrc/ops/embedding_ops.cpp)
-                prepared = prepare(mine, ranges, weight.size(0), index_dtype(weight), True, checks)
+                prepared = prepare(mine, ranges, weight.size(0), index_dtype(weight), True, checks, padding_idx)
                 words = prepared.words
             else:
                 owner = owner_of_ids(mine.ids, ranges)
@@ -286,7 +286,9 @@ def sharded_embedding_bag(types, args, kwargs, pg):
         values = bags_back(pooled, routed, mine.num_bags, group)
         return _max_over_owners(values, positions_back(where, routed, mine.num_bags, group))
     out = bags_back(pool_sum(local, routed, start, local_pad), routed, mine.num_bags, group).sum(dim=0)
-    if mode == "mean" and mine.num_bags:
+    if mode == "mean" and mine.num_bags and fused:
+        out = out / prepared.divisors.unsqueeze(1)
+    elif mode == "mean" and mine.num_bags:
         keep = mine.ids != padding_idx if padding_idx is not None else torch.ones_like(mine.ids, dtype=torch.bool)
         counts = torch.zeros(mine.num_bags, dtype=out.dtype, device=out.device).index_add(
             0, mine.bag_of_id(), keep.to(out.dtype)
