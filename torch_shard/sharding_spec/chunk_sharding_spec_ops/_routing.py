@@ -14,6 +14,12 @@ The sizes of both all-to-alls are known to every rank without reading device mem
 requester's ids for each owner travels with the agreement (``words``), and so, for embedding_bag,
 does the requester's number of bags (the high 32 bits of the same word: ``_BAGS_SHIFT``).
 
+On the CPU the requester's side (owners, per-bag lengths, the ids in owner order with the lengths
+after them, the words, the ids' range check and mean's divisors) is one C++ op, and the owner's
+unpacking of what it received another (:func:`prepare`, :func:`route_prepared`; NOTE [ Requester-side
+routing in one op ] in csrc/ops/embedding_ops.cpp); other devices take the ATen composition
+(:func:`owner_of_ids`, :func:`bag_lengths`, :func:`route`), which reads no device memory on the host.
+
 Ids travel as int32 when the table has fewer than 2**31 rows (ATen's kernels take int32 ids and
 offsets), as int64 otherwise.
 """
