@@ -10,21 +10,10 @@ PY=${1:-.venv/bin/python}
 OUT=build-sanitize
 mkdir -p "$OUT"
 
-# 1. Build: objects and the library in $OUT, never in the source tree.
-TORCH_SHARD_SANITIZE=1 MAX_JOBS=${MAX_JOBS:-2} "$PY" setup.py -q build_ext \
-    --build-temp "$OUT/temp" --build-lib "$OUT/lib"
-
-# 2. A package tree that imports the sanitized library: the Python sources (linked) + the new .so.
-PKG="$OUT/pkg/torch_shard"
-rm -rf "$OUT/pkg"
-mkdir -p "$PKG"
-for entry in torch_shard/*; do
-  case "$entry" in
-    *.so) ;;
-    *) ln -s "$PWD/$entry" "$PKG/$(basename "$entry")" ;;
-  esac
-done
-cp "$OUT"/lib/torch_shard/_C*.so "$OUT"/lib/torch_shard/_testing_C*.so "$PKG/"
+# 1-2. Build in $OUT, never in the source tree, and a package tree that imports the sanitized
+#      libraries (scripts/build_out_of_tree.sh).
+source scripts/build_out_of_tree.sh
+build_out_of_tree "$PY" "$OUT" TORCH_SHARD_SANITIZE=1
 
 # 3. Run. The interpreter is not instrumented, so the runtimes are preloaded; leak checking is off
 #    (CPython and torch keep allocations alive until exit by design); UBSan stops at the first report.

@@ -31,20 +31,10 @@ export PATH="$VENV/bin:$PATH"
 installed=$("$PY" -c "import torch; print(torch.__version__.split('+')[0])")
 [ "$installed" = "$VERSION" ] || { log "the venv has torch $installed"; exit 1; }
 
-# 2. Build: objects and libraries in $OUT, then a package tree of the Python sources (linked) and the
-#    new libraries.
+# 2. Build in $OUT and a package tree that imports the new libraries (scripts/build_out_of_tree.sh).
 start=$(date +%s)
-MAX_JOBS=${MAX_JOBS:-2} "$PY" setup.py -q build_ext --build-temp "$OUT/temp" --build-lib "$OUT/lib"
-PKG="$OUT/pkg/torch_shard"
-rm -rf "$OUT/pkg"
-mkdir -p "$PKG"
-for entry in torch_shard/*; do
-  case "$entry" in
-    *.so) ;;
-    *) ln -s "$ROOT/$entry" "$PKG/$(basename "$entry")" ;;
-  esac
-done
-cp "$OUT"/lib/torch_shard/_C*.so "$OUT"/lib/torch_shard/_testing_C*.so "$PKG/"
+source scripts/build_out_of_tree.sh
+build_out_of_tree "$PY" "$OUT"
 log "built in $(($(date +%s) - start)) s"
 
 # 3. Run from the build folder (the current directory comes first on sys.path, and the source tree's

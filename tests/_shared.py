@@ -29,3 +29,12 @@ def assert_group_still_works(case) -> None:
     st.gather(0, out)
     if case.rank == 0:
         case.assertEqual(out, full)
+
+
+def shard_slice(weight, full: torch.Tensor) -> torch.Tensor:
+    """The part of the 2-D ``full`` that is this rank's (first) local shard of ``weight``."""
+    md = weight.local_shards()[0].metadata
+    return full[
+        md.shard_offsets[0] : md.shard_offsets[0] + md.shard_sizes[0],
+        md.shard_offsets[1] : md.shard_offsets[1] + md.shard_sizes[1],
+    ]

@@ -16,10 +16,10 @@ import copy
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from _shared import shard_slice
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from torch_shard import shard_parameter
-from torch_shard.sharded_tensor import ShardedTensor
 from torch_shard.sharding_spec import ChunkShardingSpec
 from torch_shard.testing import (
     ShardedTensorTestBase,
@@ -64,13 +64,6 @@ class _RecordEmbeddingKernels(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _shard_slice(weight: ShardedTensor, full: torch.Tensor) -> torch.Tensor:
-    md = weight.local_shards()[0].metadata
-    return full[
-        md.shard_offsets[0] : md.shard_offsets[0] + md.shard_sizes[0],
-        md.shard_offsets[1] : md.shard_offsets[1] + md.shard_sizes[1],
-    ]
-
 
 class TestEmbeddingKernels(ShardedTensorTestBase):
     def _compare(self, dense, spec, make_input, call, record=None):
@@ -96,7 +89,7 @@ class TestEmbeddingKernels(ShardedTensorTestBase):
         total.backward()
         shard = weight.local_shards()[0].tensor
         self.assertIsNotNone(shard.grad, f"{spec} backward")
-        self.assertEqual(shard.grad, _shard_slice(weight, dense.weight.grad), f"{spec} backward")
+        self.assertEqual(shard.grad, shard_slice(weight, dense.weight.grad), f"{spec} backward")
 
     def _cases(self, rows, cols, dim, record, init=None, modes=("sum", "mean", "max")):
         """Embedding and embedding_bag (sum with per-sample weights and a padding id, mean, max) on a

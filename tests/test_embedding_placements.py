@@ -17,6 +17,7 @@ import copy
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from _shared import shard_slice
 
 from torch_shard import shard_parameter
 from torch_shard.sharded_tensor import ShardedTensor
@@ -33,14 +34,6 @@ from torch_shard.testing import (
 NUM_EMBEDDINGS, EMBEDDING_DIM = 13, 7
 
 
-def _shard_slice(weight: ShardedTensor, full: torch.Tensor) -> torch.Tensor:
-    """The part of ``full`` that is this rank's local shard of ``weight``."""
-    md = weight.local_shards()[0].metadata
-    return full[
-        md.shard_offsets[0] : md.shard_offsets[0] + md.shard_sizes[0],
-        md.shard_offsets[1] : md.shard_offsets[1] + md.shard_sizes[1],
-    ]
-
 
 class TestShardedEmbeddingPlacements(ShardedTensorTestBase):
     def _compare(self, dense: nn.Module, spec, group, members, make_input, call) -> None:
@@ -50,7 +43,7 @@ class TestShardedEmbeddingPlacements(ShardedTensorTestBase):
         shard_parameter(sharded, "weight", spec, process_group=group)
         weight = sharded.weight
         self.assertIsInstance(weight, ShardedTensor)
-        self.assertEqual(weight.local_shards()[0].tensor, _shard_slice(weight, dense.weight.detach()))
+        self.assertEqual(weight.local_shards()[0].tensor, shard_slice(weight, dense.weight.detach()))
 
         inputs, grad = make_input(self.rank, torch.Generator().manual_seed(self.rank))
         out = call(sharded, inputs)
@@ -65,7 +58,7 @@ class TestShardedEmbeddingPlacements(ShardedTensorTestBase):
         total.backward()
         shard = weight.local_shards()[0].tensor
         self.assertIsNotNone(shard.grad, f"{spec} backward")
-        self.assertEqual(shard.grad, _shard_slice(weight, dense.weight.grad), f"{spec} backward")
+        self.assertEqual(shard.grad, shard_slice(weight, dense.weight.grad), f"{spec} backward")
 
     def _run_all(self, placements, group, members) -> None:
         """Embedding and embedding_bag (sum with per-sample weights, mean, max), row- and column-wise."""

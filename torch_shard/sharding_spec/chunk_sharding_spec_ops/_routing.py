@@ -226,8 +226,9 @@ def pool_sum(local: torch.Tensor, routed: Routed, start: int, padding_idx: int |
 
 
 def pool_max(local: torch.Tensor, routed: Routed, start: int, padding_idx: int | None):
-    """(``padding_idx``: the shard's row, as for :func:`pool_sum`.) Owner side of embedding_bag max: (each bag's max over the ids this rank holds, the winners'
-    positions among the ids its requester sent here, -1 for none): torch_shard._embedding_bag_partial
+    """Owner side of embedding_bag max: (each bag's max over the ids this rank holds, the winners'
+    positions among the ids its requester sent here, -1 for none); ``padding_idx`` is the shard's row,
+    as for :func:`pool_sum`: torch_shard._embedding_bag_partial
     once over every requester's bags (NOTE [ Max ties ] in csrc/ops/embedding_ops.cpp)."""
     total_bags, owned = sum(routed.bags_in), sum(routed.counts_in)
     if not owned or not local.numel():  # NOTE [ Empty shards reach no embedding kernel ] (_common.py)
@@ -239,9 +240,8 @@ def pool_max(local: torch.Tensor, routed: Routed, start: int, padding_idx: int |
     )
     # Positions among each requester's own ids sent here: less the ids of the requesters before it.
     counts = torch.tensor(routed.counts_in, dtype=torch.int64)
-    firsts = torch.repeat_interleave(  # on the host; output_size: no size read from the data
-        counts.cumsum(0) - counts, torch.tensor(routed.bags_in), output_size=total_bags
-    )
+    # (On the host, from host lists; the output size is given, so no device would ever be asked.)
+    firsts = torch.repeat_interleave(counts.cumsum(0) - counts, torch.tensor(routed.bags_in), output_size=total_bags)
     return pooled, torch.where(where >= 0, where - _host_to_device(firsts, local.device).unsqueeze(1), where)
 
 
