@@ -99,8 +99,9 @@ class _DeviceMoves:
 
     def _moved(self, device, dtype, process_group, non_blocking: bool, copy_shards: bool = False, empty: bool = False):
         """A new ShardedTensor with local shards converted to ``device``/``dtype`` (copies when
-        ``copy_shards``; uninitialised tensors of the shards' sizes when ``empty``) and every placement in the metadata rewritten to ``device``'s type (ranks
-        kept), this rank's own to ``device`` exactly."""
+        ``copy_shards``; uninitialised tensors of the shards' sizes when ``empty``) and every placement
+        in the metadata rewritten to ``device``'s type (ranks kept), this rank's own to ``device``
+        exactly."""
         device = torch.device(device)
         # pin_memory is a promise about CPU shards: it holds for a CPU result (whose shards are then
         # allocated pinned, see _converted) and means nothing for a CUDA one. The same decision on
