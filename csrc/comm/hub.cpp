@@ -46,7 +46,7 @@ constexpr int64_t kHub = 0;
 // Both ends then skip that pair in round 2. The cap keeps the copies in and out of the round-1
 // buffers (a direct round-2 message needs none) cheaper than the hop they save. (Sending bigger
 // payloads ahead of the hub's reply, straight into a new shard, was measured and removed: it did not
-// win on one host and on two at 4 and 8 ranks; README's benchmark section has the table.)
+// win on one host and on two at 4 and 8 ranks; docs/benchmarks.md has the table.)
 constexpr int64_t kHubAppendMaxBytes = int64_t{1} << 20;
 
 namespace {

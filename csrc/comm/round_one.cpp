@@ -45,8 +45,8 @@ constexpr int64_t kMinUsefulSlot = 256;
 // 2 are unchanged; small payloads between two non-hub ranks are relayed by the hub. The mode depends
 // only on the group (its backend and size), never on arguments, so all ranks pick the same one.
 // The hub handles W^2 headers and relays their payloads, so its advantage must shrink as W grows; it
-// was measured to win up to kHubMaxWorld ranks, on one host and across two (README's benchmark
-// section has the table that set it), and larger groups, never measured, keep the all-to-all. So do
+// was measured to win up to kHubMaxWorld ranks, on one host and across two (docs/benchmarks.md
+// has the table that set it), and larger groups, never measured, keep the all-to-all. So do
 // CUDA groups (NCCL's all-to-all is one kernel) and groups without
 // point-to-point messages (a backend written in Python). A peer whose round-1 message fails to arrive
 // (its process ended, its connection broke) is reported by the hub to everyone as lost (kLost), so no

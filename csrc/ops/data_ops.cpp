@@ -613,7 +613,7 @@ std::vector<int64_t> get_comm_stats(bool reset) {
 //     bench/bench_embedding.py reports the bytes each rank sends, as for the other data ops;
 //   * tracing is what the functional collectives would add, and the sharded ops that call these two
 //     cannot be traced anyway: their ShardedTensor argument is no tensor dynamo can trace, so dynamo
-//     breaks the graph at the sharded op and runs it eagerly (README, "torch.compile").
+//     breaks the graph at the sharded op and runs it eagerly (docs/torch_compile.md).
 // Like the other data ops they raise under FakeTensorMode (NOTE [ Ops that cannot be traced ]).
 
 // Unchecked all-to-all of a flat tensor: rank p receives send_counts[p] elements from this rank and
