@@ -39,3 +39,11 @@ def converted(
         return tensor
     out = torch.empty(tensor.shape, dtype=dtype, device=device, pin_memory=pin)
     return out.copy_(tensor, non_blocking=non_blocking)
+
+
+def pinned_leaf_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy of the CPU ``tensor`` in pinned memory, a leaf with ``tensor``'s ``requires_grad`` (what
+    ``copy.deepcopy`` and ``torch.load`` hand back, but pinned)."""
+    with torch.no_grad():
+        out = converted(tensor, pinned=True, copy=True)
+    return out.requires_grad_(tensor.requires_grad)

@@ -18,7 +18,7 @@ from torch.distributed import distributed_c10d
 from torch.distributed.remote_device import _remote_device
 
 from . import _packing, _state
-from ._converted import converted
+from ._converted import pinned_leaf_copy
 from .metadata import TensorProperties
 from .shard import Shard
 
@@ -136,22 +136,16 @@ class _Pickling:
 
 def _deepcopy_shard(tensor: torch.Tensor, memo, pinned: bool) -> torch.Tensor:
     """``copy.deepcopy`` of a local shard; a CPU shard of a pinned ShardedTensor is copied into pinned
-    memory (deepcopy hands back pageable memory), a leaf with the same requires_grad as deepcopy's."""
+    memory (deepcopy hands back pageable memory)."""
     if not (pinned and tensor.device.type == "cpu"):
         return copy.deepcopy(tensor, memo)
-    if id(tensor) in memo:
-        return memo[id(tensor)]
-    with torch.no_grad():
-        out = converted(tensor, pinned=True, copy=True)
-    out.requires_grad_(tensor.requires_grad)
-    memo[id(tensor)] = out
-    return out
+    if id(tensor) not in memo:
+        memo[id(tensor)] = pinned_leaf_copy(tensor)
+    return memo[id(tensor)]
 
 
 def _repin(tensor: torch.Tensor, pinned: bool) -> torch.Tensor:
     # torch.load hands back pageable CPU tensors: a pinned ShardedTensor's shards are pinned again.
     if pinned and tensor.device.type == "cpu" and not tensor.is_pinned():
-        with torch.no_grad():
-            out = converted(tensor, pinned=True, copy=True)
-        return out.requires_grad_(tensor.requires_grad)
+        return pinned_leaf_copy(tensor)
     return tensor

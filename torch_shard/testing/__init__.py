@@ -14,10 +14,9 @@ machine, or from the environment variable ``TORCH_SHARD_TEST_DEVICE``:
   test FAILS, saying so.
 
 Shards of rank ``r`` live on ``cuda:r`` (each rank's current CUDA device), on ``cuda:0`` (``one-gpu``)
-or on the CPU. The variable
-is read whenever a test asks (:func:`device_type`, :func:`placement`, ...), not once at import: a rank
-process sees the environment of the test process as it was when the test started, so the test process
-and its ranks always agree. Tests take devices and placement strings from :func:`placement` /
+or on the CPU. The variable is read whenever a test asks (:func:`device_type`, :func:`placement`, ...),
+not once at import: a rank process sees the environment of the test process as it was when the test
+started, so the test process and its ranks always agree. Tests take devices and placement strings from :func:`placement` /
 :func:`rank_device` (or ``self.device`` / ``self.device_type`` in a ShardedTensorTestBase), so the same
 test body runs on both; assertions that hold only on gloo are guarded with
 :meth:`ShardedTensorTestBase.gloo_only` or the :func:`gloo_only` decorator, which give the reason.
@@ -90,7 +89,7 @@ def device_type() -> str:
     on a machine without ``TEST_WORLD_SIZE`` GPUs or without NCCL.
     """
     raw = os.environ.get(DEVICE_ENV, "")
-    requested = raw.strip().lower()
+    requested = _requested_device()
     if requested == ONE_GPU:
         count = _cuda_device_count()
         if count < 1:
@@ -114,9 +113,14 @@ def device_type() -> str:
     raise ValueError(f"{DEVICE_ENV} must be 'cpu', 'cuda', '{ONE_GPU}' or 'auto' (or unset), but got {raw!r}")
 
 
+def _requested_device() -> str:
+    """``TORCH_SHARD_TEST_DEVICE`` as asked for, case and spaces aside ("" when unset)."""
+    return os.environ.get(DEVICE_ENV, "").strip().lower()
+
+
 def one_gpu() -> bool:
     """Whether the tests run in the ``one-gpu`` mode: every rank on ``cuda:0``, gloo (see the module doc)."""
-    return os.environ.get(DEVICE_ENV, "").strip().lower() == ONE_GPU
+    return _requested_device() == ONE_GPU
 
 
 def default_backend() -> str:

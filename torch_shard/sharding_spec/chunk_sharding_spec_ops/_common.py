@@ -345,48 +345,32 @@ def width_of(order: list[tuple[int, int, int]], rank: int) -> int:
 # What a shard contributes to every requester comes from ONE lookup kernel over all requesters' ids
 # (ATen's embedding / embedding_bag, whose backward is one kernel too), not one call per requester: a
 # call costs a launch and its host time on a GPU whatever its size, and W of them grow with the ranks.
-# Row-wise, the kernel sees only the ids the shard owns, remapped to its rows: nonzero_static selects
-# them (the count arrived with the agreement), and each bag's new offset is the number of owned ids
-# before it (a cumsum). Max mode is the exception: its winner must be the first owned id of the bag
-# holding the maximum, with its position (NOTE [ Max ties ] in csrc/ops/embedding_ops.cpp), which
-# ATen's kernel does not report, so it takes torch_shard._embedding_bag_partial, once, over the group.
+# Row-wise, the kernel sees only the ids routed to the shard, already local rows (NOTE [ Ids only to
+# their owners ] in _routing.py). Max mode is the exception: its winner must be the first owned id of
+# the bag holding the maximum, with its position (NOTE [ Max ties ] in csrc/ops/embedding_ops.cpp),
+# which ATen's kernel does not report, so it takes torch_shard._embedding_bag_partial, once, over the
+# group.
 
 
-def requester_group(everyone: list[Bags]) -> tuple[Bags, list[int]]:
+def requester_group(everyone: list[Bags]) -> Bags:
     """Every requester's bags as ONE set of bags, so a shard's contribution to all of them is one
     kernel call (NOTE [ One kernel per requester group ]): ids concatenated in rank order, offsets
     shifted by the ids before them. Requesters without bags are left out (their ids belong to no bag;
-    they told every owner a count of 0). Returns the group and where each requester's ids start in it."""
+    they told every owner a count of 0)."""
     pooling = [bags for bags in everyone if bags.num_bags]
-    starts, shift = [], 0
-    for bags in everyone:
-        starts.append(shift)
-        if bags.num_bags:
-            shift += bags.ids.numel()
     if len(pooling) == 1:
-        return pooling[0], starts
+        return pooling[0]
     if not pooling:
         empty = everyone[0].offsets.new_zeros(0)
-        return Bags(ids=empty, offsets=empty, per_sample_weights=None), starts
-    offsets = [
-        bags.offsets + starts[r] if starts[r] else bags.offsets for r, bags in enumerate(everyone) if bags.num_bags
-    ]
+        return Bags(ids=empty, offsets=empty, per_sample_weights=None)
+    offsets, shift = [], 0
+    for bags in pooling:
+        offsets.append(bags.offsets + shift if shift else bags.offsets)
+        shift += bags.ids.numel()
     psw = None
     if pooling[0].per_sample_weights is not None:
         psw = torch.cat([bags.per_sample_weights for bags in pooling])
-    return Bags(
-        ids=torch.cat([bags.ids for bags in pooling]), offsets=torch.cat(offsets), per_sample_weights=psw
-    ), starts
-
-
-def owned_ids(ids: torch.Tensor, start: int, end: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(positions in ``ids`` of the ids in rows [start, end), in order; how many of them come before
-    each position, int64 [n + 1]). ``count``: how many there are, told with the agreement, so the
-    selection (nonzero_static) reads no size from the device."""
-    mask = (ids >= start) & (ids < end)
-    which = torch.nonzero_static(mask, size=count).squeeze(1)
-    before = torch.cat([mask.new_zeros(1, dtype=torch.int64), mask.cumsum(0)])
-    return which, before
+    return Bags(ids=torch.cat([bags.ids for bags in pooling]), offsets=torch.cat(offsets), per_sample_weights=psw)
 
 
 def zeros_from(local: torch.Tensor, rows: int) -> torch.Tensor:

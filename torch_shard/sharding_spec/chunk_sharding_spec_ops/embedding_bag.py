@@ -249,7 +249,7 @@ def sharded_embedding_bag(types, args, kwargs, pg):
 
     if dim == 1:
         num_bags = [bags.num_bags for bags in everyone]
-        together, _ = requester_group(everyone)
+        together = requester_group(everyone)
         if max_norm is not None:
             renorm_rows_(local, torch.cat([b.ids for b in everyone]), max_norm, norm_type, weight, dim)
         # One lookup over every requester's bags (NOTE [ One kernel per requester group ], _common.py),
