@@ -34,10 +34,10 @@ all: build
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP_DEPS): | $(PY)
+$(STAMP_DEPS): requirements/test.txt | $(PY)
 	$(PIP) install --quiet "setuptools>=77" wheel
 	$(PIP) install --quiet "torch==$(TORCH_VERSION)"
-	$(PIP) install --quiet pytest numpy ninja hypothesis expecttest tqdm zlib-ng
+	$(PIP) install --quiet -r requirements/test.txt
 	$(PIP) install --quiet "ruff==$(RUFF_VERSION)" "clang-format==$(CLANG_FORMAT_VERSION)"
 	touch $@
 

@@ -24,7 +24,7 @@ if [ ! -f "$STAMP" ]; then
   "$PYTHON" -m venv "$VENV"
   "$PY" -m pip install --quiet "setuptools>=77" wheel
   PIP_CONSTRAINT=/dev/null "$PY" -m pip install --quiet "torch==$VERSION"
-  "$PY" -m pip install --quiet pytest numpy ninja hypothesis expecttest tqdm zlib-ng
+  "$PY" -m pip install --quiet -r requirements/test.txt
   touch "$STAMP"
 fi
 export PATH="$VENV/bin:$PATH"
