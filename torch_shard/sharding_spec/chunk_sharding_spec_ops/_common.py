@@ -393,7 +393,7 @@ def zeros_from(local: torch.Tensor, rows: int) -> torch.Tensor:
 def renorm_rows_(local: torch.Tensor, rows: torch.Tensor, max_norm: float, norm_type: float, weight, dim: int) -> None:
     """In-place max_norm renormalisation of the looked-up ``rows`` of the local shard, using each
     row's FULL norm (summed over column shards for a column-sharded weight)."""
-    rows = torch.unique(rows)
+    rows = torch.unique(rows).long()  # column-wise ids may be int32: index_copy_ takes int64
     with torch.no_grad():
         if dim == 0:
             if local.numel():  # NOTE [ Empty shards reach no embedding kernel ]

@@ -63,9 +63,11 @@ def sharded_embedding(types, args, kwargs, pg):
                 raise AssertionError("Padding_idx must be within num_embeddings")
             if padding_idx < 0:
                 padding_idx += weight.size(0)
-        ids = input.reshape(-1).to(torch.int64)
+        # Column-wise every rank's ids reach every rank: as int32 where the table allows, half the bytes.
+        ids = input.reshape(-1).to(index_dtype(weight) if dim == 1 else torch.int64)
         fused = dim == 0 and fused_routing(local.device)
-        check_ids_in_range(checks, ids, weight.size(0), on_device=not fused)
+        # On the ids as given: an int64 id beyond int32 must not wrap into range.
+        check_ids_in_range(checks, input.reshape(-1), weight.size(0), on_device=not fused)
         mine = Bags(ids=ids, offsets=torch.zeros(0, dtype=torch.int64, device=ids.device), per_sample_weights=None)
         layout = row_ranges(weight) if dim == 0 else column_order(weight)
         if dim == 0:

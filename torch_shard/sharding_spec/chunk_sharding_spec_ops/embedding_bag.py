@@ -105,9 +105,11 @@ def _check_offsets(checks: InputChecks, offsets: torch.Tensor, n: int, include_l
     checks.add(drop.any(), RuntimeError, decreasing)
 
 
-def _as_bags(input, offsets, per_sample_weights, include_last_offset, mode, local, checks: InputChecks) -> Bags:
-    """This rank's bags as flat int64 ids and offsets, after checking them (ids themselves were checked
-    by validate_common)."""
+def _as_bags(
+    input, offsets, per_sample_weights, include_last_offset, mode, local, checks: InputChecks, id_dtype=torch.int64
+) -> Bags:
+    """This rank's bags as flat ``id_dtype`` ids and int64 offsets, after checking them (ids themselves
+    were checked by validate_common and check_ids_in_range)."""
     if input.dim() > 2:
         raise ValueError("Input more than 2 dims not supported")
     if input.dim() == 0:
@@ -117,7 +119,7 @@ def _as_bags(input, offsets, per_sample_weights, include_last_offset, mode, loca
             raise ValueError("Input dimension needs to be exactly 1 dim")
         # include_last_offset means nothing without offsets (as for the dense op).
         n_bags, length = input.shape
-        ids = input.reshape(-1).to(torch.int64)
+        ids = input.reshape(-1).to(id_dtype)
         bag_offsets = torch.arange(0, n_bags * length, length, dtype=torch.int64, device=input.device)
     else:
         if offsets is None:
@@ -129,7 +131,7 @@ def _as_bags(input, offsets, per_sample_weights, include_last_offset, mode, loca
         check_index_dtype(offsets, "offsets", "embedding_bag")
         check_device(local, offsets, "offsets")
         _check_offsets(checks, offsets, input.numel(), include_last_offset)
-        ids = input.to(torch.int64)
+        ids = input.to(id_dtype)
         bag_offsets = offsets.to(torch.int64)
         if include_last_offset:
             bag_offsets = bag_offsets[:-1]
@@ -220,6 +222,9 @@ def sharded_embedding_bag(types, args, kwargs, pg):
             mode,
             local,
             checks,
+            # Column-wise every rank's ids reach every rank: as int32 where the table allows, half the
+            # bytes (ATen's kernels take int32 ids with int64 offsets). Row-wise: _bucket_ids takes int64.
+            index_dtype(weight) if dim == 1 else torch.int64,
         )
         order = column_order(weight) if dim == 1 else None
         if dim == 0:
