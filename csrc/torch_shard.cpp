@@ -148,6 +148,21 @@ TORCH_LIBRARY(torch_shard, m) {
   // Owner side: every requester's ids (less row_start) and its bags' offsets, from what _bucket_ids
   // sent (per requester: counts_in[r] ids, then bags_in[r] lengths). CPU kernel and fake kernel.
   m.def("_unpack_routed(Tensor received, int[] counts_in, int[] bags_in, int row_start) -> (Tensor, Tensor)");
+  // A whole row-wise sharded lookup on this rank, one call (csrc/ops/rowwise_lookup.cpp, NOTE [ A row-wise
+  // lookup in one call ]): buckets `ids` (1-D int64) by owner, agrees (`status`, `fingerprint`,
+  // `arguments`, as _share_inputs.with_words), routes each id to its owner, looks the owned ids up in
+  // `local` (this rank's rows from `row_start`), and returns this rank's result: [n, dim] for mode -1
+  // (embedding), [bags, dim] for 0 (sum) and 1 (mean, padding ids not counted), with what
+  // _rowwise_lookup_backward needs. `padding_idx` is global (-1: none). When this rank's input failed
+  // its check the result is empty and saved[-1][0] holds the code. CPU and CUDA kernels; autograd and
+  // a fake kernel that raises are registered in Python.
+  m.def("_rowwise_lookup(Tensor local, Tensor ids, Tensor? offsets, Tensor? per_sample_weights, Tensor? status, "
+        "int[] row_ranges, int num_embeddings, int row_start, int padding_idx, int mode, bool int32, "
+        "bool needs_grad, bool loops, int fingerprint, float[] arguments, int range_code, str group_name) "
+        "-> (Tensor, Tensor[])");
+  // The gradient of `local` from the gradient of _rowwise_lookup's result: one call.
+  m.def("_rowwise_lookup_backward(Tensor grad, Tensor[] saved, int rows, int row_start, int padding_idx, "
+        "int mode, str group_name) -> Tensor");
   // [bytes sent to other ranks, bytes received from other ranks, communication rounds, plan cache
   // hits, plan cache misses, data ops done in a single round] since the last reset.
   m.def("_comm_stats(bool reset=False) -> int[]");

@@ -3,8 +3,8 @@
 * Empty shards. PyTorch's CUDA embedding backward kernels cannot take an empty weight (an N x 0 or
   0 x D weight is an illegal memory access that poisons the CUDA context), and an empty shard is a
   normal state: 6 columns over 4 ranks leave one rank a 13 x 0 chunk, 9 rows over 4 ranks a 0 x 5
-  one. A TorchDispatchMode records the weight shape every ATen embedding kernel receives (forward,
-  backward, renorm) on every rank, so the rule "no empty weight ever reaches one" is checked on the
+  one. torch.profiler records the weight shape every ATen embedding kernel receives (forward,
+  backward, renorm; also inside torch_shard's C++ ops) on every rank, so the rule "no empty weight ever reaches one" is checked on the
   CPU; the results and gradients still equal the dense op's.
 * Max ties. When two ids of a bag hold the same maximum (a zero-initialised table ties everywhere),
   the dense op gives the gradient to the first of them in the bag (CPU and CUDA alike); the sharded
@@ -17,7 +17,6 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from _shared import shard_slice
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from torch_shard import shard_parameter
 from torch_shard.sharding_spec import ChunkShardingSpec
@@ -32,37 +31,56 @@ from torch_shard.testing import (
 aten = torch.ops.aten
 
 
-def _weight_shape(func, args):
-    """The (rows, columns) of the weight an ATen embedding kernel works on, or None for other ops."""
-    packet = func.overloadpacket
-    if packet in (aten.embedding, aten.embedding_renorm_, aten.embedding_renorm):
-        return tuple(args[0].shape)
-    if packet in (aten.embedding_bag, aten._embedding_bag, aten._embedding_bag_forward_only):
-        return tuple(args[0].shape)
-    if packet in (aten.embedding_backward, aten.embedding_dense_backward, aten.embedding_sparse_backward):
-        return (args[2], args[0].shape[-1])  # (grad_output, indices, num_weights, ...)
-    if packet is aten._embedding_bag_backward:
-        return (args[6], args[0].shape[-1])  # (grad, indices, offsets, offset2bag, bag_size, max_indices, num_weights)
-    if packet in (aten._embedding_bag_dense_backward, aten._embedding_bag_sparse_backward):
-        return (args[5], args[0].shape[-1])  # (grad, indices, offset2bag, bag_size, max_indices, num_weights)
-    if packet is aten._embedding_bag_per_sample_weights_backward:
-        return tuple(args[1].shape)  # (grad, weight, ...)
-    return None
+# The argument of each ATen embedding kernel that says its weight's rows: a tensor (its shape's first
+# size) or an int (num_weights); the columns come from the same tensor or from the gradient's last size.
+_WEIGHT_ARGUMENT = {
+    "aten::embedding": ("tensor", 0),
+    "aten::embedding_renorm_": ("tensor", 0),
+    "aten::embedding_bag": ("tensor", 0),
+    "aten::_embedding_bag": ("tensor", 0),
+    "aten::_embedding_bag_forward_only": ("tensor", 0),
+    "aten::_embedding_bag_per_sample_weights_backward": ("tensor", 1),  # (grad, weight, ...)
+    "aten::embedding_backward": ("rows", 2),  # (grad_output, indices, num_weights, ...)
+    "aten::embedding_dense_backward": ("rows", 2),
+    "aten::_embedding_bag_backward": (
+        "rows",
+        6,
+    ),  # (grad, indices, offsets, offset2bag, bag_size, max_indices, num_weights)
+    "aten::_embedding_bag_dense_backward": (
+        "rows",
+        5,
+    ),  # (grad, indices, offset2bag, bag_size, max_indices, num_weights)
+}
 
 
-class _RecordEmbeddingKernels(TorchDispatchMode):
-    """Records (op name, weight shape) of every ATen embedding kernel call."""
+class _RecordEmbeddingKernels:
+    """Records (op name, weight shape) of every ATen embedding kernel call, with torch.profiler: it sees
+    the kernels a C++ op calls inside itself (torch_shard._rowwise_lookup and its backward), which a
+    TorchDispatchMode, seeing only the outermost op, would not. Enter it as often as needed."""
 
     def __init__(self):
-        super().__init__()
         self.calls = []
+        self._profiler = None
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        shape = _weight_shape(func, args)
-        if shape is not None:
-            self.calls.append((str(func), shape))
-        return func(*args, **(kwargs or {}))
+    def __enter__(self):
+        self._profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True)
+        self._profiler.__enter__()
+        return self
 
+    def __exit__(self, *exc):
+        self._profiler.__exit__(*exc)
+        for event in self._profiler.events():
+            kind = _WEIGHT_ARGUMENT.get(event.name)
+            if kind is None:
+                continue
+            how, index = kind
+            shapes = event.input_shapes
+            if how == "tensor":
+                shape = tuple(shapes[index][:2])
+            else:
+                shape = (int(event.concrete_inputs[index]), shapes[0][-1])
+            self.calls.append((event.name, shape))
+        return False
 
 
 class TestEmbeddingKernels(ShardedTensorTestBase):
@@ -132,6 +150,19 @@ class TestEmbeddingKernels(ShardedTensorTestBase):
     def _check_no_empty_weight(self, rows, cols, dim):
         record = _RecordEmbeddingKernels()
         self._cases(rows, cols, dim, record, modes=("embedding", "sum", "mean", "max"))
+        if dim == 0:
+            # Row-wise embedding, sum and mean are one C++ call each way (torch_shard._rowwise_lookup):
+            # the recorder must see the kernels it calls inside, forward and backward, on some rank.
+            seen = [None] * self.world_size
+            dist.all_gather_object(seen, sorted({op for op, _ in record.calls}))
+            seen = set().union(*seen)
+            for kernel in (
+                "aten::embedding",
+                "aten::_embedding_bag",
+                "aten::embedding_dense_backward",
+                "aten::_embedding_bag_backward",
+            ):
+                self.assertIn(kernel, seen)
         # max_norm renormalises in place through embedding_renorm_ (row-wise) on the looked-up rows.
         device = rank_device(self.rank)
         spec = ChunkShardingSpec(dim=dim, placements=[placement(r) for r in range(self.world_size)])
@@ -177,7 +208,7 @@ class TestEmbeddingKernels(ShardedTensorTestBase):
     def test_row_wise_ids_go_only_to_their_owners(self):
         # NOTE [ Ids only to their owners ]: with the same bags, what a rank sends grows by one int32
         # per id that ANOTHER rank owns, and not at all for its own ids (every id used to reach every
-        # rank, whoever owned it).
+        # rank, whoever owned it). Exact byte counts, so any extra traffic fails.
         import torch.nn.functional as F
 
         from torch_shard import sharded_tensor
@@ -195,8 +226,16 @@ class TestEmbeddingKernels(ShardedTensorTestBase):
             F.embedding_bag(ids, weight, offsets, mode=mode)
             return torch.ops.torch_shard._comm_stats(True)[0]
 
-        for mode in ("sum", "max"):
-            self.assertEqual(sent(mixed, mode) - sent(own, mode), 4 * foreign, mode)
+        # Max mode (composed in Python): the lengths and results travel whatever the ids.
+        self.assertEqual(sent(mixed, "max") - sent(own, "max"), 4 * foreign)
+        # Sum (one C++ call, NOTE [ Idle owners ] in csrc/ops/rowwise_lookup.cpp): an owner that holds
+        # none of a requester's ids gets no lengths from it and sends it no results, so ids that are all
+        # a rank's own move nothing at all...
+        self.assertEqual(sent(own, "sum"), 0)
+        # ... and every rank's `mixed` bags use rows of every rank: its foreign ids (int32), 4 lengths
+        # (int32) to each other owner, and 4 partial bags of 3 floats back to each other requester.
+        others = self.world_size - 1
+        self.assertEqual(sent(mixed, "sum"), 4 * foreign + others * 4 * 4 + others * 4 * 3 * 4)
 
     @with_comms(init_rpc=False)
     def test_row_wise_composition_path_matches_dense(self):

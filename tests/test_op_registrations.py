@@ -28,11 +28,14 @@ TRACEABLE = {
 # Not traceable (CompositeImplicitAutograd, raising under FakeTensorMode): they communicate ...
 COMMUNICATE = {
     "shard", "gather", "reshard", "_abort", "_agree_shard", "_share_inputs", "_all_ranks_true",
-    "_gather_values", "_all_to_all", "_sum_over_ranks",
+    "_gather_values", "_all_to_all", "_sum_over_ranks", "_rowwise_lookup", "_rowwise_lookup_backward",
 }
 # Of those, the two collectives on plain tensors have CPU and CUDA kernels, registered autograd and a fake
 # kernel that raises (the others run at the Autograd key, before the Python key of a ShardedTensor).
 COLLECTIVES = {"_all_to_all", "_sum_over_ranks"}
+# So does the whole row-wise lookup in one call (NOTE [ A row-wise lookup in one call ]); its backward
+# op has no autograd of its own (no double backward).
+LOOKUP = {"_rowwise_lookup", "_rowwise_lookup_backward"}
 # ... build or read a ShardedTensor's C++ impl ...
 READ_IMPL = {
     "_make_sharded", "_local_shards", "_local_shard_indices", "_version", "_state", "_layout", "_group_name",
@@ -126,8 +129,15 @@ class TestRegistrations(TestCase):
                     self.assertTrue(_has_kernel(name, key), f"{name} has no {key} kernel")
                 self.assertFalse(_has_kernel(name, "CompositeImplicitAutograd"))
                 self.assertTrue(_has_fake_kernel(name))  # it raises: TestUntraceableOps
+        for name in LOOKUP:
+            with self.subTest(op=name):
+                for key in ("CPU", "CUDA"):
+                    self.assertTrue(_has_kernel(name, key), f"{name} has no {key} kernel")
+                self.assertEqual(_has_kernel(name, "Autograd"), name == "_rowwise_lookup")
+                self.assertFalse(_has_kernel(name, "CompositeImplicitAutograd"))
+                self.assertTrue(_has_fake_kernel(name))  # it raises: TestUntraceableOps
         # The others run at the Autograd key, before the Python key of a wrapped ShardedTensor.
-        for name in (COMMUNICATE - COLLECTIVES) | READ_IMPL | READ_VALUES | PLAIN:
+        for name in (COMMUNICATE - COLLECTIVES - LOOKUP) | READ_IMPL | READ_VALUES | PLAIN:
             with self.subTest(op=name):
                 self.assertTrue(_has_kernel(name, "CompositeImplicitAutograd"))
                 self.assertFalse(_has_fake_kernel(name))
@@ -260,6 +270,12 @@ class TestUntraceableOps(TestCase):
             "_gather_values": lambda: _ops._gather_values(1, group),
             "_all_to_all": lambda: _ops._all_to_all(torch.empty(2), [2], [2], group),
             "_sum_over_ranks": lambda: _ops._sum_over_ranks(torch.empty(2), group),
+            "_rowwise_lookup": lambda: _ops._rowwise_lookup(
+                torch.empty(4, 2), _long(1), None, None, None, [0, 4], 4, 0, -1, -1, True, False, True, 0, [], 0, group
+            ),
+            "_rowwise_lookup_backward": lambda: _ops._rowwise_lookup_backward(
+                torch.empty(1, 2), [_long()] * 9, 4, 0, -1, -1, group
+            ),
         }
         self.assertEqual(set(calls), COMMUNICATE)
         for name, call in calls.items():

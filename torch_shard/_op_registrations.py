@@ -9,7 +9,9 @@ What is written in Python lives here, imported once with the extension:
 * the autograd of ``_embedding_bag_partial`` (``torch.library.register_autograd``): its backward is
   the op ``_embedding_bag_partial_backward``;
 * the autograd of the two collectives on plain tensors, ``_all_to_all`` (the reverse all-to-all) and
-  ``_sum_over_ranks``, and their fake kernels and make_fx rules, which raise: they communicate.
+  ``_sum_over_ranks``, and their fake kernels and make_fx rules, which raise: they communicate;
+* the same for ``_rowwise_lookup`` (a whole row-wise sharded lookup; its backward is the op
+  ``_rowwise_lookup_backward``).
 
 The other ops taking or returning tensors cannot be traced either and raise a RuntimeError under
 FakeTensorMode / make_fx (NOTE [ Ops that cannot be traced ] in csrc/ops/untraceable.h): the
@@ -214,3 +216,43 @@ def _sum_over_ranks_setup_context(ctx, inputs, output) -> None:
 
 torch.library.register_autograd(_ALL_TO_ALL, _all_to_all_backward, setup_context=_all_to_all_setup_context)
 torch.library.register_autograd(_SUM_OVER_RANKS, _sum_over_ranks_backward, setup_context=_sum_over_ranks_setup_context)
+
+
+# A whole row-wise sharded lookup in one call (NOTE [ A row-wise lookup in one call ] in
+# csrc/ops/rowwise_lookup.cpp): CPU and CUDA kernels; its autograd here (the backward is the second op,
+# also one call), and fake kernels that raise, as for the collectives: both ops communicate.
+_LOOKUP = "torch_shard::_rowwise_lookup"
+_LOOKUP_BACKWARD = "torch_shard::_rowwise_lookup_backward"
+
+
+@torch.library.register_fake(_LOOKUP)
+def _rowwise_lookup_fake(*args, **kwargs):
+    """Raises, as :func:`_all_to_all_fake`."""
+    raise _cannot_trace("_rowwise_lookup")
+
+
+@torch.library.register_fake(_LOOKUP_BACKWARD)
+def _rowwise_lookup_backward_fake(*args, **kwargs):
+    """Raises, as :func:`_all_to_all_fake`."""
+    raise _cannot_trace("_rowwise_lookup_backward")
+
+
+torch.library.register_torch_dispatch(_LOOKUP, ProxyTorchDispatchMode, _refuse_proxy)
+torch.library.register_torch_dispatch(_LOOKUP_BACKWARD, ProxyTorchDispatchMode, _refuse_proxy)
+
+
+def _rowwise_lookup_setup_context(ctx, inputs, output) -> None:
+    local, row_start, padding_idx, mode, group_name = inputs[0], inputs[7], inputs[8], inputs[9], inputs[16]
+    ctx.lookup = (local.size(0), row_start, padding_idx, mode, group_name)
+    ctx.save_for_backward(*output[1])
+
+
+def _rowwise_lookup_backward(ctx, grad, *unused):
+    rows, row_start, padding_idx, mode, group_name = ctx.lookup
+    grad_local = torch.ops.torch_shard._rowwise_lookup_backward(
+        grad.contiguous(), list(ctx.saved_tensors), rows, row_start, padding_idx, mode, group_name
+    )
+    return (grad_local,) + (None,) * 16
+
+
+torch.library.register_autograd(_LOOKUP, _rowwise_lookup_backward, setup_context=_rowwise_lookup_setup_context)

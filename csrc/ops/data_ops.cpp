@@ -22,6 +22,7 @@
 #include "comm/transfer.h"
 #include "layout/layout.h"
 #include "ops/layout_args.h"
+#include "ops/lookup_parts.h"
 #include "ops/untraceable.h"
 #include "sharded_tensor_impl.h"
 
@@ -682,6 +683,20 @@ std::vector<std::string> error_classes() {
 }
 
 } // namespace
+
+namespace ops {
+std::tuple<std::vector<at::Tensor>, std::vector<int64_t>>
+share_inputs_agreed(at::TensorList parts, int64_t fingerprint, int64_t flags, c10::string_view group_name,
+                    c10::ArrayRef<double> arguments, const std::optional<at::Tensor>& status,
+                    const std::optional<at::Tensor>& words) {
+  return share_inputs_with_words(parts, fingerprint, flags, group_name, arguments, status, words);
+}
+
+at::Tensor all_to_all_counts(const at::Tensor& input, c10::IntArrayRef send_counts, c10::IntArrayRef recv_counts,
+                             c10::string_view group_name) {
+  return all_to_all(input, send_counts, recv_counts, group_name);
+}
+} // namespace ops
 
 TORCH_LIBRARY_IMPL(torch_shard, CompositeImplicitAutograd, m) {
   m.impl("shard", TORCH_FN(shard));

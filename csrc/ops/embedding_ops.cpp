@@ -42,6 +42,7 @@
 #include <torch/library.h>
 
 #include "layout/box.h"
+#include "ops/lookup_parts.h"
 
 namespace torch_shard {
 namespace {
@@ -397,8 +398,8 @@ constexpr int kBagsShift = 32;
 template <typename index_t>
 void bucket_loop(const int64_t* ids, int64_t n, const int64_t* offsets, int64_t num_bags, bool bags,
                  const std::vector<int64_t>& starts, const std::vector<int64_t>& owners, int64_t world,
-                 index_t* send, int64_t* perm, int64_t* words, int64_t* divisors, bool* out_of_range,
-                 int64_t num_embeddings, int64_t padding_idx) {
+                 index_t* send, int64_t* send_size, int64_t* perm, int64_t* words, int64_t* divisors, bool* out_of_range,
+                 int64_t num_embeddings, int64_t padding_idx, bool lengths_for_idle) {
   std::vector<int64_t> owner(static_cast<size_t>(n));
   std::vector<int64_t> count(static_cast<size_t>(world), 0);
   const int64_t stride = bags ? num_bags : 0;
@@ -430,15 +431,18 @@ void bucket_loop(const int64_t* ids, int64_t n, const int64_t* offsets, int64_t 
   std::vector<int64_t> block(static_cast<size_t>(world)), first(static_cast<size_t>(world));
   int64_t at = 0, sorted = 0;
   for (int64_t o = 0; o < world; ++o) {
+    const int64_t held = count[static_cast<size_t>(o)];
+    const int64_t stride_o = held || lengths_for_idle ? stride : 0;
     block[static_cast<size_t>(o)] = at;
     first[static_cast<size_t>(o)] = sorted;
-    at += count[static_cast<size_t>(o)] + stride;
-    sorted += count[static_cast<size_t>(o)];
-    words[o] = count[static_cast<size_t>(o)] + (bags ? (num_bags << kBagsShift) : 0);
-    for (int64_t b = 0; b < stride; ++b) {
-      send[at - stride + b] = static_cast<index_t>(lengths[static_cast<size_t>(o * stride + b)]);
+    at += held + stride_o;
+    sorted += held;
+    words[o] = held + (bags ? (num_bags << kBagsShift) : 0);
+    for (int64_t b = 0; b < stride_o; ++b) {
+      send[at - stride_o + b] = static_cast<index_t>(lengths[static_cast<size_t>(o * stride + b)]);
     }
   }
+  *send_size = at;
   for (int64_t i = 0; i < n; ++i) {
     const auto o = static_cast<size_t>(owner[static_cast<size_t>(i)]);
     send[block[o]++] = static_cast<index_t>(ids[i]);
@@ -449,9 +453,9 @@ void bucket_loop(const int64_t* ids, int64_t n, const int64_t* offsets, int64_t 
 // See NOTE [ Requester-side routing in one op ]. row_ranges: [first row, end row) of each group rank,
 // flattened (2 * world values; empty ranges for ranks without rows).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-bucket_ids(const at::Tensor& ids, const std::optional<at::Tensor>& offsets, c10::IntArrayRef row_ranges,
-           int64_t num_embeddings, bool int32, int64_t range_code, const std::optional<at::Tensor>& status,
-           int64_t padding_idx) {
+bucket_ids_impl(const at::Tensor& ids, const std::optional<at::Tensor>& offsets, c10::IntArrayRef row_ranges,
+                int64_t num_embeddings, bool int32, int64_t range_code, const std::optional<at::Tensor>& status,
+                int64_t padding_idx, bool lengths_for_idle) {
   TORCH_CHECK_TYPE(ids.scalar_type() == at::kLong, kBucket, ": ids must be int64, got ", ids.scalar_type());
   TORCH_CHECK_VALUE(ids.dim() == 1, kBucket, ": ids must be 1-D, got ", ids.dim(), "-D");
   TORCH_CHECK_VALUE(row_ranges.size() % 2 == 0 && !row_ranges.empty(), kBucket,
@@ -499,12 +503,17 @@ bucket_ids(const at::Tensor& ids, const std::optional<at::Tensor>& offsets, c10:
   const at::Tensor flat = ids.contiguous();
   const at::Tensor bag_offsets = bags ? offsets->contiguous() : at::Tensor();
   bool out_of_range = false;
+  int64_t sent = 0;
   AT_DISPATCH_INDEX_TYPES(send.scalar_type(), kBucket, [&] {
-    bucket_loop<index_t>(
-        flat.const_data_ptr<int64_t>(), n, bags ? bag_offsets.const_data_ptr<int64_t>() : nullptr, num_bags,
-        bags, starts, owners, world, send.mutable_data_ptr<index_t>(), perm.mutable_data_ptr<int64_t>(),
-        words.mutable_data_ptr<int64_t>(), divisor, &out_of_range, num_embeddings, padding_idx);
+    bucket_loop<index_t>(flat.const_data_ptr<int64_t>(), n,
+                         bags ? bag_offsets.const_data_ptr<int64_t>() : nullptr, num_bags, bags, starts, owners,
+                         world, send.mutable_data_ptr<index_t>(), &sent, perm.mutable_data_ptr<int64_t>(),
+                         words.mutable_data_ptr<int64_t>(), divisor, &out_of_range, num_embeddings, padding_idx,
+                         lengths_for_idle);
   });
+  if (sent < send_size) {
+    send = send.narrow(0, 0, sent); // idle owners got no lengths
+  }
   std::for_each(divisor, divisor + num_bags, [](int64_t& d) { d = std::max(d, int64_t{1}); });
   int64_t code = 0;
   if (out_of_range) {
@@ -517,6 +526,14 @@ bucket_ids(const at::Tensor& ids, const std::optional<at::Tensor>& offsets, c10:
   at::Tensor verdict = at::empty({}, long_options); // written on the host: no fill kernel
   *verdict.mutable_data_ptr<int64_t>() = code;
   return {send, perm, words, verdict, divisors};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+bucket_ids(const at::Tensor& ids, const std::optional<at::Tensor>& offsets, c10::IntArrayRef row_ranges,
+           int64_t num_embeddings, bool int32, int64_t range_code, const std::optional<at::Tensor>& status,
+           int64_t padding_idx) {
+  return bucket_ids_impl(ids, offsets, row_ranges, num_embeddings, int32, range_code, status, padding_idx,
+                         /*lengths_for_idle=*/true);
 }
 
 // Owner side of NOTE [ Requester-side routing in one op ]: `received` holds, per requester r,
@@ -567,6 +584,21 @@ std::tuple<at::Tensor, at::Tensor> unpack_routed(const at::Tensor& received, c10
 }
 
 } // namespace
+
+namespace ops {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+bucket_ids(const at::Tensor& ids, const std::optional<at::Tensor>& offsets, c10::IntArrayRef row_ranges,
+           int64_t num_embeddings, bool int32, int64_t range_code, const std::optional<at::Tensor>& status,
+           int64_t padding_idx, bool lengths_for_idle) {
+  return bucket_ids_impl(ids, offsets, row_ranges, num_embeddings, int32, range_code, status, padding_idx,
+                         lengths_for_idle);
+}
+
+std::tuple<at::Tensor, at::Tensor> unpack_routed(const at::Tensor& received, c10::IntArrayRef counts_in,
+                                                 c10::IntArrayRef bags_in, int64_t row_start) {
+  return ::torch_shard::unpack_routed(received, counts_in, bags_in, row_start);
+}
+} // namespace ops
 
 // One function per op for both devices: it picks the fused CPU loops or the ATen composition itself.
 // The rest of each op's registration is in Python (torch_shard/_op_registrations.py): the fake

@@ -23,7 +23,18 @@ from ._common import (
     width_of,
     zeros_from,
 )
-from ._routing import check_fits, index_dtype, lookup_rows, prepare, route, route_prepared, send_back, words_for
+from ._routing import (
+    LOOKUP_EMBEDDING,
+    check_fits,
+    index_dtype,
+    lookup_in_one_call,
+    lookup_rows,
+    prepare,
+    route,
+    route_prepared,
+    send_back,
+    words_for,
+)
 
 
 @custom_sharding_spec_op(ChunkShardingSpec, F.embedding)
@@ -46,6 +57,7 @@ def sharded_embedding(types, args, kwargs, pg):
     words = None
     routed_rows = False  # row-wise: ids go to their owners only, not to every rank
     fused = False  # row-wise on the CPU: the requester prepares its ids in one op
+    one_call = False  # row-wise without max_norm: the whole lookup is one C++ call
     try:
         # Everything that can fail on this rank happens here, before the exchange (share_bags), so a
         # failure raises on every rank instead of leaving the others in the exchange.
@@ -66,8 +78,11 @@ def sharded_embedding(types, args, kwargs, pg):
         # Column-wise every rank's ids reach every rank: as int32 where the table allows, half the bytes.
         ids = input.reshape(-1).to(index_dtype(weight) if dim == 1 else torch.int64)
         fused = dim == 0 and fused_routing(local.device)
-        # On the ids as given: an int64 id beyond int32 must not wrap into range.
-        check_ids_in_range(checks, input.reshape(-1), weight.size(0), on_device=not fused)
+        # NOTE [ A row-wise lookup in one call ] (csrc/ops/rowwise_lookup.cpp); max_norm composes.
+        one_call = dim == 0 and max_norm is None
+        # On the ids as given: an int64 id beyond int32 must not wrap into range. Checked on the
+        # device in _bucket_ids or _rowwise_lookup when they run.
+        check_ids_in_range(checks, input.reshape(-1), weight.size(0), on_device=not (fused or one_call))
         mine = Bags(ids=ids, offsets=torch.zeros(0, dtype=torch.int64, device=ids.device), per_sample_weights=None)
         layout = row_ranges(weight) if dim == 0 else column_order(weight)
         if dim == 0:
@@ -76,7 +91,9 @@ def sharded_embedding(types, args, kwargs, pg):
             # Each id goes to its owner only (NOTE [ Ids only to their owners ] in _routing.py).
             check_fits(ids.numel(), None)
             routed_rows = True
-            if fused:  # one op (NOTE [ Requester-side routing in one op ] in csrc/ops/embedding_ops.cpp)
+            if one_call:
+                pass
+            elif fused:  # one op (NOTE [ Requester-side routing in one op ] in csrc/ops/embedding_ops.cpp)
                 prepared = prepare(mine, layout, weight.size(0), index_dtype(weight), False, checks)
                 words = prepared.words
             else:
@@ -85,6 +102,11 @@ def sharded_embedding(types, args, kwargs, pg):
         arguments = lookup_arguments(padding_idx, max_norm, norm_type)
     except Exception as exc:  # noqa: BLE001 - raised on every rank by share_bags
         error, mine, arguments = exc, None, None
+    if one_call and error is None:
+        out = lookup_in_one_call(
+            local, start, mine, weight, checks, LOOKUP_EMBEDDING, padding_idx, arguments, layout, pg.group_name
+        )
+        return out.view(*input.shape, weight.size(1))
     shared = share_bags(mine, weight, error, "embedding", arguments, checks, words, share=not routed_rows)
     everyone = shared.bags
     group = pg.group_name

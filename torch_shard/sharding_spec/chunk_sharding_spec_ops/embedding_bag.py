@@ -27,12 +27,15 @@ from ._common import (
     zeros_from,
 )
 from ._routing import (
+    LOOKUP_MEAN,
+    LOOKUP_SUM,
     bag_lengths,
     bag_words_for,
     bags_back,
     check_fits,
     decode,
     index_dtype,
+    lookup_in_one_call,
     pool_max,
     pool_sum,
     positions_back,
@@ -184,6 +187,7 @@ def sharded_embedding_bag(types, args, kwargs, pg):
     words = None
     routed_rows = False  # row-wise: ids go to their owners only, not to every rank
     fused = False  # row-wise on the CPU: the requester prepares its ids in one op
+    one_call = False  # row-wise sum / mean without max_norm: the whole lookup is one C++ call
     try:
         # Everything that can fail on this rank happens here, before the exchange (share_bags), so a
         # failure raises on every rank instead of leaving the others in the exchange.
@@ -213,7 +217,10 @@ def sharded_embedding_bag(types, args, kwargs, pg):
             if padding_idx < 0:
                 padding_idx += weight.size(0)
         fused = dim == 0 and fused_routing(local.device)
-        check_ids_in_range(checks, input.reshape(-1), weight.size(0), on_device=not fused)
+        # NOTE [ A row-wise lookup in one call ] (csrc/ops/rowwise_lookup.cpp); max and max_norm compose.
+        one_call = dim == 0 and mode != "max" and max_norm is None
+        # The ids' range is checked on the device, in _bucket_ids or _rowwise_lookup when they run.
+        check_ids_in_range(checks, input.reshape(-1), weight.size(0), on_device=not (fused or one_call))
         mine = _as_bags(
             input,
             offsets,
@@ -237,7 +244,9 @@ def sharded_embedding_bag(types, args, kwargs, pg):
                 mine = Bags(ids=mine.ids[:0], offsets=mine.offsets, per_sample_weights=None if psw is None else psw[:0])
             check_fits(mine.ids.numel(), mine.num_bags)
             ranges = row_ranges(weight)
-            if fused:  # one op (NOTE [ Requester-side routing in one op ] in csrc/ops/embedding_ops.cpp)
+            if one_call:
+                pass
+            elif fused:  # one op (NOTE [ Requester-side routing in one op ] in csrc/ops/embedding_ops.cpp)
                 prepared = prepare(mine, ranges, weight.size(0), index_dtype(weight), True, checks, padding_idx)
                 words = prepared.words
             else:
@@ -248,6 +257,9 @@ def sharded_embedding_bag(types, args, kwargs, pg):
         arguments = lookup_arguments(padding_idx, max_norm, norm_type, mode)
     except Exception as exc:  # noqa: BLE001 - raised on every rank by share_bags
         error, mine, arguments = exc, None, None
+    if one_call and error is None:
+        lookup_mode = LOOKUP_MEAN if mode == "mean" else LOOKUP_SUM
+        return lookup_in_one_call(local, start, mine, weight, checks, lookup_mode, padding_idx, arguments, ranges, pg.group_name)
     shared = share_bags(mine, weight, error, "embedding_bag", arguments, checks, words, share=not routed_rows)
     everyone = shared.bags
     group = pg.group_name

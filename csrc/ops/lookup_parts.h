@@ -1,0 +1,41 @@
+// The parts a row-wise sharded lookup (csrc/ops/rowwise_lookup.cpp) composes in C++, each also an op of
+// its own: the agreed input exchange and the all-to-all (csrc/ops/data_ops.cpp), the requester's
+// bucketing and the owner's unpacking (csrc/ops/embedding_ops.cpp). Declared here so one C++ call can
+// run a whole lookup without going back through Python or the dispatcher.
+#pragma once
+
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/ArrayRef.h>
+#include <c10/util/string_view.h>
+
+namespace torch_shard {
+namespace ops {
+
+// torch_shard._share_inputs.with_words (NOTE [ Shared inputs ]).
+std::tuple<std::vector<at::Tensor>, std::vector<int64_t>>
+share_inputs_agreed(at::TensorList parts, int64_t fingerprint, int64_t flags, c10::string_view group_name,
+                    c10::ArrayRef<double> arguments, const std::optional<at::Tensor>& status,
+                    const std::optional<at::Tensor>& words);
+
+// torch_shard._all_to_all (counts in elements, staged through the communication device).
+at::Tensor all_to_all_counts(const at::Tensor& input, c10::IntArrayRef send_counts, c10::IntArrayRef recv_counts,
+                             c10::string_view group_name);
+
+// torch_shard._bucket_ids (NOTE [ Requester-side routing in one op ]); with `lengths_for_idle` false,
+// an owner that holds none of the ids gets no per-bag lengths either (NOTE [ Idle owners ] in
+// csrc/ops/rowwise_lookup.cpp).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+bucket_ids(const at::Tensor& ids, const std::optional<at::Tensor>& offsets, c10::IntArrayRef row_ranges,
+           int64_t num_embeddings, bool int32, int64_t range_code, const std::optional<at::Tensor>& status,
+           int64_t padding_idx, bool lengths_for_idle);
+
+// torch_shard._unpack_routed.
+std::tuple<at::Tensor, at::Tensor> unpack_routed(const at::Tensor& received, c10::IntArrayRef counts_in,
+                                                 c10::IntArrayRef bags_in, int64_t row_start);
+
+} // namespace ops
+} // namespace torch_shard
