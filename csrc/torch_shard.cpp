@@ -154,15 +154,28 @@ TORCH_LIBRARY(torch_shard, m) {
   // `local` (this rank's rows from `row_start`), and returns this rank's result: [n, dim] for mode -1
   // (embedding), [bags, dim] for 0 (sum) and 1 (mean, padding ids not counted), with what
   // _rowwise_lookup_backward needs. `padding_idx` is global (-1: none). When this rank's input failed
-  // its check the result is empty and saved[-1][0] holds the code. CPU and CUDA kernels; autograd and
-  // a fake kernel that raises are registered in Python.
-  m.def("_rowwise_lookup(Tensor local, Tensor ids, Tensor? offsets, Tensor? per_sample_weights, Tensor? status, "
-        "int[] row_ranges, int num_embeddings, int row_start, int padding_idx, int mode, bool int32, "
-        "bool needs_grad, bool loops, int fingerprint, float[] arguments, int range_code, str group_name) "
-        "-> (Tensor, Tensor[])");
+  // its check the result is empty and `saved` holds only the counts, whose first value is the code.
+  // CPU and CUDA kernels; autograd and a fake kernel that raises are registered in Python.
+  m.def("_rowwise_lookup(Tensor local, Tensor ids, Tensor? offsets, Tensor? per_sample_weights, "
+        "Tensor? status, int[] row_ranges, int num_embeddings, int row_start, int padding_idx, int mode, "
+        "bool int32, bool needs_grad, bool loops, int fingerprint, float[] arguments, int range_code, "
+        "str group_name) -> (Tensor, Tensor[])");
   // The gradient of `local` from the gradient of _rowwise_lookup's result: one call.
   m.def("_rowwise_lookup_backward(Tensor grad, Tensor[] saved, int rows, int row_start, int padding_idx, "
         "int mode, str group_name) -> Tensor");
+  // A whole column-wise sharded lookup on this rank, one call (csrc/ops/colwise_lookup.cpp, NOTE [ A
+  // column-wise lookup in one call ]): agrees and shares every rank's bags, looks them up in `local`
+  // (this rank's columns of every row), and returns this rank's rows with every rank's columns, in
+  // column order (column_starts / column_widths: each group rank's block), with what
+  // _colwise_lookup_backward needs. mode: -1 embedding, 0 sum, 1 mean, 2 max; padding_idx -1: none.
+  // When this rank's input failed its check the result is empty and `saved` holds only the counts.
+  m.def("_colwise_lookup(Tensor local, Tensor ids, Tensor? offsets, Tensor? per_sample_weights, "
+        "Tensor? status, int[] column_starts, int[] column_widths, int num_embeddings, int padding_idx, "
+        "int mode, bool int32, bool needs_grad, int fingerprint, float[] arguments, int range_code, "
+        "str group_name) -> (Tensor, Tensor[])");
+  // The gradient of `local` from the gradient of _colwise_lookup's result: one call.
+  m.def("_colwise_lookup_backward(Tensor grad, Tensor[] saved, int rows, int padding_idx, int mode, "
+        "str group_name) -> Tensor");
   // [bytes sent to other ranks, bytes received from other ranks, communication rounds, plan cache
   // hits, plan cache misses, data ops done in a single round] since the last reset.
   m.def("_comm_stats(bool reset=False) -> int[]");

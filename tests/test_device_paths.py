@@ -56,11 +56,14 @@ _HOST_READS = {
 
 class _CountHostReads(TorchDispatchMode):
     """Counts the ATen ops that read device data on the host (see _HOST_READS), and
-    ``Tensor.tolist`` (which does not dispatch on the CPU)."""
+    ``Tensor.tolist`` (which does not dispatch on the CPU). ``inside`` lists the same ops called from
+    within other ops (a C++ op's own calls, which a dispatch mode does not see), from torch.profiler."""
 
     def __init__(self) -> None:
         super().__init__()
         self.seen: list[str] = []
+        self.inside: list[str] = []
+        self._profiler = None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -80,11 +83,17 @@ class _CountHostReads(TorchDispatchMode):
             return original(tensor)
 
         torch.Tensor.tolist = tolist
+        self._profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+        self._profiler.__enter__()
         return super().__enter__()
 
     def __exit__(self, *exc):
         torch.Tensor.tolist = self._tolist
-        return super().__exit__(*exc)
+        result = super().__exit__(*exc)
+        self._profiler.__exit__(*exc)
+        names = {f"aten::{op._schema.name.split('::', 1)[1]}" for op in _HOST_READS}
+        self.inside = [event.name for event in self._profiler.events() if event.name in names]
+        return result
 
 
 def _rows(n: int = WORLD) -> ChunkShardingSpec:
@@ -172,7 +181,8 @@ class TestDevicePaths(ShardedTensorTestBase):
     def test_sharded_embedding_forward_reads_no_device_memory_on_the_host(self):
         """Row- and column-wise embedding and embedding_bag (sum, mean, max, per-sample weights,
         padding) run their forward without any op that makes the host read device data: on a GPU the
-        only host read is the agreement's, inside the one _share_inputs call."""
+        only host read is the agreement's, inside the one _share_inputs call (or the agreement inside
+        the one-call lookup ops, which copies its values to the host: no op listed here)."""
         device = rank_device(self.rank)
         torch.manual_seed(0)
         dense = torch.randn(20, 8, device=device)
@@ -206,6 +216,10 @@ class TestDevicePaths(ShardedTensorTestBase):
                             out = lookup(weight)
                         where = f"{name}, dim {spec.dim}, fused {fused}"
                         self.assertEqual(counter.seen, [], f"{where}: host reads of device data")
+                        # Inside the C++ ops too, but for the CPU-only loops of the row-wise requester
+                        # (fused), which read the CPU ids (and the checks' status) by design.
+                        if spec.dim == 1 or not fused:
+                            self.assertEqual(counter.inside, [], f"{where}: host reads inside the ops")
                         self.assertEqual(out, lookup(dense), atol=1e-5, rtol=1e-5, msg=where)
                 finally:
                     _common.FUSED_ROUTING = True

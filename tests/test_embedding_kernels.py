@@ -150,19 +150,19 @@ class TestEmbeddingKernels(ShardedTensorTestBase):
     def _check_no_empty_weight(self, rows, cols, dim):
         record = _RecordEmbeddingKernels()
         self._cases(rows, cols, dim, record, modes=("embedding", "sum", "mean", "max"))
-        if dim == 0:
-            # Row-wise embedding, sum and mean are one C++ call each way (torch_shard._rowwise_lookup):
-            # the recorder must see the kernels it calls inside, forward and backward, on some rank.
-            seen = [None] * self.world_size
-            dist.all_gather_object(seen, sorted({op for op, _ in record.calls}))
-            seen = set().union(*seen)
-            for kernel in (
-                "aten::embedding",
-                "aten::_embedding_bag",
-                "aten::embedding_dense_backward",
-                "aten::_embedding_bag_backward",
-            ):
-                self.assertIn(kernel, seen)
+        # Without max_norm every lookup here but row-wise max is one C++ call each way
+        # (torch_shard._rowwise_lookup / _colwise_lookup): the recorder must see the kernels they
+        # call inside, forward and backward, on some rank.
+        seen = [None] * self.world_size
+        dist.all_gather_object(seen, sorted({op for op, _ in record.calls}))
+        seen = set().union(*seen)
+        for kernel in (
+            "aten::embedding",
+            "aten::_embedding_bag",
+            "aten::embedding_dense_backward",
+            "aten::_embedding_bag_backward",
+        ):
+            self.assertIn(kernel, seen)
         # max_norm renormalises in place through embedding_renorm_ (row-wise) on the looked-up rows.
         device = rank_device(self.rank)
         spec = ChunkShardingSpec(dim=dim, placements=[placement(r) for r in range(self.world_size)])

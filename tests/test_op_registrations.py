@@ -29,13 +29,14 @@ TRACEABLE = {
 COMMUNICATE = {
     "shard", "gather", "reshard", "_abort", "_agree_shard", "_share_inputs", "_all_ranks_true",
     "_gather_values", "_all_to_all", "_sum_over_ranks", "_rowwise_lookup", "_rowwise_lookup_backward",
+    "_colwise_lookup", "_colwise_lookup_backward",
 }
 # Of those, the two collectives on plain tensors have CPU and CUDA kernels, registered autograd and a fake
 # kernel that raises (the others run at the Autograd key, before the Python key of a ShardedTensor).
 COLLECTIVES = {"_all_to_all", "_sum_over_ranks"}
-# So does the whole row-wise lookup in one call (NOTE [ A row-wise lookup in one call ]); its backward
-# op has no autograd of its own (no double backward).
-LOOKUP = {"_rowwise_lookup", "_rowwise_lookup_backward"}
+# So do the whole lookups in one call (NOTE [ A row-wise lookup in one call ], NOTE [ A column-wise
+# lookup in one call ]); their backward ops have no autograd of their own (no double backward).
+LOOKUP = {"_rowwise_lookup", "_rowwise_lookup_backward", "_colwise_lookup", "_colwise_lookup_backward"}
 # ... build or read a ShardedTensor's C++ impl ...
 READ_IMPL = {
     "_make_sharded", "_local_shards", "_local_shard_indices", "_version", "_state", "_layout", "_group_name",
@@ -133,7 +134,7 @@ class TestRegistrations(TestCase):
             with self.subTest(op=name):
                 for key in ("CPU", "CUDA"):
                     self.assertTrue(_has_kernel(name, key), f"{name} has no {key} kernel")
-                self.assertEqual(_has_kernel(name, "Autograd"), name == "_rowwise_lookup")
+                self.assertEqual(_has_kernel(name, "Autograd"), not name.endswith("_backward"))
                 self.assertFalse(_has_kernel(name, "CompositeImplicitAutograd"))
                 self.assertTrue(_has_fake_kernel(name))  # it raises: TestUntraceableOps
         # The others run at the Autograd key, before the Python key of a wrapped ShardedTensor.
@@ -275,6 +276,12 @@ class TestUntraceableOps(TestCase):
             ),
             "_rowwise_lookup_backward": lambda: _ops._rowwise_lookup_backward(
                 torch.empty(1, 2), [_long()] * 9, 4, 0, -1, -1, group
+            ),
+            "_colwise_lookup": lambda: _ops._colwise_lookup(
+                torch.empty(4, 2), _long(1), None, None, None, [0], [2], 4, -1, -1, True, False, 0, [], 0, group
+            ),
+            "_colwise_lookup_backward": lambda: _ops._colwise_lookup_backward(
+                torch.empty(1, 2), [_long()] * 7, 4, -1, -1, group
             ),
         }
         self.assertEqual(set(calls), COMMUNICATE)

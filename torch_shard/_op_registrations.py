@@ -10,8 +10,8 @@ What is written in Python lives here, imported once with the extension:
   the op ``_embedding_bag_partial_backward``;
 * the autograd of the two collectives on plain tensors, ``_all_to_all`` (the reverse all-to-all) and
   ``_sum_over_ranks``, and their fake kernels and make_fx rules, which raise: they communicate;
-* the same for ``_rowwise_lookup`` (a whole row-wise sharded lookup; its backward is the op
-  ``_rowwise_lookup_backward``).
+* the same for ``_rowwise_lookup`` and ``_colwise_lookup`` (a whole sharded lookup in one call; each
+  backward is the op of the same name with ``_backward``).
 
 The other ops taking or returning tensors cannot be traced either and raise a RuntimeError under
 FakeTensorMode / make_fx (NOTE [ Ops that cannot be traced ] in csrc/ops/untraceable.h): the
@@ -149,8 +149,10 @@ def _bucket_ids_fake(ids, offsets, row_ranges, num_embeddings, int32, range_code
 def _unpack_routed_fake(received, counts_in, bags_in, row_start):
     """(ids, offsets) of sum(counts_in) and sum(bags_in) values, in ``received``'s dtype."""
     if received.numel() != sum(counts_in) + sum(bags_in):
-        raise ValueError(f"torch_shard._unpack_routed: received holds {received.numel()} values, the counts say "
-                         f"{sum(counts_in)} ids and {sum(bags_in)} lengths")
+        raise ValueError(
+            f"torch_shard._unpack_routed: received holds {received.numel()} values, the counts say "
+            f"{sum(counts_in)} ids and {sum(bags_in)} lengths"
+        )
     return received.new_empty(sum(counts_in)), received.new_empty(sum(bags_in))
 
 
@@ -218,27 +220,26 @@ torch.library.register_autograd(_ALL_TO_ALL, _all_to_all_backward, setup_context
 torch.library.register_autograd(_SUM_OVER_RANKS, _sum_over_ranks_backward, setup_context=_sum_over_ranks_setup_context)
 
 
-# A whole row-wise sharded lookup in one call (NOTE [ A row-wise lookup in one call ] in
-# csrc/ops/rowwise_lookup.cpp): CPU and CUDA kernels; its autograd here (the backward is the second op,
-# also one call), and fake kernels that raise, as for the collectives: both ops communicate.
-_LOOKUP = "torch_shard::_rowwise_lookup"
-_LOOKUP_BACKWARD = "torch_shard::_rowwise_lookup_backward"
+# A whole sharded lookup in one call, row-wise or column-wise (NOTE [ A row-wise lookup in one call ]
+# in csrc/ops/rowwise_lookup.cpp, NOTE [ A column-wise lookup in one call ] in
+# csrc/ops/colwise_lookup.cpp): CPU and CUDA kernels; their autograd here (each backward is the second
+# op, also one call), and fake kernels that raise, as for the collectives: these ops communicate.
+_ROWWISE = "torch_shard::_rowwise_lookup"
+_COLWISE = "torch_shard::_colwise_lookup"
+LOOKUP_OPS = (_ROWWISE, _ROWWISE + "_backward", _COLWISE, _COLWISE + "_backward")
 
 
-@torch.library.register_fake(_LOOKUP)
-def _rowwise_lookup_fake(*args, **kwargs):
-    """Raises, as :func:`_all_to_all_fake`."""
-    raise _cannot_trace("_rowwise_lookup")
+def _raising_fake(name: str):
+    def fake(*args, **kwargs):
+        raise _cannot_trace(name)
+
+    fake.__doc__ = f"Raises, as :func:`_all_to_all_fake`: torch_shard.{name} communicates."
+    return fake
 
 
-@torch.library.register_fake(_LOOKUP_BACKWARD)
-def _rowwise_lookup_backward_fake(*args, **kwargs):
-    """Raises, as :func:`_all_to_all_fake`."""
-    raise _cannot_trace("_rowwise_lookup_backward")
-
-
-torch.library.register_torch_dispatch(_LOOKUP, ProxyTorchDispatchMode, _refuse_proxy)
-torch.library.register_torch_dispatch(_LOOKUP_BACKWARD, ProxyTorchDispatchMode, _refuse_proxy)
+for _op in LOOKUP_OPS:
+    torch.library.register_fake(_op)(_raising_fake(_op.split("::", 1)[1]))
+    torch.library.register_torch_dispatch(_op, ProxyTorchDispatchMode, _refuse_proxy)
 
 
 def _rowwise_lookup_setup_context(ctx, inputs, output) -> None:
@@ -255,4 +256,19 @@ def _rowwise_lookup_backward(ctx, grad, *unused):
     return (grad_local,) + (None,) * 16
 
 
-torch.library.register_autograd(_LOOKUP, _rowwise_lookup_backward, setup_context=_rowwise_lookup_setup_context)
+def _colwise_lookup_setup_context(ctx, inputs, output) -> None:
+    local, padding_idx, mode, group_name = inputs[0], inputs[8], inputs[9], inputs[15]
+    ctx.lookup = (local.size(0), padding_idx, mode, group_name)
+    ctx.save_for_backward(*output[1])
+
+
+def _colwise_lookup_backward(ctx, grad, *unused):
+    rows, padding_idx, mode, group_name = ctx.lookup
+    grad_local = torch.ops.torch_shard._colwise_lookup_backward(
+        grad.contiguous(), list(ctx.saved_tensors), rows, padding_idx, mode, group_name
+    )
+    return (grad_local,) + (None,) * 15
+
+
+torch.library.register_autograd(_ROWWISE, _rowwise_lookup_backward, setup_context=_rowwise_lookup_setup_context)
+torch.library.register_autograd(_COLWISE, _colwise_lookup_backward, setup_context=_colwise_lookup_setup_context)

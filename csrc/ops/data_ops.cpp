@@ -692,8 +692,8 @@ share_inputs_agreed(at::TensorList parts, int64_t fingerprint, int64_t flags, c1
   return share_inputs_with_words(parts, fingerprint, flags, group_name, arguments, status, words);
 }
 
-at::Tensor all_to_all_counts(const at::Tensor& input, c10::IntArrayRef send_counts, c10::IntArrayRef recv_counts,
-                             c10::string_view group_name) {
+at::Tensor all_to_all_counts(const at::Tensor& input, c10::IntArrayRef send_counts,
+                             c10::IntArrayRef recv_counts, c10::string_view group_name) {
   return all_to_all(input, send_counts, recv_counts, group_name);
 }
 } // namespace ops

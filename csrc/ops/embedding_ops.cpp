@@ -398,8 +398,8 @@ constexpr int kBagsShift = 32;
 template <typename index_t>
 void bucket_loop(const int64_t* ids, int64_t n, const int64_t* offsets, int64_t num_bags, bool bags,
                  const std::vector<int64_t>& starts, const std::vector<int64_t>& owners, int64_t world,
-                 index_t* send, int64_t* send_size, int64_t* perm, int64_t* words, int64_t* divisors, bool* out_of_range,
-                 int64_t num_embeddings, int64_t padding_idx, bool lengths_for_idle) {
+                 index_t* send, int64_t* send_size, int64_t* perm, int64_t* words, int64_t* divisors,
+                 bool* out_of_range, int64_t num_embeddings, int64_t padding_idx, bool lengths_for_idle) {
   std::vector<int64_t> owner(static_cast<size_t>(n));
   std::vector<int64_t> count(static_cast<size_t>(world), 0);
   const int64_t stride = bags ? num_bags : 0;
@@ -454,8 +454,8 @@ void bucket_loop(const int64_t* ids, int64_t n, const int64_t* offsets, int64_t 
 // flattened (2 * world values; empty ranges for ranks without rows).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 bucket_ids_impl(const at::Tensor& ids, const std::optional<at::Tensor>& offsets, c10::IntArrayRef row_ranges,
-                int64_t num_embeddings, bool int32, int64_t range_code, const std::optional<at::Tensor>& status,
-                int64_t padding_idx, bool lengths_for_idle) {
+                int64_t num_embeddings, bool int32, int64_t range_code,
+                const std::optional<at::Tensor>& status, int64_t padding_idx, bool lengths_for_idle) {
   TORCH_CHECK_TYPE(ids.scalar_type() == at::kLong, kBucket, ": ids must be int64, got ", ids.scalar_type());
   TORCH_CHECK_VALUE(ids.dim() == 1, kBucket, ": ids must be 1-D, got ", ids.dim(), "-D");
   TORCH_CHECK_VALUE(row_ranges.size() % 2 == 0 && !row_ranges.empty(), kBucket,
@@ -506,10 +506,10 @@ bucket_ids_impl(const at::Tensor& ids, const std::optional<at::Tensor>& offsets,
   int64_t sent = 0;
   AT_DISPATCH_INDEX_TYPES(send.scalar_type(), kBucket, [&] {
     bucket_loop<index_t>(flat.const_data_ptr<int64_t>(), n,
-                         bags ? bag_offsets.const_data_ptr<int64_t>() : nullptr, num_bags, bags, starts, owners,
-                         world, send.mutable_data_ptr<index_t>(), &sent, perm.mutable_data_ptr<int64_t>(),
-                         words.mutable_data_ptr<int64_t>(), divisor, &out_of_range, num_embeddings, padding_idx,
-                         lengths_for_idle);
+                         bags ? bag_offsets.const_data_ptr<int64_t>() : nullptr, num_bags, bags, starts,
+                         owners, world, send.mutable_data_ptr<index_t>(), &sent,
+                         perm.mutable_data_ptr<int64_t>(), words.mutable_data_ptr<int64_t>(), divisor,
+                         &out_of_range, num_embeddings, padding_idx, lengths_for_idle);
   });
   if (sent < send_size) {
     send = send.narrow(0, 0, sent); // idle owners got no lengths

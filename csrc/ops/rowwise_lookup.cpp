@@ -36,6 +36,7 @@
 #include <tuple>
 #include <vector>
 
+#include <ATen/TensorOperators.h>
 #include <ATen/ops/_embedding_bag.h>
 #include <ATen/ops/_embedding_bag_backward.h>
 #include <ATen/ops/_embedding_bag_forward_only.h>
@@ -48,11 +49,10 @@
 #include <ATen/ops/embedding_dense_backward.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/ones_like.h>
-#include <ATen/ops/zeros_like.h>
-#include <ATen/TensorOperators.h>
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/where.h>
 #include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
@@ -79,10 +79,10 @@ enum Saved : size_t {
   kOffset2bag, // bags: _embedding_bag's, for its backward (empty when no kernel ran)
   kBagSize,
   kMaxIndices,
-  kWeights,   // the per-sample weights of kIds (empty without)
-  kPerm,      // requester: its ids in owner order (positions in its ids)
-  kDivisors,  // mean: each bag's divisor (int64)
-  kCounts,    // CPU int64: [own status, counts_in (W), counts_out (W), bags_in (W), bags]
+  kWeights,  // the per-sample weights of kIds (empty without)
+  kPerm,     // requester: its ids in owner order (positions in its ids)
+  kDivisors, // mean: each bag's divisor (int64)
+  kCounts,   // CPU int64: [own status, counts_in (W), counts_out (W), bags_in (W), bags]
   kNumSaved
 };
 
@@ -139,7 +139,8 @@ Prepared prepare_composed(const at::Tensor& ids, const std::optional<at::Tensor>
     const at::Tensor both = to_device(table, ids.device()).view({2, -1});
     // Row ranges tile [0, rows): the last start at or before an id is its range (the first range for
     // ids below every start: an out-of-range id still names a rank, and fails the range check below).
-    const at::Tensor range = (at::bucketize(ids, both[0], /*out_int32=*/false, /*right=*/true) - 1).clamp_min(0);
+    const at::Tensor range =
+        (at::bucketize(ids, both[0], /*out_int32=*/false, /*right=*/true) - 1).clamp_min(0);
     owner = both[1].index_select(0, range);
   }
   Prepared out;
@@ -165,48 +166,6 @@ Prepared prepare_composed(const at::Tensor& ids, const std::optional<at::Tensor>
     out.divisors = at::zeros({num_bags}, long_options).index_add_(0, bag, keep).clamp_min(1);
   }
   return out;
-}
-
-int64_t total(c10::IntArrayRef values) {
-  int64_t sum = 0;
-  for (int64_t v : values) {
-    sum = layout::checked_add(sum, v, "torch_shard._rowwise_lookup: a count");
-  }
-  return sum;
-}
-
-// The rows of `values` ([sum(sizes), ...]) whose block (sizes[r] rows each, in order) `keep` says, in
-// order; `values` itself when it keeps every block.
-at::Tensor keep_blocks(const at::Tensor& values, const std::vector<int64_t>& sizes, const std::vector<bool>& keep) {
-  if (std::all_of(keep.begin(), keep.end(), [](bool k) { return k; })) {
-    return values;
-  }
-  std::vector<at::Tensor> pieces;
-  int64_t at = 0;
-  for (size_t r = 0; r < sizes.size(); ++r) {
-    if (keep[r] && sizes[r]) {
-      pieces.push_back(values.narrow(0, at, sizes[r]));
-    }
-    at += sizes[r];
-  }
-  return pieces.empty() ? values.narrow(0, 0, 0) : at::cat(pieces);
-}
-
-// An all-to-all of whole rows of a 2-D (or 1-D) tensor: send_rows[r] rows to rank r, in rank order.
-// One rank: the tensor itself (nothing to move).
-at::Tensor move_rows(const at::Tensor& values, const std::vector<int64_t>& send_rows,
-                     const std::vector<int64_t>& recv_rows, c10::string_view group) {
-  if (send_rows.size() == 1) {
-    return values;
-  }
-  const int64_t width = values.dim() > 1 ? values.size(1) : 1;
-  std::vector<int64_t> send(send_rows.size()), recv(recv_rows.size());
-  for (size_t r = 0; r < send.size(); ++r) {
-    send[r] = layout::checked_mul(send_rows[r], width, "torch_shard._rowwise_lookup: elements");
-    recv[r] = layout::checked_mul(recv_rows[r], width, "torch_shard._rowwise_lookup: elements");
-  }
-  const at::Tensor moved = ops::all_to_all_counts(values.reshape({-1}), send, recv, group);
-  return values.dim() > 1 ? moved.view({-1, width}) : moved;
 }
 
 std::tuple<at::Tensor, std::vector<at::Tensor>>
@@ -243,9 +202,10 @@ rowwise_lookup(const at::Tensor& local, const at::Tensor& ids, const std::option
   TORCH_CHECK_VALUE(world >= 1 && row_ranges.size() % 2 == 0, kLookup,
                     ": row_ranges must hold a (first, end) pair per rank");
   const int64_t rows = local.size(0), dim = local.size(1);
-  TORCH_CHECK_VALUE(row_start >= 0 && layout::checked_add(row_start, rows, "row_start + rows") <= num_embeddings,
-                    kLookup, ": the shard's rows [", row_start, ", ", row_start + rows, ") are not within [0, ",
-                    num_embeddings, ")");
+  TORCH_CHECK_VALUE(row_start >= 0 &&
+                        layout::checked_add(row_start, rows, "row_start + rows") <= num_embeddings,
+                    kLookup, ": the shard's rows [", row_start, ", ", row_start + rows,
+                    ") are not within [0, ", num_embeddings, ")");
   const int64_t n = ids.numel();
   const int64_t num_bags = bags ? offsets->numel() : 0;
   const c10::ScalarType index = int32 ? at::kInt : at::kLong;
@@ -272,8 +232,8 @@ rowwise_lookup(const at::Tensor& local, const at::Tensor& ids, const std::option
 
   // 2. The agreement, with the words.
   std::vector<at::Tensor> none{ids.narrow(0, 0, 0)};
-  auto [unused, info] = ops::share_inputs_agreed(none, fingerprint, static_cast<int64_t>(weighted), group_name,
-                                                 arguments, mine.status, mine.words);
+  auto [unused, info] = ops::share_inputs_agreed(none, fingerprint, static_cast<int64_t>(weighted),
+                                                 group_name, arguments, mine.status, mine.words);
   std::vector<at::Tensor> saved(kNumSaved);
   for (auto& t : saved) {
     t = at::empty({0}, long_options);
@@ -281,8 +241,8 @@ rowwise_lookup(const at::Tensor& local, const at::Tensor& ids, const std::option
   std::vector<int64_t> counts(1 + 3 * world + 1, 0);
   counts[0] = info[0];
   if (info[0] != 0) { // this rank's input failed its check: the caller raises the detailed error
-    saved[kCounts] = at::tensor(counts, at::TensorOptions().dtype(at::kLong));
-    return {at::empty({0}, local.options()), saved};
+    // Only the counts (the caller tells the failure from the list's length, reading no tensor).
+    return {at::empty({0}, local.options()), {at::tensor(counts, at::TensorOptions().dtype(at::kLong))}};
   }
   std::vector<int64_t> counts_in(world), counts_out(world), bags_in(world), send_ids(world), recv_ids(world);
   std::vector<bool> busy_in(world), busy_out(world);
@@ -305,7 +265,7 @@ rowwise_lookup(const at::Tensor& local, const at::Tensor& ids, const std::option
     counts[1 + 2 * world + r] = bags_in[r];
   }
   counts[1 + 3 * world] = num_bags;
-  const int64_t owned = total(counts_in), pooled_bags = total(bags_in);
+  const int64_t owned = ops::checked_total(counts_in), pooled_bags = ops::checked_total(bags_in);
 
   // 3. Each owner its ids (with their lengths), then their per-sample weights.
   if (!use_loops && bags) {
@@ -320,7 +280,7 @@ rowwise_lookup(const at::Tensor& local, const at::Tensor& ids, const std::option
     }
     mine.send = pieces.empty() ? mine.send.narrow(0, 0, 0) : at::cat(pieces);
   }
-  const at::Tensor received = move_rows(mine.send, send_ids, recv_ids, group_name);
+  const at::Tensor received = ops::move_rows(mine.send, send_ids, recv_ids, group_name);
   at::Tensor local_ids, local_offsets;
   if (!bags) {
     local_ids = received - row_start;
@@ -340,17 +300,20 @@ rowwise_lookup(const at::Tensor& local, const at::Tensor& ids, const std::option
   }
   std::optional<at::Tensor> local_weights;
   if (weighted) {
-    local_weights = move_rows(per_sample_weights->index_select(0, mine.perm), counts_out, counts_in, group_name);
+    local_weights =
+        ops::move_rows(per_sample_weights->index_select(0, mine.perm), counts_out, counts_in, group_name);
   }
 
   // 4. One lookup kernel over every requester's ids, never on an empty shard or with no ids.
-  const int64_t local_pad = padding_idx >= row_start && padding_idx < row_start + rows ? padding_idx - row_start : -1;
+  const int64_t local_pad =
+      padding_idx >= row_start && padding_idx < row_start + rows ? padding_idx - row_start : -1;
   const bool lookup = owned > 0 && local.numel() > 0;
   at::Tensor out;
   if (!bags) {
-    const at::Tensor found = lookup ? at::embedding(local, local_ids, local_pad) : at::zeros({owned, dim}, local.options());
+    const at::Tensor found =
+        lookup ? at::embedding(local, local_ids, local_pad) : at::zeros({owned, dim}, local.options());
     // 5. Each requester its rows, put where its ids were (perm is a permutation: every row is written).
-    const at::Tensor back = move_rows(found, counts_in, counts_out, group_name);
+    const at::Tensor back = ops::move_rows(found, counts_in, counts_out, group_name);
     out = at::empty({n, dim}, local.options()).index_copy_(0, mine.perm, back);
   } else {
     at::Tensor pooled;
@@ -375,7 +338,7 @@ rowwise_lookup(const at::Tensor& local, const at::Tensor& ids, const std::option
       back_rows[o] = busy_out[o] ? num_bags : 0;
       senders += busy_out[o];
     }
-    const at::Tensor back = move_rows(pooled, bags_in, back_rows, group_name);
+    const at::Tensor back = ops::move_rows(pooled, bags_in, back_rows, group_name);
     if (senders == 0) {
       out = at::zeros({num_bags, dim}, local.options());
     } else if (senders == 1) {
@@ -404,12 +367,14 @@ rowwise_lookup(const at::Tensor& local, const at::Tensor& ids, const std::option
   return {out, saved};
 }
 
-at::Tensor rowwise_lookup_backward(const at::Tensor& grad, at::TensorList saved, int64_t rows, int64_t row_start,
-                                   int64_t padding_idx, int64_t mode, c10::string_view group_name) {
+at::Tensor rowwise_lookup_backward(const at::Tensor& grad, at::TensorList saved, int64_t rows,
+                                   int64_t row_start, int64_t padding_idx, int64_t mode,
+                                   c10::string_view group_name) {
   check_not_tracing("_rowwise_lookup_backward", "communicates over its process group");
-  TORCH_CHECK_VALUE(saved.size() == kNumSaved, kLookupBackward, ": expected ", static_cast<int64_t>(kNumSaved),
-                    " saved tensors, got ", saved.size());
-  TORCH_CHECK_VALUE(mode == kEmbedding || mode == kSum || mode == kMean, kLookupBackward, ": bad mode ", mode);
+  TORCH_CHECK_VALUE(saved.size() == kNumSaved, kLookupBackward, ": expected ",
+                    static_cast<int64_t>(kNumSaved), " saved tensors, got ", saved.size());
+  TORCH_CHECK_VALUE(mode == kEmbedding || mode == kSum || mode == kMean, kLookupBackward, ": bad mode ",
+                    mode);
   TORCH_CHECK_VALUE(grad.dim() == 2, kLookupBackward, ": grad must be 2-D, got ", grad.sizes());
   const at::Tensor counts = saved[kCounts].contiguous();
   TORCH_CHECK_VALUE(counts.is_cpu() && counts.scalar_type() == at::kLong && (counts.numel() - 2) % 3 == 0 &&
@@ -421,17 +386,19 @@ at::Tensor rowwise_lookup_backward(const at::Tensor& grad, at::TensorList saved,
       bags_in(c + 1 + 2 * world, c + 1 + 3 * world);
   const int64_t num_bags = c[1 + 3 * world];
   const int64_t dim = grad.size(1);
-  const int64_t owned = total(counts_in);
+  const int64_t owned = ops::checked_total(counts_in);
   const at::Tensor& ids = saved[kIds];
-  TORCH_CHECK_VALUE(ids.numel() == owned && rows >= 0, kLookupBackward, ": saved ids do not match the counts");
-  const int64_t local_pad = padding_idx >= row_start && padding_idx < row_start + rows ? padding_idx - row_start : -1;
+  TORCH_CHECK_VALUE(ids.numel() == owned && rows >= 0, kLookupBackward,
+                    ": saved ids do not match the counts");
+  const int64_t local_pad =
+      padding_idx >= row_start && padding_idx < row_start + rows ? padding_idx - row_start : -1;
   const bool lookup = owned > 0 && rows > 0 && dim > 0;
   if (mode == kEmbedding) {
     const at::Tensor& perm = saved[kPerm];
-    TORCH_CHECK_VALUE(grad.size(0) == perm.numel() && total(counts_out) == perm.numel(), kLookupBackward,
-                      ": grad must have one row per id");
+    TORCH_CHECK_VALUE(grad.size(0) == perm.numel() && ops::checked_total(counts_out) == perm.numel(),
+                      kLookupBackward, ": grad must have one row per id");
     // Each row's gradient to the owner of its id (the reverse of the forward's return).
-    const at::Tensor got = move_rows(grad.index_select(0, perm), counts_out, counts_in, group_name);
+    const at::Tensor got = ops::move_rows(grad.index_select(0, perm), counts_out, counts_in, group_name);
     if (!lookup) {
       return at::zeros({rows, dim}, grad.options());
     }
@@ -439,7 +406,8 @@ at::Tensor rowwise_lookup_backward(const at::Tensor& grad, at::TensorList saved,
   }
   TORCH_CHECK_VALUE(grad.size(0) == num_bags, kLookupBackward, ": grad must have one row per bag (", num_bags,
                     "), got ", grad.sizes());
-  TORCH_CHECK_VALUE(saved[kOffsets].numel() == total(bags_in) && saved[kOffsets].scalar_type() == ids.scalar_type(),
+  TORCH_CHECK_VALUE(saved[kOffsets].numel() == ops::checked_total(bags_in) &&
+                        saved[kOffsets].scalar_type() == ids.scalar_type(),
                     kLookupBackward, ": saved offsets do not match the counts");
   at::Tensor g = grad;
   if (mode == kMean && num_bags) {
@@ -452,19 +420,19 @@ at::Tensor rowwise_lookup_backward(const at::Tensor& grad, at::TensorList saved,
     send_rows[o] = counts_out[o] > 0 ? num_bags : 0;
     senders += counts_out[o] > 0;
   }
-  const at::Tensor spread = senders > 1 ? g.unsqueeze(0).expand({senders, num_bags, dim}).reshape({-1, dim}) : g;
-  const at::Tensor got = move_rows(senders ? spread : g.narrow(0, 0, 0), send_rows, bags_in, group_name);
+  const at::Tensor spread =
+      senders > 1 ? g.unsqueeze(0).expand({senders, num_bags, dim}).reshape({-1, dim}) : g;
+  const at::Tensor got = ops::move_rows(senders ? spread : g.narrow(0, 0, 0), send_rows, bags_in, group_name);
   if (!lookup) {
     return at::zeros({rows, dim}, grad.options());
   }
   const at::Tensor& weights = saved[kWeights];
   // _embedding_bag_backward, not the dense one: in sum mode the CPU forward may leave offset2bag empty,
   // and this one rebuilds it from the offsets.
-  return at::_embedding_bag_backward(got.contiguous(), ids, saved[kOffsets], saved[kOffset2bag], saved[kBagSize],
-                                     saved[kMaxIndices], rows, /*scale_grad_by_freq=*/false, /*mode=*/0,
-                                     /*sparse=*/false,
-                                     weights.numel() ? std::optional<at::Tensor>(weights) : std::nullopt,
-                                     local_pad);
+  return at::_embedding_bag_backward(
+      got.contiguous(), ids, saved[kOffsets], saved[kOffset2bag], saved[kBagSize], saved[kMaxIndices], rows,
+      /*scale_grad_by_freq=*/false, /*mode=*/0,
+      /*sparse=*/false, weights.numel() ? std::optional<at::Tensor>(weights) : std::nullopt, local_pad);
 }
 
 } // namespace

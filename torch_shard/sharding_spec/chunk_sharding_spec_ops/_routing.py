@@ -15,8 +15,8 @@ requester's ids for each owner travels with the agreement (``words``), and so, f
 does the requester's number of bags (the high 32 bits of the same word: ``_BAGS_SHIFT``).
 
 F.embedding and F.embedding_bag in sum and mean mode without max_norm run the whole protocol, forward
-and backward, as ONE C++ call each (:func:`lookup_in_one_call`; NOTE [ A row-wise lookup in one call ]
-in csrc/ops/rowwise_lookup.cpp). Max mode and max_norm compose it here: on the CPU the requester's
+and backward, as ONE C++ call each (:func:`._one_call.rows_in_one_call`; NOTE [ A row-wise lookup in one call ]
+in csrc/ops/rowwise_lookup.cpp; _one_call.py). Max mode and max_norm compose it here: on the CPU the requester's
 side (owners, per-bag lengths, the ids in owner order with the lengths after them, the words, the ids'
 range check and mean's divisors) is one C++ op, and the owner's unpacking of what it received another
 (:func:`prepare`, :func:`route_prepared`; NOTE [ Requester-side routing in one op ] in
@@ -34,8 +34,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ...sharded_tensor import _state
-from ._common import Bags, _host_to_device, count_per_rank, fused_routing, zeros_from
+from ._common import Bags, _host_to_device, count_per_rank, zeros_from
 
 _ops = torch.ops.torch_shard
 
@@ -277,49 +276,3 @@ def positions_back(where: torch.Tensor, routed: Routed, num_bags: int, group: st
     firsts = _host_to_device(counts.cumsum(0) - counts, back.device).view(-1, 1, 1)
     held = back >= 0
     return torch.where(held, routed.perm[torch.where(held, back + firsts, 0)], back)
-
-
-# `mode` of torch_shard._rowwise_lookup.
-LOOKUP_EMBEDDING, LOOKUP_SUM, LOOKUP_MEAN = -1, 0, 1
-
-
-def lookup_in_one_call(
-    local: torch.Tensor,
-    start: int,
-    mine: Bags,
-    weight,
-    checks,
-    mode: int,
-    padding_idx: int | None,
-    arguments: list[float],
-    ranges: list[tuple[int, int]],
-    group: str,
-) -> torch.Tensor:
-    """This rank's result of a row-wise lookup (``mode``: LOOKUP_*) from torch_shard._rowwise_lookup,
-    one C++ call (its backward is one more). ``checks`` holds this rank's device-side input checks
-    other than the ids' range, which the op checks itself; ``mine.offsets`` are used only for bags.
-    [n, dim] for embedding, [bags, dim] otherwise."""
-    from ..._agreement import _class_code
-
-    out, saved = _ops._rowwise_lookup(
-        local,
-        mine.ids,
-        mine.offsets if mode != LOOKUP_EMBEDDING else None,
-        mine.per_sample_weights,
-        checks.status(mine.ids.device),
-        [row for pair in ranges for row in pair],
-        weight.size(0),
-        start,
-        -1 if padding_idx is None else padding_idx,
-        mode,
-        index_dtype(weight) == torch.int32,
-        torch.is_grad_enabled() and local.requires_grad,
-        fused_routing(local.device),
-        _state.read_state(weight).layout_fp,
-        arguments,
-        _class_code(ValueError),
-        group,
-    )
-    if saved[-1][0]:  # this rank's input failed on its device; every other rank raises naming it
-        checks.raise_first()
-    return out

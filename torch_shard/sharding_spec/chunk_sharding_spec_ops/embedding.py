@@ -23,11 +23,10 @@ from ._common import (
     width_of,
     zeros_from,
 )
+from ._one_call import EMBEDDING, columns_in_one_call, rows_in_one_call
 from ._routing import (
-    LOOKUP_EMBEDDING,
     check_fits,
     index_dtype,
-    lookup_in_one_call,
     lookup_rows,
     prepare,
     route,
@@ -57,7 +56,7 @@ def sharded_embedding(types, args, kwargs, pg):
     words = None
     routed_rows = False  # row-wise: ids go to their owners only, not to every rank
     fused = False  # row-wise on the CPU: the requester prepares its ids in one op
-    one_call = False  # row-wise without max_norm: the whole lookup is one C++ call
+    one_call = False  # without max_norm: the whole lookup is one C++ call
     try:
         # Everything that can fail on this rank happens here, before the exchange (share_bags), so a
         # failure raises on every rank instead of leaving the others in the exchange.
@@ -75,11 +74,13 @@ def sharded_embedding(types, args, kwargs, pg):
                 raise AssertionError("Padding_idx must be within num_embeddings")
             if padding_idx < 0:
                 padding_idx += weight.size(0)
-        # Column-wise every rank's ids reach every rank: as int32 where the table allows, half the bytes.
-        ids = input.reshape(-1).to(index_dtype(weight) if dim == 1 else torch.int64)
+        # NOTE [ A row-wise lookup in one call ] (csrc/ops/rowwise_lookup.cpp) and NOTE [ A column-wise
+        # lookup in one call ] (csrc/ops/colwise_lookup.cpp); max_norm composes.
+        one_call = max_norm is None
+        # Column-wise every rank's ids reach every rank: as int32 where the table allows, half the bytes
+        # (the C++ ops take int64 and narrow them themselves).
+        ids = input.reshape(-1).to(index_dtype(weight) if dim == 1 and not one_call else torch.int64)
         fused = dim == 0 and fused_routing(local.device)
-        # NOTE [ A row-wise lookup in one call ] (csrc/ops/rowwise_lookup.cpp); max_norm composes.
-        one_call = dim == 0 and max_norm is None
         # On the ids as given: an int64 id beyond int32 must not wrap into range. Checked on the
         # device in _bucket_ids or _rowwise_lookup when they run.
         check_ids_in_range(checks, input.reshape(-1), weight.size(0), on_device=not (fused or one_call))
@@ -103,9 +104,14 @@ def sharded_embedding(types, args, kwargs, pg):
     except Exception as exc:  # noqa: BLE001 - raised on every rank by share_bags
         error, mine, arguments = exc, None, None
     if one_call and error is None:
-        out = lookup_in_one_call(
-            local, start, mine, weight, checks, LOOKUP_EMBEDDING, padding_idx, arguments, layout, pg.group_name
-        )
+        if dim == 0:
+            out = rows_in_one_call(
+                local, start, mine, weight, checks, EMBEDDING, padding_idx, arguments, layout, pg.group_name
+            )
+        else:
+            out = columns_in_one_call(
+                local, mine, weight, checks, EMBEDDING, padding_idx, arguments, layout, pg.group_name
+            )
         return out.view(*input.shape, weight.size(1))
     shared = share_bags(mine, weight, error, "embedding", arguments, checks, words, share=not routed_rows)
     everyone = shared.bags

@@ -26,16 +26,14 @@ from ._common import (
     width_of,
     zeros_from,
 )
+from ._one_call import BAG_MODES, columns_in_one_call, rows_in_one_call
 from ._routing import (
-    LOOKUP_MEAN,
-    LOOKUP_SUM,
     bag_lengths,
     bag_words_for,
     bags_back,
     check_fits,
     decode,
     index_dtype,
-    lookup_in_one_call,
     pool_max,
     pool_sum,
     positions_back,
@@ -187,7 +185,7 @@ def sharded_embedding_bag(types, args, kwargs, pg):
     words = None
     routed_rows = False  # row-wise: ids go to their owners only, not to every rank
     fused = False  # row-wise on the CPU: the requester prepares its ids in one op
-    one_call = False  # row-wise sum / mean without max_norm: the whole lookup is one C++ call
+    one_call = False  # the whole lookup is one C++ call (all but max_norm, and max row-wise)
     try:
         # Everything that can fail on this rank happens here, before the exchange (share_bags), so a
         # failure raises on every rank instead of leaving the others in the exchange.
@@ -217,9 +215,10 @@ def sharded_embedding_bag(types, args, kwargs, pg):
             if padding_idx < 0:
                 padding_idx += weight.size(0)
         fused = dim == 0 and fused_routing(local.device)
-        # NOTE [ A row-wise lookup in one call ] (csrc/ops/rowwise_lookup.cpp); max and max_norm compose.
-        one_call = dim == 0 and mode != "max" and max_norm is None
-        # The ids' range is checked on the device, in _bucket_ids or _rowwise_lookup when they run.
+        # NOTE [ A row-wise lookup in one call ] (csrc/ops/rowwise_lookup.cpp) and NOTE [ A column-wise
+        # lookup in one call ] (csrc/ops/colwise_lookup.cpp); max_norm, and max row-wise, compose.
+        one_call = max_norm is None and (dim == 1 or mode != "max")
+        # The ids' range is checked on the device, in _bucket_ids or the one-call ops when they run.
         check_ids_in_range(checks, input.reshape(-1), weight.size(0), on_device=not (fused or one_call))
         mine = _as_bags(
             input,
@@ -230,8 +229,9 @@ def sharded_embedding_bag(types, args, kwargs, pg):
             local,
             checks,
             # Column-wise every rank's ids reach every rank: as int32 where the table allows, half the
-            # bytes (ATen's kernels take int32 ids with int64 offsets). Row-wise: _bucket_ids takes int64.
-            index_dtype(weight) if dim == 1 else torch.int64,
+            # bytes (ATen's kernels take int32 ids with int64 offsets). The C++ ops take int64 and
+            # narrow them themselves.
+            index_dtype(weight) if dim == 1 and not one_call else torch.int64,
         )
         order = column_order(weight) if dim == 1 else None
         if dim == 0:
@@ -258,8 +258,13 @@ def sharded_embedding_bag(types, args, kwargs, pg):
     except Exception as exc:  # noqa: BLE001 - raised on every rank by share_bags
         error, mine, arguments = exc, None, None
     if one_call and error is None:
-        lookup_mode = LOOKUP_MEAN if mode == "mean" else LOOKUP_SUM
-        return lookup_in_one_call(local, start, mine, weight, checks, lookup_mode, padding_idx, arguments, ranges, pg.group_name)
+        if dim == 0:
+            return rows_in_one_call(
+                local, start, mine, weight, checks, BAG_MODES[mode], padding_idx, arguments, ranges, pg.group_name
+            )
+        return columns_in_one_call(
+            local, mine, weight, checks, BAG_MODES[mode], padding_idx, arguments, order, pg.group_name
+        )
     shared = share_bags(mine, weight, error, "embedding_bag", arguments, checks, words, share=not routed_rows)
     everyone = shared.bags
     group = pg.group_name
