@@ -275,7 +275,7 @@ class TestUntraceableOps(TestCase):
                 torch.empty(4, 2), _long(1), None, None, None, [0, 4], 4, 0, -1, -1, True, False, True, 0, [], 0, group
             ),
             "_rowwise_lookup_backward": lambda: _ops._rowwise_lookup_backward(
-                torch.empty(1, 2), [_long()] * 9, 4, 0, -1, -1, group
+                torch.empty(1, 2), [_long()] * 10, 4, 0, -1, -1, group
             ),
             "_colwise_lookup": lambda: _ops._colwise_lookup(
                 torch.empty(4, 2), _long(1), None, None, None, [0], [2], 4, -1, -1, True, False, 0, [], 0, group

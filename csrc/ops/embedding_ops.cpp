@@ -598,6 +598,24 @@ std::tuple<at::Tensor, at::Tensor> unpack_routed(const at::Tensor& received, c10
                                                  c10::IntArrayRef bags_in, int64_t row_start) {
   return ::torch_shard::unpack_routed(received, counts_in, bags_in, row_start);
 }
+
+std::tuple<at::Tensor, at::Tensor>
+embedding_bag_partial(const at::Tensor& weight, const at::Tensor& ids, const at::Tensor& offsets,
+                      const std::optional<at::Tensor>& per_sample_weights, int64_t row_start,
+                      c10::string_view mode, int64_t padding_idx, bool fused, std::optional<int64_t> owned) {
+  return ::torch_shard::embedding_bag_partial(weight, ids, offsets, per_sample_weights, row_start, mode,
+                                              padding_idx, fused, owned);
+}
+
+at::Tensor embedding_bag_partial_backward(const at::Tensor& grad, const at::Tensor& ids,
+                                          const at::Tensor& offsets,
+                                          const std::optional<at::Tensor>& per_sample_weights,
+                                          const at::Tensor& argmax, int64_t row_start, int64_t rows,
+                                          c10::string_view mode, int64_t padding_idx,
+                                          std::optional<int64_t> owned) {
+  return ::torch_shard::embedding_bag_partial_backward(grad, ids, offsets, per_sample_weights, argmax,
+                                                       row_start, rows, mode, padding_idx, owned);
+}
 } // namespace ops
 
 // One function per op for both devices: it picks the fused CPU loops or the ATen composition itself.

@@ -39,6 +39,18 @@ bucket_ids(const at::Tensor& ids, const std::optional<at::Tensor>& offsets, c10:
 std::tuple<at::Tensor, at::Tensor> unpack_routed(const at::Tensor& received, c10::IntArrayRef counts_in,
                                                  c10::IntArrayRef bags_in, int64_t row_start);
 
+// torch_shard._embedding_bag_partial and its backward (NOTE [ Max ties ]).
+std::tuple<at::Tensor, at::Tensor>
+embedding_bag_partial(const at::Tensor& weight, const at::Tensor& ids, const at::Tensor& offsets,
+                      const std::optional<at::Tensor>& per_sample_weights, int64_t row_start,
+                      c10::string_view mode, int64_t padding_idx, bool fused, std::optional<int64_t> owned);
+at::Tensor embedding_bag_partial_backward(const at::Tensor& grad, const at::Tensor& ids,
+                                          const at::Tensor& offsets,
+                                          const std::optional<at::Tensor>& per_sample_weights,
+                                          const at::Tensor& argmax, int64_t row_start, int64_t rows,
+                                          c10::string_view mode, int64_t padding_idx,
+                                          std::optional<int64_t> owned);
+
 // The sum of non-negative counts, checked against int64 overflow.
 inline int64_t checked_total(c10::IntArrayRef values) {
   int64_t sum = 0;

@@ -1,5 +1,5 @@
-// A row-wise sharded lookup (F.embedding, F.embedding_bag sum / mean) as ONE C++ call per forward and
-// one per backward.
+// A row-wise sharded lookup (F.embedding, F.embedding_bag sum / mean / max) as ONE C++ call per forward
+// and one per backward.
 //
 // NOTE [ A row-wise lookup in one call ]
 // torch_shard._rowwise_lookup does, for one rank, everything between its Python argument checks and its
@@ -12,17 +12,16 @@
 //      the only host read of device memory in the forward;
 //   3. one all-to-all carries each owner its ids (and, for bags, their per-bag lengths), one more the
 //      per-sample weights when given;
-//   4. the owner looks every requester's ids up in ONE ATen kernel (embedding, or _embedding_bag in
-//      sum mode), never on an empty shard or with no ids (NOTE [ Empty shards reach no embedding
-//      kernel ] in _common.py);
-//   5. one all-to-all returns each requester its rows (embedding) or its bags' partial sums, which it
-//      puts in place (embedding) or adds up and divides (mean).
+//   4. the owner looks every requester's ids up in ONE kernel (ATen's embedding, or _embedding_bag in
+//      sum mode; for max our _embedding_bag_partial: NOTE [ Max over owners ]), never on an empty shard
+//      or with no ids (NOTE [ Empty shards reach no embedding kernel ] in _common.py);
+//   5. one all-to-all returns each requester its rows (embedding) or its bags' partial results, which it
+//      puts in place (embedding), adds up and divides (sum, mean) or takes from one owner (max).
 // It returns the result and what the backward needs (`saved`). _rowwise_lookup_backward sends the
 // output's gradient to the owners (the reverse of 5) and runs the lookup kernel's backward there: one
 // call too. Autograd connects them (torch_shard/_op_registrations.py). One rank: no all-to-all at all.
-// Max mode and max_norm keep the composed path in Python: max needs the winners' positions (NOTE [ Max
-// ties ] in csrc/ops/embedding_ops.cpp), and max_norm rewrites the weight shard in place between 3
-// and 4, which a functional op may not do.
+// max_norm keeps the composed path in Python: it rewrites the weight shard in place between 3 and 4,
+// which a functional op may not do.
 //
 // NOTE [ Idle owners ]
 // An owner that holds none of a requester's ids contributes nothing to its bags, and both sides know it
@@ -48,6 +47,7 @@
 #include <ATen/ops/embedding.h>
 #include <ATen/ops/embedding_dense_backward.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/ones_like.h>
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/where.h>
@@ -71,6 +71,7 @@ constexpr int64_t kBagsShift = 32;
 constexpr int64_t kEmbedding = -1; // F.embedding: one row per id
 constexpr int64_t kSum = 0;        // F.embedding_bag(mode="sum")
 constexpr int64_t kMean = 1;       // F.embedding_bag(mode="mean")
+constexpr int64_t kMax = 2;        // F.embedding_bag(mode="max")
 
 // `saved` (the forward's second output, the backward's input), by position.
 enum Saved : size_t {
@@ -82,6 +83,7 @@ enum Saved : size_t {
   kWeights,  // the per-sample weights of kIds (empty without)
   kPerm,     // requester: its ids in owner order (positions in its ids)
   kDivisors, // mean: each bag's divisor (int64)
+  kChosen,   // max: per output element, which of the owners that sent results won (int64)
   kCounts,   // CPU int64: [own status, counts_in (W), counts_out (W), bags_in (W), bags]
   kNumSaved
 };
@@ -168,6 +170,81 @@ Prepared prepare_composed(const at::Tensor& ids, const std::optional<at::Tensor>
   return out;
 }
 
+// NOTE [ Max over owners ]
+// Max mode: each owner pools the maximum of the ids it holds with torch_shard._embedding_bag_partial,
+// which also reports, per output element, the POSITION of its winner among the ids it received (-1 for
+// none). Both travel back (the positions as int32, relative to what that requester sent). The requester
+// maps the positions back to its own ids (through its owner order, `perm`) and takes each element from
+// ONE owner: among those holding the overall maximum, the one whose winner comes first in the bag, the
+// dense op's choice (NOTE [ Max ties ] in csrc/ops/embedding_ops.cpp); 0 where no owner holds an id.
+// `chosen` (saved) says which owner that was, so the backward sends each owner the gradient of exactly
+// the elements it won.
+at::Tensor max_over_owners(const at::Tensor& local, const at::Tensor& local_ids,
+                           const at::Tensor& local_offsets, const at::Tensor& perm,
+                           const std::vector<int64_t>& counts_in, const std::vector<int64_t>& counts_out,
+                           const std::vector<int64_t>& bags_in, int64_t num_bags, int64_t owned,
+                           int64_t local_pad, bool lookup, c10::string_view group_name,
+                           std::vector<at::Tensor>& saved) {
+  const auto world = static_cast<int64_t>(counts_in.size());
+  const int64_t dim = local.size(1);
+  const int64_t pooled_bags = ops::checked_total(bags_in);
+  const auto long_options = local.options().dtype(at::kLong);
+  const at::Tensor ids = local_ids.to(at::kLong), offsets = local_offsets.to(at::kLong);
+  at::Tensor pooled, where;
+  if (lookup) {
+    std::tie(pooled, where) = ops::embedding_bag_partial(local, ids, offsets, std::nullopt, /*row_start=*/0,
+                                                         "max", local_pad, /*fused=*/true, owned);
+  } else {
+    pooled = at::zeros({pooled_bags, dim}, local.options());
+    where = at::full({pooled_bags, dim}, -1, long_options);
+  }
+  // Positions among the ids each requester sent here: less the ids of the requesters before it.
+  std::vector<int64_t> firsts;
+  firsts.reserve(static_cast<size_t>(pooled_bags));
+  int64_t first = 0;
+  for (int64_t r = 0; r < world; ++r) {
+    firsts.insert(firsts.end(), static_cast<size_t>(bags_in[r]), first);
+    first += counts_in[r];
+  }
+  const at::Tensor relative =
+      (pooled_bags ? at::where(where.ge(0), where - to_device(firsts, local.device()).unsqueeze(1), where)
+                   : where)
+          .to(at::kInt);
+  std::vector<int64_t> back_rows(world), block_first;
+  int64_t at = 0;
+  for (int64_t o = 0; o < world; ++o) {
+    back_rows[o] = counts_out[o] > 0 ? num_bags : 0;
+    if (counts_out[o] > 0) {
+      block_first.push_back(at); // where owner o's ids start among this rank's ids in owner order
+    }
+    at += counts_out[o];
+  }
+  const auto senders = static_cast<int64_t>(block_first.size());
+  const at::Tensor values = ops::move_rows(pooled, bags_in, back_rows, group_name);
+  const at::Tensor positions = ops::move_rows(relative, bags_in, back_rows, group_name);
+  saved[kIds] = ids;
+  saved[kOffsets] = offsets;
+  saved[kMaxIndices] = where;
+  if (senders == 0) {
+    saved[kChosen] = at::zeros({num_bags, dim}, long_options);
+    return at::zeros({num_bags, dim}, local.options());
+  }
+  const at::Tensor vals = values.view({senders, num_bags, dim});
+  const at::Tensor pos = positions.view({senders, num_bags, dim}).to(at::kLong);
+  const at::Tensor held = pos.ge(0);
+  const at::Tensor in_order = pos + to_device(block_first, local.device()).view({-1, 1, 1});
+  const at::Tensor original =
+      at::where(held, perm.index_select(0, at::where(held, in_order, 0).reshape({-1})).view_as(pos), -1);
+  const at::Tensor best = at::where(held, vals, c10::Scalar(-std::numeric_limits<double>::infinity()))
+                              .amax({0}, /*keepdim=*/true);
+  const at::Tensor candidates =
+      at::where(held & vals.eq(best), original, c10::Scalar(std::numeric_limits<int64_t>::max()));
+  auto [winner, chosen] = candidates.min(0, /*keepdim=*/true);
+  saved[kChosen] = chosen.squeeze(0);
+  const at::Tensor out = vals.gather(0, chosen).squeeze(0);
+  return at::where(winner.squeeze(0).eq(std::numeric_limits<int64_t>::max()), 0, out);
+}
+
 std::tuple<at::Tensor, std::vector<at::Tensor>>
 rowwise_lookup(const at::Tensor& local, const at::Tensor& ids, const std::optional<at::Tensor>& offsets,
                const std::optional<at::Tensor>& per_sample_weights, const std::optional<at::Tensor>& status,
@@ -176,8 +253,8 @@ rowwise_lookup(const at::Tensor& local, const at::Tensor& ids, const std::option
                c10::ArrayRef<double> arguments, int64_t range_code, c10::string_view group_name) {
   check_not_tracing("_rowwise_lookup", "communicates over its process group");
   const bool bags = mode != kEmbedding;
-  TORCH_CHECK_VALUE(mode == kEmbedding || mode == kSum || mode == kMean, kLookup,
-                    ": mode must be -1 (embedding), 0 (sum) or 1 (mean), got ", mode);
+  TORCH_CHECK_VALUE(mode >= kEmbedding && mode <= kMax, kLookup,
+                    ": mode must be -1 (embedding), 0 (sum), 1 (mean) or 2 (max), got ", mode);
   TORCH_CHECK_VALUE(local.dim() == 2, kLookup, ": the weight shard must be 2-D, got ", local.sizes());
   TORCH_CHECK_VALUE(bags == (offsets.has_value() && offsets->defined()), kLookup,
                     ": offsets are given exactly for embedding_bag");
@@ -315,6 +392,9 @@ rowwise_lookup(const at::Tensor& local, const at::Tensor& ids, const std::option
     // 5. Each requester its rows, put where its ids were (perm is a permutation: every row is written).
     const at::Tensor back = ops::move_rows(found, counts_in, counts_out, group_name);
     out = at::empty({n, dim}, local.options()).index_copy_(0, mine.perm, back);
+  } else if (mode == kMax) {
+    out = max_over_owners(local, local_ids, local_offsets, mine.perm, counts_in, counts_out, bags_in,
+                          num_bags, owned, local_pad, lookup, group_name, saved);
   } else {
     at::Tensor pooled;
     if (!lookup) {
@@ -350,7 +430,7 @@ rowwise_lookup(const at::Tensor& local, const at::Tensor& ids, const std::option
       out = out / mine.divisors.unsqueeze(1).to(out.scalar_type());
     }
   }
-  if (needs_grad) {
+  if (needs_grad && mode != kMax) { // max saved its own (int64, for _embedding_bag_partial)
     saved[kIds] = local_ids;
     if (bags) {
       saved[kOffsets] = local_offsets;
@@ -373,8 +453,7 @@ at::Tensor rowwise_lookup_backward(const at::Tensor& grad, at::TensorList saved,
   check_not_tracing("_rowwise_lookup_backward", "communicates over its process group");
   TORCH_CHECK_VALUE(saved.size() == kNumSaved, kLookupBackward, ": expected ",
                     static_cast<int64_t>(kNumSaved), " saved tensors, got ", saved.size());
-  TORCH_CHECK_VALUE(mode == kEmbedding || mode == kSum || mode == kMean, kLookupBackward, ": bad mode ",
-                    mode);
+  TORCH_CHECK_VALUE(mode >= kEmbedding && mode <= kMax, kLookupBackward, ": bad mode ", mode);
   TORCH_CHECK_VALUE(grad.dim() == 2, kLookupBackward, ": grad must be 2-D, got ", grad.sizes());
   const at::Tensor counts = saved[kCounts].contiguous();
   TORCH_CHECK_VALUE(counts.is_cpu() && counts.scalar_type() == at::kLong && (counts.numel() - 2) % 3 == 0 &&
@@ -409,6 +488,28 @@ at::Tensor rowwise_lookup_backward(const at::Tensor& grad, at::TensorList saved,
   TORCH_CHECK_VALUE(saved[kOffsets].numel() == ops::checked_total(bags_in) &&
                         saved[kOffsets].scalar_type() == ids.scalar_type(),
                     kLookupBackward, ": saved offsets do not match the counts");
+  if (mode == kMax) {
+    // Each owner the gradient of the elements it won (NOTE [ Max over owners ]), zero elsewhere.
+    std::vector<int64_t> send_rows(world);
+    int64_t senders = 0;
+    for (int64_t o = 0; o < world; ++o) {
+      send_rows[o] = counts_out[o] > 0 ? num_bags : 0;
+      senders += counts_out[o] > 0;
+    }
+    const at::Tensor& chosen = saved[kChosen];
+    TORCH_CHECK_VALUE(chosen.sizes() == grad.sizes() && chosen.scalar_type() == at::kLong, kLookupBackward,
+                      ": saved winners do not match grad");
+    const at::Tensor which = at::arange(senders, chosen.options()).view({-1, 1, 1});
+    const at::Tensor spread =
+        at::where(chosen.unsqueeze(0).eq(which), grad.unsqueeze(0), 0).reshape({-1, dim});
+    const at::Tensor got = ops::move_rows(spread, send_rows, bags_in, group_name);
+    if (!lookup) {
+      return at::zeros({rows, dim}, grad.options());
+    }
+    return ops::embedding_bag_partial_backward(got.contiguous(), ids, saved[kOffsets], std::nullopt,
+                                               saved[kMaxIndices], /*row_start=*/0, rows, "max", local_pad,
+                                               owned);
+  }
   at::Tensor g = grad;
   if (mode == kMean && num_bags) {
     g = g / saved[kDivisors].unsqueeze(1).to(g.scalar_type());

@@ -4,7 +4,7 @@ torch_shard._rowwise_lookup and torch_shard._colwise_lookup.
 The ops' callers (embedding.py, embedding_bag.py) keep the argument checks and upstream's messages; the
 rest (the agreement, moving ids and results, the lookup kernel, combining) is the op's (NOTE [ A
 row-wise lookup in one call ] in csrc/ops/rowwise_lookup.cpp, NOTE [ A column-wise lookup in one call ]
-in csrc/ops/colwise_lookup.cpp). max_norm, and max mode row-wise, compose the lookup in Python instead.
+in csrc/ops/colwise_lookup.cpp). max_norm composes the lookup in Python instead.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def rows_in_one_call(
     ranges: list[tuple[int, int]],
     group: str,
 ) -> torch.Tensor:
-    """This rank's result of a row-wise lookup (``mode``: EMBEDDING or BAG_MODES' sum / mean) from its
+    """This rank's result of a row-wise lookup (``mode``: EMBEDDING or one of BAG_MODES) from its
     weight shard ``local`` (rows from ``start``; ``ranges``: every group rank's (first, end) rows).
     ``checks`` holds this rank's device-side input checks other than the ids' range, which the op
     checks itself; ``mine.offsets`` are used only for bags. [n, dim] for embedding, [bags, dim]

@@ -185,7 +185,7 @@ def sharded_embedding_bag(types, args, kwargs, pg):
     words = None
     routed_rows = False  # row-wise: ids go to their owners only, not to every rank
     fused = False  # row-wise on the CPU: the requester prepares its ids in one op
-    one_call = False  # the whole lookup is one C++ call (all but max_norm, and max row-wise)
+    one_call = False  # the whole lookup is one C++ call (all but max_norm)
     try:
         # Everything that can fail on this rank happens here, before the exchange (share_bags), so a
         # failure raises on every rank instead of leaving the others in the exchange.
@@ -216,8 +216,8 @@ def sharded_embedding_bag(types, args, kwargs, pg):
                 padding_idx += weight.size(0)
         fused = dim == 0 and fused_routing(local.device)
         # NOTE [ A row-wise lookup in one call ] (csrc/ops/rowwise_lookup.cpp) and NOTE [ A column-wise
-        # lookup in one call ] (csrc/ops/colwise_lookup.cpp); max_norm, and max row-wise, compose.
-        one_call = max_norm is None and (dim == 1 or mode != "max")
+        # lookup in one call ] (csrc/ops/colwise_lookup.cpp); max_norm composes.
+        one_call = max_norm is None
         # The ids' range is checked on the device, in _bucket_ids or the one-call ops when they run.
         check_ids_in_range(checks, input.reshape(-1), weight.size(0), on_device=not (fused or one_call))
         mine = _as_bags(
