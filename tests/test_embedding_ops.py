@@ -233,3 +233,67 @@ class TestEmbeddingBagPartialPreconditions(TestCase):
 
 if __name__ == "__main__":
     run_tests()
+
+
+class TestLookupOpsOnOneRank(TestCase):
+    """torch_shard._rowwise_lookup / _colwise_lookup called directly on a one-rank gloo group (made and
+    registered by hand, so no default group is needed in this process): results and gradients against
+    the dense op, and no output aliasing an input, which a one-rank group would otherwise hand back (its
+    own per-sample weights, offsets or ids, reshaped) and which the dispatcher forbids."""
+
+    def setUp(self):
+        import torch.distributed as dist
+        from torch._C._distributed_c10d import ProcessGroup, _register_process_group
+
+        super().setUp()
+        self.group = f"torch_shard_one_rank_{id(self)}"
+        # Held here: the registry keeps only a weak reference.
+        self.pg = ProcessGroup(dist.HashStore(), 0, 1)
+        self.gloo = dist.ProcessGroupGloo(dist.HashStore(), 0, 1)
+        self.pg._register_backend(torch.device("cpu"), ProcessGroup.BackendType.GLOO, self.gloo)
+        _register_process_group(self.group, self.pg)
+
+    def tearDown(self):
+        from torch._C._distributed_c10d import _unregister_process_group
+
+        _unregister_process_group(self.group)
+        super().tearDown()
+
+    def _check(self, which, mode, int32):
+        gen = torch.Generator().manual_seed(3)
+        rows, dim = 11, 4
+        weight = torch.randn(rows, dim, generator=gen, dtype=torch.float64)
+        ids = torch.randint(0, rows, (9,), generator=gen)
+        offsets = torch.tensor([0, 3, 3, 7])
+        psw = torch.rand(9, generator=gen, dtype=torch.float64) if mode == 0 else None
+        names = {0: "sum", 1: "mean", 2: "max"}
+        common = (rows, 2, mode, int32, True)  # num_embeddings, padding_idx, mode, int32, needs_grad
+        if which == "rows":
+            out, saved = _ops._rowwise_lookup(
+                weight, ids, offsets, psw, None, [0, rows], rows, 0, *common[1:], True, 0, [], 0, self.group
+            )
+            grad_weight = _ops._rowwise_lookup_backward(torch.ones_like(out), saved, rows, 0, 2, mode, self.group)
+        else:
+            out, saved = _ops._colwise_lookup(
+                weight, ids, offsets, psw, None, [0], [dim], *common, 0, [], 0, self.group
+            )
+            grad_weight = _ops._colwise_lookup_backward(torch.ones_like(out), saved, rows, 2, mode, self.group)
+        dense = weight.clone().requires_grad_(True)
+        expected = torch.nn.functional.embedding_bag(
+            ids, dense, offsets, mode=names[mode], per_sample_weights=psw, padding_idx=2
+        )
+        expected.sum().backward()
+        where = f"{which} {names[mode]} int32={int32}"
+        self.assertEqual(out, expected, msg=where)
+        self.assertEqual(grad_weight, dense.grad, msg=where)
+        inputs = [t for t in (weight, ids, offsets, psw) if t is not None]
+        for t in [out, grad_weight, *saved]:
+            if t.numel():
+                for given in inputs:
+                    self.assertNotEqual(t.untyped_storage().data_ptr(), given.untyped_storage().data_ptr(), where)
+
+    def test_results_gradients_and_no_aliases(self):
+        for which in ("rows", "columns"):
+            for mode in (0, 1, 2):
+                for int32 in (True, False):
+                    self._check(which, mode, int32)

@@ -238,7 +238,12 @@ colwise_lookup(const at::Tensor& local, const at::Tensor& ids, const std::option
     counts[1 + 2 * world + r] = column_starts[r];
   }
   saved[kCounts] = at::tensor(counts, at::TensorOptions().dtype(at::kLong));
-  return {out, saved};
+  std::vector<at::Tensor> outputs{out};
+  ops::copy_aliases(outputs,
+                    {local, ids, offsets.value_or(at::Tensor()), per_sample_weights.value_or(at::Tensor())});
+  ops::copy_aliases(saved,
+                    {local, ids, offsets.value_or(at::Tensor()), per_sample_weights.value_or(at::Tensor())});
+  return {outputs[0], saved};
 }
 
 at::Tensor colwise_lookup_backward(const at::Tensor& grad, at::TensorList saved, int64_t rows,

@@ -4,6 +4,7 @@
 // run a whole lookup without going back through Python or the dispatcher.
 #pragma once
 
+#include <initializer_list>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -50,6 +51,20 @@ at::Tensor embedding_bag_partial_backward(const at::Tensor& grad, const at::Tens
                                           const at::Tensor& argmax, int64_t row_start, int64_t rows,
                                           c10::string_view mode, int64_t padding_idx,
                                           std::optional<int64_t> owned);
+
+// Outputs of an op must not alias its inputs (the dispatcher's contract for functional ops; autograd
+// and functionalization rely on it). The lookups hand back some tensors they were given, reshaped (a
+// one-rank group's own per-sample weights, ids that needed no conversion): those are copied.
+inline void copy_aliases(std::vector<at::Tensor>& outputs, std::initializer_list<at::Tensor> inputs) {
+  for (at::Tensor& out : outputs) {
+    for (const at::Tensor& in : inputs) {
+      if (out.defined() && in.defined() && out.is_alias_of(in)) {
+        out = out.clone();
+        break;
+      }
+    }
+  }
+}
 
 // The sum of non-negative counts, checked against int64 overflow.
 inline int64_t checked_total(c10::IntArrayRef values) {
