@@ -125,8 +125,9 @@ TORCH_LIBRARY(torch_shard, m) {
   // Row-wise sharded embedding_bag (csrc/ops/embedding_ops.cpp): pool, per bag, the rows of `weight`
   // (global rows row_start..) that a requester's bags use; mode "sum" or "max". Returns the pooled
   // [num_bags, dim] (0 / -inf where the shard holds none of a bag's ids) and, for max, the position in
-  // ids of the winning id per element (-1 for none; NOTE [ Max ties ]). padding_idx -1 means none. fused=False takes the ATen
-  // composition other devices use, also on CPU (for tests). Bag b holds ids[offsets[b]:offsets[b+1]]
+  // ids of the winning id per element (-1 for none; NOTE [ Max ties ]). padding_idx -1 means none.
+  // fused=False takes the ATen composition other devices use, also on CPU (for tests; in the backward
+  // it matters for max only). Bag b holds ids[offsets[b]:offsets[b+1]]
   // (the last to the end); both kernels check offsets (non-decreasing, within [0, numel(ids)]),
   // shapes, devices, row_start/rows and argmax, so no call reads or writes out of bounds.
   // `owned`: how many ids (from offsets[0] on) fall in the shard's rows, when the caller knows it
@@ -136,7 +137,7 @@ TORCH_LIBRARY(torch_shard, m) {
         "int row_start, str mode, int padding_idx, bool fused=True, int? owned=None) -> (Tensor, Tensor)");
   m.def("_embedding_bag_partial_backward(Tensor grad, Tensor ids, Tensor offsets, "
         "Tensor? per_sample_weights, Tensor argmax, int row_start, int rows, str mode, "
-        "int padding_idx, int? owned=None) -> Tensor");
+        "int padding_idx, int? owned=None, bool fused=True) -> Tensor");
   // Row-wise requester's preparation in one CPU pass (csrc/ops/embedding_ops.cpp, NOTE [ Requester-side
   // routing in one op ]): (ids in owner order, each owner's per-bag lengths after its ids, as int32 when
   // `int32`; the positions in ids of that order; the word told to each owner with the agreement; the

@@ -81,7 +81,7 @@ class TestEmbeddingBagPartial(TestCase):
                     loss.backward()
                 expected_grad = ref_weight.grad if ref_weight.grad is not None else torch.zeros_like(weight)
                 got = _ops._embedding_bag_partial_backward(
-                    grad, ids, offsets, psw, argmax, row_start, weight.size(0), mode, pad
+                    grad, ids, offsets, psw, argmax, row_start, weight.size(0), mode, pad, None, fused
                 )
                 self.assertEqual(got, expected_grad, f"{msg} backward")
 
@@ -106,7 +106,7 @@ class TestEmbeddingBagPartial(TestCase):
             self.assertEqual(argmax.cpu(), torch.tensor([[0, 0, 0], [-1, -1, -1], [3, 4, 3]]), f"{device} {fused}")
             grad = torch.arange(1.0, 10.0, device=device).view(3, 3)
             got = _ops._embedding_bag_partial_backward(
-                grad, ids.to(device), offsets.to(device), None, argmax, 0, 10, "max", -1
+                grad, ids.to(device), offsets.to(device), None, argmax, 0, 10, "max", -1, None, fused
             )
             dense_weight = weight.clone().requires_grad_(True)
             torch.nn.functional.embedding_bag(
@@ -205,7 +205,9 @@ class TestEmbeddingBagPartialPreconditions(TestCase):
         with self.assertRaisesRegex(ValueError, "argmax holds positions in \\[-2"):
             back(grad, ids, offsets, None, torch.full((2, 3), -2), 0, 4, "max", -1)
         with self.assertRaisesRegex(ValueError, r"argmax names a position whose id is outside the shard's rows \[1, 3\)"):
-            back(grad, ids, offsets, None, argmax, 1, 2, "max", -1)
+            back(grad, ids, offsets, None, argmax, 1, 2, "max", -1)  # the fused CPU loop
+        with self.assertRaisesRegex(ValueError, r"argmax names a position whose id is outside the shard's rows \[1, 3\)"):
+            back(grad, ids, offsets, None, argmax, 1, 2, "max", -1, None, False)  # the ATen composition
         with self.assertRaisesRegex(ValueError, "grad must have one row per bag"):
             back(torch.ones(3, 3), ids, offsets, None, argmax, 0, 4, "sum", -1)
         with self.assertRaisesRegex(ValueError, "row_start and rows must be non-negative"):

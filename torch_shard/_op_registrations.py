@@ -79,7 +79,7 @@ def _embedding_bag_partial_fake(
 
 @torch.library.register_fake(_PARTIAL_BACKWARD)
 def _embedding_bag_partial_backward_fake(
-    grad, ids, offsets, per_sample_weights, argmax, row_start, rows, mode, padding_idx, owned=None
+    grad, ids, offsets, per_sample_weights, argmax, row_start, rows, mode, padding_idx, owned=None, fused=True
 ):
     """The weight shard's gradient: [rows, dim] of the gradient's dtype, on its device."""
     op = "torch_shard._embedding_bag_partial_backward"
@@ -96,21 +96,22 @@ def _embedding_bag_partial_backward_fake(
 
 
 def _partial_setup_context(ctx, inputs, output) -> None:
-    weight, ids, offsets, per_sample_weights, row_start, mode, padding_idx, _fused, owned = inputs
+    weight, ids, offsets, per_sample_weights, row_start, mode, padding_idx, fused, owned = inputs
     if per_sample_weights is not None and per_sample_weights.requires_grad:
         raise NotImplementedError(
             "torch_shard._embedding_bag_partial: gradients with respect to per_sample_weights are not supported"
         )
     _, argmax = output
     ctx.save_for_backward(ids, offsets, per_sample_weights, argmax)
-    ctx.arguments = (row_start, weight.shape[0], mode, padding_idx, owned)
+    ctx.arguments = (row_start, weight.shape[0], mode, padding_idx, owned, fused)
 
 
 def _partial_backward(ctx, grad_pooled, _grad_argmax):
     ids, offsets, per_sample_weights, argmax = ctx.saved_tensors
-    row_start, rows, mode, padding_idx, owned = ctx.arguments
+    row_start, rows, mode, padding_idx, owned, fused = ctx.arguments
     grad_weight = torch.ops.torch_shard._embedding_bag_partial_backward(
-        grad_pooled.contiguous(), ids, offsets, per_sample_weights, argmax, row_start, rows, mode, padding_idx, owned
+        grad_pooled.contiguous(), ids, offsets, per_sample_weights, argmax, row_start, rows, mode, padding_idx, owned,
+        fused,
     )
     # Only the weight is differentiable: ids, offsets and argmax are integers, and per_sample_weights
     # never requires grad here (checked in the forward).

@@ -309,7 +309,7 @@ at::Tensor embedding_bag_partial_backward(const at::Tensor& grad, const at::Tens
                                           const std::optional<at::Tensor>& per_sample_weights,
                                           const at::Tensor& argmax, int64_t row_start, int64_t rows,
                                           c10::string_view mode, int64_t padding_idx,
-                                          std::optional<int64_t> owned) {
+                                          std::optional<int64_t> owned, bool fused) {
   const bool max_mode = is_max(kBackward, mode);
   check_bags(kBackward, grad, "grad", ids, offsets, per_sample_weights, row_start, rows);
   const int64_t num_bags = offsets.numel(), dim = grad.size(1);
@@ -345,10 +345,36 @@ at::Tensor embedding_bag_partial_backward(const at::Tensor& grad, const at::Tens
     // Each element of each bag's output came from the id at one position (or none: -1; NOTE [ Max
     // ties ]). Elements without one add nothing (their row is clamped to 0 and their gradient zeroed),
     // so no output size depends on data.
-    const at::Tensor valid = argmax.ge(0);
     if (ids.numel() == 0) {
       return grad_weight; // every position is -1 (checked above)
     }
+    if (fused && grad.is_cpu()) {
+      // One pass instead of ten over [bags, dim]: each element's gradient to the row of the id that
+      // won it. Positions were checked above; each id is checked against the shard's rows before it
+      // indexes anything.
+      const at::Tensor g = grad.contiguous(), won_at = argmax.contiguous(), id = ids.contiguous();
+      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, g.scalar_type(), kBackward, [&] {
+        const scalar_t* gp = g.const_data_ptr<scalar_t>();
+        const int64_t* ap = won_at.const_data_ptr<int64_t>();
+        const int64_t* idp = id.const_data_ptr<int64_t>();
+        scalar_t* out = grad_weight.mutable_data_ptr<scalar_t>();
+        for (int64_t b = 0; b < num_bags; ++b) {
+          for (int64_t d = 0; d < dim; ++d) {
+            const int64_t position = ap[b * dim + d];
+            if (position < 0) {
+              continue;
+            }
+            const int64_t row = idp[position] - row_start;
+            TORCH_CHECK_VALUE(row >= 0 && row < rows, kBackward,
+                              ": argmax names a position whose id is outside the shard's rows [", row_start,
+                              ", ", row_start + rows, ")");
+            out[row * dim + d] += gp[b * dim + d];
+          }
+        }
+      });
+      return grad_weight;
+    }
+    const at::Tensor valid = argmax.ge(0);
     const at::Tensor position = at::where(valid, argmax, at::zeros({}, argmax.options()));
     const at::Tensor won = ids.index_select(0, position.reshape({-1})).view({num_bags, dim}) - row_start;
     const at::Tensor inside = won.ge(0) & won.lt(rows);
@@ -612,9 +638,9 @@ at::Tensor embedding_bag_partial_backward(const at::Tensor& grad, const at::Tens
                                           const std::optional<at::Tensor>& per_sample_weights,
                                           const at::Tensor& argmax, int64_t row_start, int64_t rows,
                                           c10::string_view mode, int64_t padding_idx,
-                                          std::optional<int64_t> owned) {
+                                          std::optional<int64_t> owned, bool fused) {
   return ::torch_shard::embedding_bag_partial_backward(grad, ids, offsets, per_sample_weights, argmax,
-                                                       row_start, rows, mode, padding_idx, owned);
+                                                       row_start, rows, mode, padding_idx, owned, fused);
 }
 } // namespace ops
 

@@ -50,7 +50,7 @@ at::Tensor embedding_bag_partial_backward(const at::Tensor& grad, const at::Tens
                                           const std::optional<at::Tensor>& per_sample_weights,
                                           const at::Tensor& argmax, int64_t row_start, int64_t rows,
                                           c10::string_view mode, int64_t padding_idx,
-                                          std::optional<int64_t> owned);
+                                          std::optional<int64_t> owned, bool fused);
 
 // Outputs of an op must not alias its inputs (the dispatcher's contract for functional ops; autograd
 // and functionalization rely on it). The lookups hand back some tensors they were given, reshaped (a

@@ -513,7 +513,7 @@ at::Tensor rowwise_lookup_backward(const at::Tensor& grad, at::TensorList saved,
     }
     return ops::embedding_bag_partial_backward(got.contiguous(), ids, saved[kOffsets], std::nullopt,
                                                saved[kMaxIndices], /*row_start=*/0, rows, "max", local_pad,
-                                               owned);
+                                               owned, /*fused=*/true);
   }
   at::Tensor g = grad;
   if (mode == kMean && num_bags) {
