@@ -14,10 +14,10 @@ The sizes of both all-to-alls are known to every rank without reading device mem
 requester's ids for each owner travels with the agreement (``words``), and so, for embedding_bag,
 does the requester's number of bags (the high 32 bits of the same word: ``_BAGS_SHIFT``).
 
-F.embedding and F.embedding_bag in sum and mean mode without max_norm run the whole protocol, forward
-and backward, as ONE C++ call each (:func:`._one_call.rows_in_one_call`; NOTE [ A row-wise lookup in one call ]
-in csrc/ops/rowwise_lookup.cpp; _one_call.py). Max mode and max_norm compose it here: on the CPU the requester's
-side (owners, per-bag lengths, the ids in owner order with the lengths after them, the words, the ids'
+F.embedding and F.embedding_bag (every mode) without max_norm run the whole protocol, forward and
+backward, as ONE C++ call each (:func:`._one_call.rows_in_one_call`; NOTE [ A row-wise lookup in one
+call ] in csrc/ops/rowwise_lookup.cpp). max_norm composes it here: on the CPU the requester's side
+(owners, per-bag lengths, the ids in owner order with the lengths after them, the words, the ids'
 range check and mean's divisors) is one C++ op, and the owner's unpacking of what it received another
 (:func:`prepare`, :func:`route_prepared`; NOTE [ Requester-side routing in one op ] in
 csrc/ops/embedding_ops.cpp); other devices take the ATen composition (:func:`owner_of_ids`,

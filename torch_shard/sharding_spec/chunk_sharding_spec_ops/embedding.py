@@ -82,7 +82,7 @@ def sharded_embedding(types, args, kwargs, pg):
         ids = input.reshape(-1).to(index_dtype(weight) if dim == 1 and not one_call else torch.int64)
         fused = dim == 0 and fused_routing(local.device)
         # On the ids as given: an int64 id beyond int32 must not wrap into range. Checked on the
-        # device in _bucket_ids or _rowwise_lookup when they run.
+        # device in _bucket_ids or the one-call ops when they run.
         check_ids_in_range(checks, input.reshape(-1), weight.size(0), on_device=not (fused or one_call))
         mine = Bags(ids=ids, offsets=torch.zeros(0, dtype=torch.int64, device=ids.device), per_sample_weights=None)
         layout = row_ranges(weight) if dim == 0 else column_order(weight)
@@ -93,7 +93,7 @@ def sharded_embedding(types, args, kwargs, pg):
             check_fits(ids.numel(), None)
             routed_rows = True
             if one_call:
-                pass
+                pass  # the one-call op buckets the ids itself
             elif fused:  # one op (NOTE [ Requester-side routing in one op ] in csrc/ops/embedding_ops.cpp)
                 prepared = prepare(mine, layout, weight.size(0), index_dtype(weight), False, checks)
                 words = prepared.words

@@ -245,7 +245,7 @@ def sharded_embedding_bag(types, args, kwargs, pg):
             check_fits(mine.ids.numel(), mine.num_bags)
             ranges = row_ranges(weight)
             if one_call:
-                pass
+                pass  # the one-call op buckets the ids itself
             elif fused:  # one op (NOTE [ Requester-side routing in one op ] in csrc/ops/embedding_ops.cpp)
                 prepared = prepare(mine, ranges, weight.size(0), index_dtype(weight), True, checks, padding_idx)
                 words = prepared.words
