@@ -347,6 +347,11 @@ void abort_op(c10::string_view op, c10::string_view error_class, c10::string_vie
   }
 }
 
+} // namespace
+
+// Also called from the one-call lookups (ops/lookup_parts.h).
+namespace ops {
+
 // NOTE [ Shared inputs ]
 // Sharded compute (the embedding ops, init_from_local_shards) needs every rank's input on every rank.
 // _share_inputs is that exchange as one agreed data op: each rank's `parts` (1-D tensors, the same
@@ -369,9 +374,9 @@ void abort_op(c10::string_view op, c10::string_view error_class, c10::string_vie
 // not 0 there are no parts (every other rank raises naming this one, and the caller raises its own,
 // detailed error).
 std::tuple<std::vector<at::Tensor>, std::vector<int64_t>>
-share_inputs_with_words(at::TensorList parts, int64_t fingerprint, int64_t flags, c10::string_view group_name,
-                        c10::ArrayRef<double> arguments, const std::optional<at::Tensor>& status,
-                        const std::optional<at::Tensor>& words) {
+share_inputs_agreed(at::TensorList parts, int64_t fingerprint, int64_t flags, c10::string_view group_name,
+                    c10::ArrayRef<double> arguments, const std::optional<at::Tensor>& status,
+                    const std::optional<at::Tensor>& words) {
   check_not_tracing("_share_inputs", kCommunicates);
   auto pg = comm::resolve_group(std::string(group_name), "_share_inputs");
   const int64_t me = pg->getRank();
@@ -537,10 +542,14 @@ share_inputs_with_words(at::TensorList parts, int64_t fingerprint, int64_t flags
   return {std::move(out), std::move(info)};
 }
 
+} // namespace ops
+
+namespace {
+
 std::vector<at::Tensor> share_inputs(at::TensorList parts, int64_t fingerprint, int64_t flags,
                                      c10::string_view group_name, c10::ArrayRef<double> arguments) {
   return std::get<0>(
-      share_inputs_with_words(parts, fingerprint, flags, group_name, arguments, std::nullopt, std::nullopt));
+      ops::share_inputs_agreed(parts, fingerprint, flags, group_name, arguments, std::nullopt, std::nullopt));
 }
 
 // Every rank's `value`, in rank order (one agreement round, op kind "compare"; a rank that failed
@@ -617,12 +626,16 @@ std::vector<int64_t> get_comm_stats(bool reset) {
 //     breaks the graph at the sharded op and runs it eagerly (docs/torch_compile.md).
 // Like the other data ops they raise under FakeTensorMode (NOTE [ Ops that cannot be traced ]).
 
+} // namespace
+
+namespace ops {
+
 // Unchecked all-to-all of a flat tensor: rank p receives send_counts[p] elements from this rank and
 // recv_counts[p] must equal what rank p sends here. Internal (underscore): callers derive the counts
 // from data every rank already agreed on (the sharded embedding ops); mismatched counts abort gloo.
 // Staged through the communication device: see NOTE [ Why not torch's functional collectives ].
-at::Tensor all_to_all(const at::Tensor& input, c10::IntArrayRef send_counts, c10::IntArrayRef recv_counts,
-                      c10::string_view group_name) {
+at::Tensor all_to_all_counts(const at::Tensor& input, c10::IntArrayRef send_counts,
+                             c10::IntArrayRef recv_counts, c10::string_view group_name) {
   check_not_tracing("_all_to_all", kCommunicates);
   auto pg = comm::resolve_group(std::string(group_name), "_all_to_all");
   const int64_t world = pg->getSize();
@@ -660,6 +673,10 @@ at::Tensor all_to_all(const at::Tensor& input, c10::IntArrayRef send_counts, c10
   return recv.to(input.device());
 }
 
+} // namespace ops
+
+namespace {
+
 // Unchecked elementwise sum of `input` over the ranks of the group, staged through the communication
 // device like _all_to_all. Internal (underscore): every rank must pass a tensor of the same shape and
 // dtype, which callers derive from data every rank already agreed on (the max_norm renormalisation of a
@@ -684,20 +701,6 @@ std::vector<std::string> error_classes() {
 
 } // namespace
 
-namespace ops {
-std::tuple<std::vector<at::Tensor>, std::vector<int64_t>>
-share_inputs_agreed(at::TensorList parts, int64_t fingerprint, int64_t flags, c10::string_view group_name,
-                    c10::ArrayRef<double> arguments, const std::optional<at::Tensor>& status,
-                    const std::optional<at::Tensor>& words) {
-  return share_inputs_with_words(parts, fingerprint, flags, group_name, arguments, status, words);
-}
-
-at::Tensor all_to_all_counts(const at::Tensor& input, c10::IntArrayRef send_counts,
-                             c10::IntArrayRef recv_counts, c10::string_view group_name) {
-  return all_to_all(input, send_counts, recv_counts, group_name);
-}
-} // namespace ops
-
 TORCH_LIBRARY_IMPL(torch_shard, CompositeImplicitAutograd, m) {
   m.impl("shard", TORCH_FN(shard));
   m.impl("gather", TORCH_FN(gather));
@@ -707,7 +710,7 @@ TORCH_LIBRARY_IMPL(torch_shard, CompositeImplicitAutograd, m) {
   m.impl("_comm_stats", TORCH_FN(get_comm_stats));
   m.impl("_error_classes", TORCH_FN(error_classes));
   m.impl("_share_inputs", TORCH_FN(share_inputs));
-  m.impl("_share_inputs.with_words", TORCH_FN(share_inputs_with_words));
+  m.impl("_share_inputs.with_words", TORCH_FN(ops::share_inputs_agreed));
   m.impl("_all_ranks_true", TORCH_FN(all_ranks_true));
   m.impl("_gather_values", TORCH_FN(gather_values));
 }
@@ -717,12 +720,12 @@ TORCH_LIBRARY_IMPL(torch_shard, CompositeImplicitAutograd, m) {
 // the gradients over the ranks) and their fake kernels, which raise the error of NOTE [ Ops that cannot
 // be traced ], are in torch_shard/_op_registrations.py.
 TORCH_LIBRARY_IMPL(torch_shard, CPU, m) {
-  m.impl("_all_to_all", TORCH_FN(all_to_all));
+  m.impl("_all_to_all", TORCH_FN(ops::all_to_all_counts));
   m.impl("_sum_over_ranks", TORCH_FN(sum_over_ranks));
 }
 
 TORCH_LIBRARY_IMPL(torch_shard, CUDA, m) {
-  m.impl("_all_to_all", TORCH_FN(all_to_all));
+  m.impl("_all_to_all", TORCH_FN(ops::all_to_all_counts));
   m.impl("_sum_over_ranks", TORCH_FN(sum_over_ranks));
 }
 

@@ -287,6 +287,11 @@ std::tuple<at::Tensor, at::Tensor> partial_generic(const at::Tensor& weight, con
   return {out, at::where(first.eq(none), at::full({}, -1, first.options()), first)};
 }
 
+} // namespace
+
+// The kernels of the ops below, also called from the one-call lookups (ops/lookup_parts.h).
+namespace ops {
+
 std::tuple<at::Tensor, at::Tensor>
 embedding_bag_partial(const at::Tensor& weight, const at::Tensor& ids, const at::Tensor& offsets,
                       const std::optional<at::Tensor>& per_sample_weights, int64_t row_start,
@@ -405,6 +410,10 @@ at::Tensor embedding_bag_partial_backward(const at::Tensor& grad, const at::Tens
   return grad_weight;
 }
 
+} // namespace ops
+
+namespace {
+
 // NOTE [ Requester-side routing in one op ]
 // A row-wise requester's preparation (which rank owns each id, how many of its ids each owner holds
 // per bag, the ids in owner order with each owner's per-bag lengths after them, the words told with
@@ -476,12 +485,16 @@ void bucket_loop(const int64_t* ids, int64_t n, const int64_t* offsets, int64_t 
   }
 }
 
+} // namespace
+
+namespace ops {
+
 // See NOTE [ Requester-side routing in one op ]. row_ranges: [first row, end row) of each group rank,
 // flattened (2 * world values; empty ranges for ranks without rows).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-bucket_ids_impl(const at::Tensor& ids, const std::optional<at::Tensor>& offsets, c10::IntArrayRef row_ranges,
-                int64_t num_embeddings, bool int32, int64_t range_code,
-                const std::optional<at::Tensor>& status, int64_t padding_idx, bool lengths_for_idle) {
+bucket_ids(const at::Tensor& ids, const std::optional<at::Tensor>& offsets, c10::IntArrayRef row_ranges,
+           int64_t num_embeddings, bool int32, int64_t range_code, const std::optional<at::Tensor>& status,
+           int64_t padding_idx, bool lengths_for_idle) {
   TORCH_CHECK_TYPE(ids.scalar_type() == at::kLong, kBucket, ": ids must be int64, got ", ids.scalar_type());
   TORCH_CHECK_VALUE(ids.dim() == 1, kBucket, ": ids must be 1-D, got ", ids.dim(), "-D");
   TORCH_CHECK_VALUE(row_ranges.size() % 2 == 0 && !row_ranges.empty(), kBucket,
@@ -554,14 +567,6 @@ bucket_ids_impl(const at::Tensor& ids, const std::optional<at::Tensor>& offsets,
   return {send, perm, words, verdict, divisors};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-bucket_ids(const at::Tensor& ids, const std::optional<at::Tensor>& offsets, c10::IntArrayRef row_ranges,
-           int64_t num_embeddings, bool int32, int64_t range_code, const std::optional<at::Tensor>& status,
-           int64_t padding_idx) {
-  return bucket_ids_impl(ids, offsets, row_ranges, num_embeddings, int32, range_code, status, padding_idx,
-                         /*lengths_for_idle=*/true);
-}
-
 // Owner side of NOTE [ Requester-side routing in one op ]: `received` holds, per requester r,
 // counts_in[r] ids then bags_in[r] per-bag lengths. Returns every requester's ids less row_start,
 // concatenated, and their bags' offsets (same dtype as `received`), for one ATen embedding_bag.
@@ -609,55 +614,35 @@ std::tuple<at::Tensor, at::Tensor> unpack_routed(const at::Tensor& received, c10
   return {ids, offsets};
 }
 
-} // namespace
+} // namespace ops
 
-namespace ops {
+namespace {
+
+// The op _bucket_ids: every owner gets its per-bag lengths.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 bucket_ids(const at::Tensor& ids, const std::optional<at::Tensor>& offsets, c10::IntArrayRef row_ranges,
            int64_t num_embeddings, bool int32, int64_t range_code, const std::optional<at::Tensor>& status,
-           int64_t padding_idx, bool lengths_for_idle) {
-  return bucket_ids_impl(ids, offsets, row_ranges, num_embeddings, int32, range_code, status, padding_idx,
-                         lengths_for_idle);
+           int64_t padding_idx) {
+  return ops::bucket_ids(ids, offsets, row_ranges, num_embeddings, int32, range_code, status, padding_idx,
+                         /*lengths_for_idle=*/true);
 }
 
-std::tuple<at::Tensor, at::Tensor> unpack_routed(const at::Tensor& received, c10::IntArrayRef counts_in,
-                                                 c10::IntArrayRef bags_in, int64_t row_start) {
-  return ::torch_shard::unpack_routed(received, counts_in, bags_in, row_start);
-}
-
-std::tuple<at::Tensor, at::Tensor>
-embedding_bag_partial(const at::Tensor& weight, const at::Tensor& ids, const at::Tensor& offsets,
-                      const std::optional<at::Tensor>& per_sample_weights, int64_t row_start,
-                      c10::string_view mode, int64_t padding_idx, bool fused, std::optional<int64_t> owned) {
-  return ::torch_shard::embedding_bag_partial(weight, ids, offsets, per_sample_weights, row_start, mode,
-                                              padding_idx, fused, owned);
-}
-
-at::Tensor embedding_bag_partial_backward(const at::Tensor& grad, const at::Tensor& ids,
-                                          const at::Tensor& offsets,
-                                          const std::optional<at::Tensor>& per_sample_weights,
-                                          const at::Tensor& argmax, int64_t row_start, int64_t rows,
-                                          c10::string_view mode, int64_t padding_idx,
-                                          std::optional<int64_t> owned, bool fused) {
-  return ::torch_shard::embedding_bag_partial_backward(grad, ids, offsets, per_sample_weights, argmax,
-                                                       row_start, rows, mode, padding_idx, owned, fused);
-}
-} // namespace ops
+} // namespace
 
 // One function per op for both devices: it picks the fused CPU loops or the ATen composition itself.
 // The rest of each op's registration is in Python (torch_shard/_op_registrations.py): the fake
 // kernels (shapes from the inputs, for FakeTensor and torch.compile) and the forward's autograd
 // (torch.library.register_autograd; its backward is _embedding_bag_partial_backward).
 TORCH_LIBRARY_IMPL(torch_shard, CPU, m) {
-  m.impl("_embedding_bag_partial", TORCH_FN(embedding_bag_partial));
-  m.impl("_embedding_bag_partial_backward", TORCH_FN(embedding_bag_partial_backward));
+  m.impl("_embedding_bag_partial", TORCH_FN(ops::embedding_bag_partial));
+  m.impl("_embedding_bag_partial_backward", TORCH_FN(ops::embedding_bag_partial_backward));
   m.impl("_bucket_ids", TORCH_FN(bucket_ids));
-  m.impl("_unpack_routed", TORCH_FN(unpack_routed));
+  m.impl("_unpack_routed", TORCH_FN(ops::unpack_routed));
 }
 
 TORCH_LIBRARY_IMPL(torch_shard, CUDA, m) {
-  m.impl("_embedding_bag_partial", TORCH_FN(embedding_bag_partial));
-  m.impl("_embedding_bag_partial_backward", TORCH_FN(embedding_bag_partial_backward));
+  m.impl("_embedding_bag_partial", TORCH_FN(ops::embedding_bag_partial));
+  m.impl("_embedding_bag_partial_backward", TORCH_FN(ops::embedding_bag_partial_backward));
 }
 
 } // namespace torch_shard
