@@ -33,7 +33,7 @@ from torch_shard.checkpoint import (
     verify_checkpoint,
 )
 from torch_shard.checkpoint._archive import BytesSource, read_archive
-from torch_shard.checkpoint._checksums import ChunkChecksums, tensor_tile_crcs
+from torch_shard.checkpoint._checksums import ItemChecksums, tensor_tile_crcs
 from torch_shard.checkpoint._chunk import ItemPlace, read_box_by_tiles
 from torch_shard.sharding_spec import ChunkShardingSpec
 from torch_shard.testing import ShardedTensorTestBase, placement, run_tests, with_comms
@@ -260,7 +260,7 @@ def _saved(tensor):
     torch.save(tensor, buffer)
     source = BytesSource(buffer.getvalue(), 0)
     grid, crcs = tensor_tile_crcs(tensor)
-    return source, read_archive(source), ChunkChecksums("t", grid, tuple(crcs))
+    return source, read_archive(source), ItemChecksums("t", None, grid, tuple(crcs))
 
 
 def test_crc32_is_zlibs_whatever_the_backend():

@@ -13,11 +13,21 @@ more on each side of the rows, and nothing more when the box's edges fall on til
 CRC-32 is over its bytes taken row by row. One 4-byte CRC per 64 KiB keeps the table at 1/16384 of
 the data, and a tile is big enough that the per-tile Python work stays small next to hashing it.
 
-The writer computes the CRCs from the tensor in memory (what it hands to ``torch.save``), so a byte
-that changes on its way to the disk or later is caught. They go, with the save's id, into one JSON
-file ``.checksums`` beside ``.metadata``, written before ``.metadata``; DCP's own readers ignore it,
-and a reader ignores a ``.checksums`` left by an earlier save into the same directory (its id
-differs from the metadata's).
+NOTE [ What .checksums binds to one save ]
+A zip record's CRC-32 proves only that the record is self-consistent: a chunk (or a whole ``.distcp``
+file) copied from an older save of the same model, or two ranks' chunks swapped, pass it. So the
+writer records, for every saved item, what THIS save wrote, computed from the data in memory (what
+it hands to ``torch.save``, so a byte that changes on its way to the disk or later is caught): the
+CRC-32 of the item's stored data (a bytes item's bytes; a tensor chunk's storage, which is the
+archive's data record), and for row-major chunks the tile CRCs above. A load checks every byte it
+hands to the model against these, whole reads against the data CRC (one pass: the same hash is
+compared with the zip record's CRC), partial reads against the tiles. The file also holds a digest
+of the checkpoint's metadata as the writer passed it to ``.metadata`` (``_metadata.py``): a
+``.metadata`` that still unpickles after damage, into moved offsets or sizes, is caught. And it
+checks itself: a CRC-32 of its own canonical JSON body (``check``), so a damaged ``.checksums`` is
+reported as such, not as damaged data. ``.checksums`` is written before ``.metadata``; both carry
+the save's id, and a ``.checksums`` of another save (a crash between the two, or a later save by a
+writer that records none) is an error, never silently ignored.
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -34,7 +45,9 @@ from ._archive import crc32
 TILE_ROW_BYTES = 1024
 TILE_BYTES = 64 * 1024
 FORMAT = "torch_shard.checksums"
-VERSION = 1
+VERSION = 2
+# Version 1 (torch_shard before the metadata digest and data CRCs) is still read: see ChecksumsFile.
+READABLE_VERSIONS = (1, 2)
 
 
 @dataclass(frozen=True)
@@ -111,26 +124,62 @@ def tensor_tile_crcs(tensor: torch.Tensor) -> tuple[TileGrid, list[int]]:
     return grid, crcs
 
 
+def saved_storage_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """The bytes ``torch.save`` writes as ``tensor``'s data record: its whole storage, as uint8."""
+    storage = tensor.untyped_storage()
+    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),))
+
+
 @dataclass(frozen=True)
-class ChunkChecksums:
-    """What the writer recorded for one saved item."""
+class ItemChecksums:
+    """What the writer recorded for one saved item (NOTE [ What .checksums binds to one save ]).
+
+    Attributes:
+        fqn: the item's fully qualified name.
+        crc: CRC-32 of the item's stored data: a bytes item's bytes, a tensor chunk's storage (its
+            archive's data record). None only in version-1 files' tensor entries.
+        grid: a row-major tensor chunk's tiles (None for bytes items and other layouts).
+        tile_crcs: the tiles' CRC-32s, tile rows first.
+    """
 
     fqn: str
-    grid: TileGrid | None  # tensor chunks: the tiles; None for bytes items
-    crcs: tuple[int, ...]  # tiles' CRC-32s, or the bytes item's one CRC-32
+    crc: int | None
+    grid: TileGrid | None = None
+    tile_crcs: tuple[int, ...] = ()
 
     def to_json(self) -> dict:
-        out: dict = {"fqn": self.fqn, "crc": struct.pack(f">{len(self.crcs)}I", *self.crcs).hex()}
+        out: dict = {"fqn": self.fqn, "crc": f"{self.crc:08x}"}
         if self.grid is not None:
             g = self.grid
             out["tiles"] = [g.rows, g.row_bytes, g.tile_rows, g.tile_bytes]
+            out["tile_crcs"] = struct.pack(f">{len(self.tile_crcs)}I", *self.tile_crcs).hex()
         return out
 
     @classmethod
-    def from_json(cls, data: dict) -> ChunkChecksums:
-        raw = bytes.fromhex(data["crc"])
-        grid = TileGrid(*data["tiles"]) if "tiles" in data else None
-        return cls(data["fqn"], grid, struct.unpack(f">{len(raw) // 4}I", raw))
+    def from_json(cls, data: Mapping, version: int) -> ItemChecksums:
+        fqn = data["fqn"]
+        if not isinstance(fqn, str):
+            raise ValueError("an item's fqn is not a string")
+        grid = TileGrid(*(int(v) for v in data["tiles"])) if "tiles" in data else None
+        if version == 1:  # "crc": the tiles' CRCs, or a bytes item's one CRC
+            crcs = _unpack_crcs(data["crc"])
+            if grid is None:
+                if len(crcs) != 1:
+                    raise ValueError(f"bytes item '{fqn}' has {len(crcs)} CRCs")
+                return cls(fqn, crcs[0])
+            return cls(fqn, None, grid, crcs)
+        crc = int(data["crc"], 16)
+        tiles = _unpack_crcs(data["tile_crcs"]) if grid is not None else ()
+        if grid is not None and len(tiles) != grid.count:
+            raise ValueError(f"item '{fqn}' has {len(tiles)} tile CRCs for {grid.count} tiles")
+        return cls(fqn, crc, grid, tiles)
+
+
+def _unpack_crcs(text: str) -> tuple[int, ...]:
+    raw = bytes.fromhex(text)
+    if len(raw) % 4:
+        raise ValueError("a CRC list is not a whole number of CRC-32s")
+    return struct.unpack(f">{len(raw) // 4}I", raw)
 
 
 def location_key(relative_path: str, offset: int) -> str:
@@ -143,33 +192,70 @@ def checksums_file_name(rank: int | None = None) -> str:
     return ".checksums" if rank is None else f"__{rank}.checksums"
 
 
-def dump(save_id: str | None, items: dict[str, ChunkChecksums]) -> bytes:
+@dataclass(frozen=True)
+class ChecksumsFile:
+    """A parsed ``.checksums``.
+
+    Attributes:
+        version: the format version (1: no metadata digest, tile CRCs only for tensor chunks).
+        save_id: the id of the save that wrote it (compared with ``.metadata``'s).
+        metadata_digest: the digest of the metadata the writer wrote (``_metadata.digest``); None
+            in version 1.
+        items: what was recorded per saved item, by :func:`location_key`.
+    """
+
+    version: int
+    save_id: str | None
+    metadata_digest: str | None
+    items: dict[str, ItemChecksums]
+
+
+def _canonical(body: Mapping) -> bytes:
+    return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+
+
+def dump(save_id: str | None, metadata_digest: str, items: Mapping[str, ItemChecksums]) -> bytes:
+    """The ``.checksums`` file's bytes: a canonical JSON body and its own CRC-32 (``check``)."""
     body = {
         "format": FORMAT,
         "version": VERSION,
         "algorithm": "crc32",
         "save_id": save_id,
+        "metadata": metadata_digest,
         "items": {key: value.to_json() for key, value in items.items()},
     }
-    return json.dumps(body, separators=(",", ":")).encode()
+    body["check"] = f"{crc32(_canonical(body)):08x}"
+    return _canonical(body)
 
 
-def load(data: bytes, save_id: str | None) -> dict[str, ChunkChecksums] | None:
-    """The recorded checksums, or None when the file belongs to another save (or another format)."""
-    body = json.loads(data)
-    if body.get("format") != FORMAT or body.get("version") != VERSION or body.get("algorithm") != "crc32":
-        return None
-    if save_id is not None and body.get("save_id") != save_id:
-        return None
-    return {key: ChunkChecksums.from_json(value) for key, value in body["items"].items()}
+def parse(data: bytes) -> ChecksumsFile:
+    """Parse a ``.checksums`` file.
 
-
-def read_for(fs, path, metadata, rank: int | None = None) -> dict[str, ChunkChecksums] | None:
-    """The ``.checksums`` of the checkpoint at ``path`` whose metadata is ``metadata``, if any."""
-    file = fs.concat_path(path, checksums_file_name(rank))
-    if not fs.exists(file):
-        return None
-    with fs.create_stream(file, "rb") as stream:
-        data = stream.read()
-    storage_meta = getattr(metadata, "storage_meta", None)
-    return load(data, getattr(storage_meta, "save_id", None))
+    Raises:
+        ValueError: naming what is wrong, when the file is not valid JSON, not this format, of an
+            unknown version, fails its own check or holds malformed entries.
+    """
+    try:
+        body = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"is not valid JSON ({e})") from None
+    if not isinstance(body, dict) or body.get("format") != FORMAT:
+        raise ValueError(f"is not a {FORMAT} file")
+    version = body.get("version")
+    if version not in READABLE_VERSIONS or body.get("algorithm") != "crc32":
+        raise ValueError(f"has version {version!r} / algorithm {body.get('algorithm')!r}; this torch_shard "
+                         f"reads versions {list(READABLE_VERSIONS)} of crc32")
+    if version >= 2:
+        check = body.pop("check", None)
+        found = crc32(_canonical(body))
+        if not isinstance(check, str) or check != f"{found:08x}":
+            raise ValueError(f"fails its own check (check {check!r}, its body's crc32 is {found:08x})")
+    try:
+        items = {str(key): ItemChecksums.from_json(value, version) for key, value in body["items"].items()}
+        save_id = body.get("save_id")
+        digest = body.get("metadata") if version >= 2 else None
+        if (save_id is not None and not isinstance(save_id, str)) or (version >= 2 and not isinstance(digest, str)):
+            raise ValueError("save_id or metadata is not a string")
+    except (KeyError, TypeError, ValueError, AttributeError, struct.error) as e:
+        raise ValueError(f"holds a malformed entry ({type(e).__name__}: {e})") from None
+    return ChecksumsFile(version, save_id, digest, items)

@@ -1,9 +1,14 @@
-"""Reading one saved tensor chunk (or a box of it) with every byte checked against a checksum.
+"""Reading one saved item (a tensor chunk, a box of one, or a bytes item) with every byte checked.
 
-Two ways, chosen per read (see NOTE [ The checksums a DCP chunk already carries ] and NOTE [ Block
-checksums for byte-range reads ]): the whole data record, checked against its zip CRC-32; or the
-tiles a box touches, checked against the writer's block CRCs. Both return the bytes in memory of
-their own (never the destination's) plus the checks that failed; the caller decides what to do.
+The reader and the offline verifier both go through here, so a load and ``verify`` check the same
+things. :func:`open_chunk` parses a chunk's archive and checks everything but its data (the small
+records, the saved tensor against the chunk ``.metadata`` records, the data record's CRC against the
+one this save recorded); then :func:`read_whole` reads the data record whole, hashed once and compared
+with the zip CRC-32 and the writer's data CRC (NOTE [ The checksums a DCP chunk already carries ],
+NOTE [ What .checksums binds to one save ]), or :func:`read_box_by_tiles` reads the tiles a box touches,
+each checked against the writer's tile CRCs (NOTE [ Block checksums for byte-range reads ]). All
+return bytes in memory of their own (never the destination's) plus the checks that failed; the
+caller decides what to do.
 """
 
 from __future__ import annotations
@@ -12,8 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ._archive import Archive, Record, Source, crc32
-from ._checksums import ChunkChecksums, TileGrid, band_crcs, band_scratch
+from ._archive import Archive, Record, Source, crc32, read_archive
+from ._checksums import ItemChecksums, TileGrid, band_crcs, band_scratch
 from ._errors import Corruption
 
 
@@ -26,10 +31,26 @@ class ItemPlace:
     file: str
     rank: int | None = None
 
-    def corruption(self, source: Source, offset: int, expected, found, what: str) -> Corruption:
-        return Corruption(
-            self.fqn, self.chunk_offsets, self.file, source.file_offset(offset), expected, found, what, self.rank
-        )
+    def corruption(self, source: Source | None, offset: int | None, expected, found, what: str) -> Corruption:
+        at = source.file_offset(offset) if source is not None and offset is not None else None
+        return Corruption(self.fqn, self.chunk_offsets, self.file, at, expected, found, what, self.rank)
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What the checkpoint's ``.metadata`` and ``.checksums`` say one saved item is.
+
+    Attributes:
+        place: the item, for messages.
+        sizes: a tensor chunk's sizes (None for a bytes item).
+        dtype: the tensor's dtype (None for a bytes item).
+        sums: what the writer recorded for it (None: the checkpoint has no ``.checksums``).
+    """
+
+    place: ItemPlace
+    sizes: tuple[int, ...] | None = None
+    dtype: torch.dtype | None = None
+    sums: ItemChecksums | None = None
 
 
 def check_small_records(source: Source, archive: Archive, place: ItemPlace) -> list[Corruption]:
@@ -45,27 +66,85 @@ def check_small_records(source: Source, archive: Archive, place: ItemPlace) -> l
     return bad
 
 
+def open_chunk(source: Source, expected: Expected) -> tuple[Archive | None, list[Corruption]]:
+    """Parse a tensor chunk's archive and check all but its data bytes; None when they cannot be read
+    (the corruptions say why)."""
+    place, sums = expected.place, expected.sums
+    try:
+        archive = read_archive(source)
+    except Exception as e:  # noqa: BLE001 - a garbled or missing archive is a corrupted chunk
+        return None, [place.corruption(source, 0, None, None, f"unreadable torch.save archive ({type(e).__name__}: {e})")]
+    bad = check_small_records(source, archive, place)
+    if bad:
+        return None, bad
+    meta = archive.meta
+    if meta is None or archive.data is None:
+        return None, [place.corruption(source, 0, None, None, "archive holds no tensor data record")]
+    if tuple(meta.shape) != tuple(expected.sizes) or meta.dtype != expected.dtype:
+        return None, [place.corruption(
+            source, 0, None, None,
+            f"holds a {list(meta.shape)} {meta.dtype} tensor where .metadata records a "
+            f"{list(expected.sizes)} {expected.dtype} chunk",
+        )]
+    if sums is not None:
+        if sums.crc is not None and archive.data.has_crc and archive.data.crc != sums.crc:
+            # The record is consistent with itself but is not what this save wrote.
+            return None, [place.corruption(
+                source, archive.data.data_offset, sums.crc, archive.data.crc,
+                "data record is not the one this save wrote (a chunk of another save, or of another item?)",
+            )]
+        if sums.grid is not None and not tiles_usable(archive, sums):
+            return None, [place.corruption(source, 0, None, None, "the .checksums entry does not match the saved chunk's layout")]
+    return archive, []
+
+
 # Whole records are read and hashed a piece at a time, each piece hashed while it is in the cache.
 _PIECE = 1 << 20
 
 
-def read_record(source: Source, record: Record, place: ItemPlace) -> tuple[torch.Tensor, list[Corruption]]:
-    """A record's bytes (uint8) and, if its CRC-32 is recorded and differs, the corruption. The CRC
-    is of the bytes in the returned buffer: what is checked is what the caller hands on."""
+def read_record(source: Source, record: Record) -> tuple[torch.Tensor, int]:
+    """A record's bytes (uint8, in memory of their own) and their CRC-32: what is hashed is what the
+    caller hands on."""
     buffer = torch.empty(record.size, dtype=torch.uint8)
     view = memoryview(buffer.numpy()).cast("B") if record.size else memoryview(b"")
     found = 0
     for at in range(0, record.size, _PIECE):
         piece = view[at : at + _PIECE]
         source.read_into(piece, record.data_offset + at)
-        if record.has_crc:
-            found = crc32(piece, found)
-    if not record.has_crc or found == record.crc:
-        return buffer, []
-    return buffer, [place.corruption(source, record.data_offset, record.crc, found, f"record '{record.name}'")]
+        found = crc32(piece, found)
+    return buffer, found
 
 
-def check_tiles_of_whole(buffer: torch.Tensor, archive: Archive, sums: ChunkChecksums, source: Source,
+def read_whole(source: Source, archive: Archive, expected: Expected) -> tuple[torch.Tensor, list[Corruption]]:
+    """The chunk's data record whole (uint8), checked against the zip CRC-32 and the writer's data
+    CRC (or, in a version-1 ``.checksums``, its tile CRCs)."""
+    place, sums, record = expected.place, expected.sums, archive.data
+    buffer, found = read_record(source, record)
+    if record.has_crc and found != record.crc:
+        expect = sums.crc if sums is not None and sums.crc is not None else record.crc
+        return buffer, [place.corruption(source, record.data_offset, expect, found, f"record '{record.name}'")]
+    if sums is not None and sums.crc is not None and found != sums.crc:
+        return buffer, [place.corruption(
+            source, record.data_offset, sums.crc, found,
+            f"record '{record.name}' is not the data this save wrote",
+        )]
+    if sums is not None and sums.crc is None and sums.grid is not None:
+        return buffer, check_tiles_of_whole(buffer, archive, sums, source, place)
+    return buffer, []
+
+
+def read_bytes_item(source: Source, expected: Expected) -> tuple[bytes, list[Corruption]]:
+    """A bytes item's bytes, checked against the writer's CRC-32 when there is one."""
+    data = source.read(0, source.length)
+    sums = expected.sums
+    if sums is not None and sums.crc is not None:
+        found = crc32(data)
+        if found != sums.crc:
+            return data, [expected.place.corruption(source, 0, sums.crc, found, "bytes item")]
+    return data, []
+
+
+def check_tiles_of_whole(buffer: torch.Tensor, archive: Archive, sums: ItemChecksums, source: Source,
                          place: ItemPlace) -> list[Corruption]:
     """Check a whole data record's bytes against the writer's tile CRCs."""
     grid = sums.grid
@@ -78,20 +157,21 @@ def check_tiles_of_whole(buffer: torch.Tensor, archive: Archive, sums: ChunkChec
     return bad
 
 
-def tiles_usable(archive: Archive, sums: ChunkChecksums | None) -> bool:
+def tiles_usable(archive: Archive, sums: ItemChecksums | None) -> bool:
     """Whether block CRCs can check a byte range of this chunk (a contiguous tensor whose recorded
     tile grid is the one its layout gives)."""
     if sums is None or sums.grid is None or not archive.contiguous:
         return False
     m = archive.meta
-    return sums.grid == TileGrid.for_chunk(m.shape, m.element_size()) and len(sums.crcs) == sums.grid.count
+    return sums.grid == TileGrid.for_chunk(m.shape, m.element_size()) and len(sums.tile_crcs) == sums.grid.count
 
 
 def read_box_by_tiles(
-    source: Source, archive: Archive, sums: ChunkChecksums, offsets, lengths, place: ItemPlace
+    source: Source, archive: Archive, sums: ItemChecksums, offsets, lengths, place: ItemPlace
 ) -> tuple[torch.Tensor, list[Corruption]]:
     """The box ``offsets`` / ``lengths`` of the chunk (its saved dtype), read as the whole tiles it
-    touches, each checked against its CRC-32."""
+    touches, each checked against its CRC-32. The result may be a view of the tiles read (not
+    contiguous)."""
     meta, grid, e = archive.meta, sums.grid, archive.meta.element_size()
     shape, lengths = list(meta.shape), list(lengths)
     if meta.dim() == 0 or 0 in lengths:
@@ -113,6 +193,7 @@ def read_box_by_tiles(
     at = 0
     whole_rows = w0 == 0 and w1 == grid.row_bytes
     scratch = torch.empty(grid.tile_rows * (w1 - w0), dtype=torch.uint8)
+    width = w1 - w0
     for band, height in zip(bands, heights):
         part = window[at : at + height]
         first = band * grid.tile_rows
@@ -120,17 +201,22 @@ def read_box_by_tiles(
             source.read_into(memoryview(part.numpy()).cast("B"), base + first * grid.row_bytes)
         else:
             view = memoryview(part.numpy()).cast("B")
-            width = w1 - w0
             for i in range(height):
                 source.read_into(view[i * width : (i + 1) * width], base + (first + i) * grid.row_bytes + w0)
         found = band_crcs(part, grid, scratch)
         bad += _compare_band(found, sums, grid, band, w0 // grid.tile_bytes, first, archive, source, place, w0)
         at += height
+    columns = slice(c0 - w0, c1 - w0)
+    first_row, count = int(rows[0]), rows.numel()
+    if int(rows[-1]) - first_row + 1 == count:
+        # The box's rows are one run of the chunk's (every 2-D box): a view of the window, no copy.
+        start = first_row - bands[0] * grid.tile_rows
+        return window[start : start + count, columns].view(meta.dtype).view(lengths), bad
     # Where each box row sits in the window: bands are sorted and only the chunk's last can be short.
     lookup = torch.zeros(bands[-1] + 1, dtype=torch.int64)
     lookup[torch.tensor(bands)] = torch.arange(len(bands))
     index = lookup[rows // grid.tile_rows] * grid.tile_rows + rows % grid.tile_rows
-    picked = window.index_select(0, index)[:, c0 - w0 : c1 - w0].contiguous()
+    picked = window.index_select(0, index)[:, columns].contiguous()
     return picked.view(-1).view(meta.dtype).view(lengths), bad
 
 
@@ -138,10 +224,10 @@ def _compare_band(found, sums, grid, band, first_col, first_row, archive, source
     bad = []
     for j, crc in enumerate(found):
         k = band * grid.tile_cols + first_col + j
-        if crc != sums.crcs[k]:
+        if crc != sums.tile_crcs[k]:
             offset = archive.data.data_offset + first_row * grid.row_bytes + w0 + j * grid.tile_bytes
             what = f"block {k} of {grid.count} (rows {first_row}.., bytes {w0 + j * grid.tile_bytes}.. of each row)"
-            bad.append(place.corruption(source, offset, sums.crcs[k], crc, what))
+            bad.append(place.corruption(source, offset, sums.tile_crcs[k], crc, what))
     return bad
 
 

@@ -7,18 +7,28 @@ is checked (NOTE [ Verified loads ]); ``verify=False`` is the unchecked reader o
 byte ranges of a DCP checkpoint ].
 
 NOTE [ Verified loads ]
-Per saved chunk the reader parses the ``torch.save`` archive's zip directory and checks the small
-records (the pickle, ...) against their CRC-32s. It then reads the tensor's bytes one of two ways: the
-whole data record, checked against the record's CRC-32, when the rank needs the whole chunk or the
-checkpoint has no block checksums (plain DCP checkpoints: a partial read then costs the whole
-record, as with ``FileSystemReader``); or, when ``.checksums`` holds block CRCs for the chunk
-(``ChecksumFileSystemWriter`` wrote it), the tiles its box touches, each checked against its CRC-32
-(NOTE [ Block checksums for byte-range reads ]). Stream-transformed chunks are checked after
-decoding, bytes items against the writer's CRC-32 when there is one. Everything is read into
-buffers of the reader's own; the ranks then agree on the outcome (NOTE [ Agreeing on a load's
-outcome ]) and only when no rank found a problem are the buffers copied into the destination
-tensors. A failed check raises :class:`CheckpointCorruptionError` on every rank of the load, with
-every destination tensor as it was.
+Before any data: ``.metadata`` and ``.checksums`` are checked (NOTE [ Checking a checkpoint's
+metadata ]); a problem with either raises on every rank when DCP sets the reader up. Then per saved
+chunk the reader parses the ``torch.save`` archive's zip directory, checks its small records, the
+saved tensor's shape and dtype against ``.metadata``, and the data record's CRC against the one the
+writer recorded for this save (``_chunk.open_chunk``). It reads the tensor's bytes one of two ways:
+the whole data record, hashed once and checked against its zip CRC-32 and the writer's data CRC, when
+the rank needs the whole chunk or the checkpoint has no ``.checksums`` (plain DCP checkpoints: a
+partial read then costs the whole record, as with ``FileSystemReader``, and the reader warns once);
+or the tiles its box touches, each checked against the writer's tile CRC (NOTE [ Block checksums for
+byte-range reads ]). Stream-transformed chunks are checked after decoding. Bytes items are checked
+against the writer's CRC-32 and unpickled, as ``DCP``'s planner will unpickle them, so an item that
+cannot be (its class gone, a damaged pickle) fails here. Everything is read into buffers of the
+reader's own; the ranks then agree on the outcome (NOTE [ Agreeing on a load's outcome ]) and only
+when no rank found a problem are the buffers copied into the destinations. A failed check raises
+:class:`CheckpointCorruptionError`, any other failure :class:`CheckpointLoadError`, on every rank of
+the load, with every destination as it was.
+
+What a checkpoint without ``.checksums`` (any ``FileSystemWriter``'s) cannot catch: a chunk or file
+from another save, or another rank's chunk, whose archive is intact and of the right shape and dtype
+(its zip CRC-32s prove only that each record is consistent with itself), and a ``.metadata`` that
+still unpickles, into other but well-formed metadata (offsets of chunks that still tile the tensor,
+file offsets that still land on archives of the right shape).
 
 NOTE [ Reading byte ranges of a DCP checkpoint ]
 ``FileSystemWriter`` stores every tensor chunk with ``torch.save`` into a ``.distcp`` file and records
@@ -41,34 +51,33 @@ it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import io
 import itertools
 import sys
+import warnings
 from dataclasses import dataclass
 
 import torch
 from torch.distributed.checkpoint.filesystem import FileSystemReader
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
-from . import _checksums
+from . import _metadata
 from ._agreement import LocalRank, Outcome, Participants, exchange, this_rank
-from ._archive import BytesSource, FileSource, Source, _read_exact, _SourceFile, crc32, read_archive
-from ._chunk import (
-    ItemPlace,
-    as_saved_tensor,
-    check_small_records,
-    check_tiles_of_whole,
-    read_box_by_tiles,
-    read_record,
-    tiles_usable,
-)
-from ._errors import CheckpointCorruptionError, Corruption
+from ._archive import BytesSource, FileSource, Source, _read_exact, _SourceFile
+from ._checksums import location_key
+from ._chunk import Expected, ItemPlace, as_saved_tensor, open_chunk, read_box_by_tiles, read_bytes_item, read_whole
+from ._errors import CheckpointCorruptionError, CheckpointLoadError, Corruption
 
 __all__ = ["ByteRangeFileSystemReader"]
 
+# Checkpoints this process has warned about (NOTE [ Verified loads ]: partial reads of a checkpoint
+# without .checksums read whole chunks).
+_warned_whole_reads: set[str] = set()
 
 @dataclass(frozen=True)
 class _ChunkHeader:
@@ -106,28 +115,49 @@ class ByteRangeFileSystemReader(FileSystemReader):
 
     It reads checkpoints written by ``FileSystemWriter`` (from any library: torch_shard, DTensor,
     ``torch.distributed._shard``, plain tensors) and by :class:`ChecksumFileSystemWriter`. With
-    ``verify=True`` every byte handed to the model is checked against a CRC-32 and a corrupted
-    checkpoint raises :class:`CheckpointCorruptionError` on every rank with no destination tensor
-    changed (NOTE [ Verified loads ]; ``dcp.load`` wraps it in its ``CheckpointException``, which
-    :func:`torch_shard.checkpoint.load` unwraps).
+    ``verify=True`` every byte handed to the model is checked, against what the writer recorded for
+    this save where the checkpoint has a ``.checksums`` (``ChecksumFileSystemWriter``), else against
+    the zip CRC-32s every chunk carries; ``.metadata`` and ``.checksums`` are checked too. A failed
+    check raises :class:`CheckpointCorruptionError`, any other failure of the load
+    :class:`CheckpointLoadError`, on every rank, with no destination changed (NOTE [ Verified loads ];
+    ``dcp.load`` wraps them in its ``CheckpointException``, which :func:`torch_shard.checkpoint.load`
+    unwraps).
 
     Args:
         path: the checkpoint directory.
         _extension_registry: as for ``FileSystemReader`` (stream-transforming extensions).
         verify: check every byte read (default); False reads straight into the destination tensors
             with no checks.
+        checksums: use the checkpoint's ``.checksums`` (default); False checks the data against their
+            zip CRC-32s alone, as for a checkpoint without one (for a checkpoint whose ``.checksums``
+            is damaged).
     """
 
-    def __init__(self, path, _extension_registry=None, *, verify: bool = True) -> None:
+    def __init__(self, path, _extension_registry=None, *, verify: bool = True, checksums: bool = True) -> None:
         super().__init__(path, _extension_registry)
         self.verify = verify
-        self.checksums: dict[str, _checksums.ChunkChecksums] | None = None
+        self.use_checksums = checksums
+        self._checked: _metadata.Checked | None = None
+        self._metadata: Metadata | None = None
 
-    def read_metadata(self, *args, **kwargs):
-        metadata = super().read_metadata(*args, **kwargs)
-        if self.verify:
-            self.checksums = _checksums.read_for(self.fs, self.path, metadata, kwargs.get("rank"))
-        return metadata
+    def read_metadata(self, *args, **kwargs) -> Metadata:
+        if not self.verify:
+            return super().read_metadata(*args, **kwargs)
+        rank = kwargs.get("rank")
+        read = super().read_metadata
+        metadata, problems = _metadata.unpickled(lambda: read(*args, **kwargs), rank)
+        self._checked = _metadata.open_checked(
+            self.fs, self.path, metadata, rank, use_checksums=self.use_checksums, problems=problems
+        )
+        # DCP raises what read_metadata raises as a bare message; an empty stand-in takes the load on
+        # to set_up_storage_reader, which raises the corruption itself, on every rank.
+        return metadata if metadata is not None else Metadata(state_dict_metadata={}, storage_data={})
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args, **kwargs) -> None:
+        if self.verify and self._checked is not None and self._checked.problems:
+            raise CheckpointCorruptionError(str(self.path), self._checked.problems)
+        super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
+        self._metadata = metadata
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
         plan = super().prepare_local_plan(plan)
@@ -147,22 +177,21 @@ class ByteRangeFileSystemReader(FileSystemReader):
         failure: BaseException | None = None
         try:
             self._stage(plan, planner, staged, outcome.corruptions)
-        except Exception as e:  # noqa: BLE001 - reported to every rank, re-raised below
+        except Exception as e:  # noqa: BLE001 - reported to every rank, raised below
             failure = e
             outcome.error = f"{type(e).__name__}: {e}"
         outcomes = exchange(outcome, participants)
         corruptions = [c for o in outcomes for c in o.corruptions]
         if corruptions:
             raise CheckpointCorruptionError(str(self.path), corruptions)
-        if failure is not None:
-            raise failure
-        failed = [f"rank {o.rank}: {o.error}" for o in outcomes if o.error is not None]
+        failed = [f"rank {o.rank}: {o.error}" if o.rank is not None else o.error for o in outcomes if o.error]
         if failed:
-            raise RuntimeError(
-                f"torch_shard.checkpoint: loading '{self.path}' failed on another rank, so nothing was "
-                f"loaded here: {'; '.join(failed)}"
-            )
-        for item, value in staged:  # every rank checked everything: now write the destinations
+            raise CheckpointLoadError(
+                str(self.path),
+                f"torch_shard.checkpoint: loading '{self.path}' failed, so nothing was loaded: {'; '.join(failed)}",
+            ) from failure
+        # Every rank read, checked and decoded everything: now write the destinations.
+        for item, value in staged:
             if isinstance(value, io.BytesIO):
                 planner.load_bytes(item, value)
             else:
@@ -174,57 +203,84 @@ class ByteRangeFileSystemReader(FileSystemReader):
         return done
 
     def _stage(self, plan: LoadPlan, planner: LoadPlanner, staged: list, corruptions: list[Corruption]) -> None:
-        """Read and check every item of ``plan`` into buffers of our own (``staged``)."""
+        """Read, check and decode every item of ``plan`` into buffers of our own (``staged``)."""
         per_file: dict[str, dict[int, list[ReadItem]]] = {}
         for item in plan.items:
             info = self.storage_data[item.storage_index]
             per_file.setdefault(info.relative_path, {}).setdefault(info.offset, []).append(item)
         for relative_path, chunks in per_file.items():
             path = self.fs.concat_path(self.path, relative_path)
-            with self.fs.create_stream(path, "rb") as stream:
+            with contextlib.ExitStack() as opened:
+                try:
+                    stream = opened.enter_context(self.fs.create_stream(path, "rb"))
+                except OSError as e:  # a missing or unreadable data file: every item in it is lost
+                    for items in chunks.values():
+                        what = f"cannot be read ({type(e).__name__}: {e})"
+                        corruptions.append(self._place(items[0], relative_path).corruption(None, None, None, None, what))
+                    continue
                 # Unbuffered positioned reads: a buffered reader fetches a full buffer around each of
                 # the archive directory's small reads.
                 raw = getattr(stream, "raw", stream)
                 for offset in sorted(chunks):
                     self._stage_chunk(stream, raw, relative_path, chunks[offset], planner, staged, corruptions)
 
+    def _place(self, item: ReadItem, relative_path: str) -> ItemPlace:
+        index = item.storage_index
+        return ItemPlace(index.fqn, tuple(index.offset) if index.offset is not None else None, relative_path, this_rank())
+
+    def _expected(self, item: ReadItem, place: ItemPlace) -> Expected:
+        info = self.storage_data[item.storage_index]
+        checked = self._checked
+        sums = None
+        if checked is not None and checked.checksums is not None:
+            sums = checked.checksums.items.get(location_key(info.relative_path, info.offset))
+        md = self._metadata.state_dict_metadata.get(item.storage_index.fqn)
+        if isinstance(md, TensorStorageMetadata):
+            chunk = next(c for c in md.chunks if tuple(c.offsets) == place.chunk_offsets)
+            return Expected(place, tuple(chunk.sizes), md.properties.dtype, sums)
+        return Expected(place, None, None, sums)
+
     def _stage_chunk(self, stream, raw, relative_path, items, planner, staged, corruptions) -> None:
         info = self.storage_data[items[0].storage_index]
-        index = items[0].storage_index
-        place = ItemPlace(
-            index.fqn, tuple(index.offset) if index.offset is not None else None, relative_path, this_rank()
-        )
-        sums = self.checksums.get(_checksums.location_key(relative_path, info.offset)) if self.checksums else None
+        place = self._place(items[0], relative_path)
+        expected = self._expected(items[0], place)
         source: Source
-        if info.transform_descriptors:
-            decoded = self.transforms.transform_load_stream(
-                items[0], info.transform_descriptors, self._slice_file(stream, info)
-            ).read(-1)
-            source = BytesSource(decoded, info.offset)
-        else:
-            source = FileSource(raw, info.offset, info.length)
-
-        if items[0].type == LoadItemType.BYTE_IO:
-            data = source.read(0, source.length)
-            if sums is not None and sums.grid is None:
-                found = crc32(data)
-                if found != sums.crcs[0]:
-                    corruptions.append(place.corruption(source, 0, sums.crcs[0], found, "bytes item"))
-            staged.extend((item, io.BytesIO(data)) for item in items)
-            return
-
         try:
-            archive = read_archive(source)
-        except Exception as e:  # noqa: BLE001 - a garbled archive is a corrupted chunk
-            corruptions.append(place.corruption(source, 0, None, None, f"unreadable torch.save archive ({e})"))
+            if info.transform_descriptors:
+                decoded = self.transforms.transform_load_stream(
+                    items[0], info.transform_descriptors, self._slice_file(stream, info)
+                ).read(-1)
+                source = BytesSource(decoded, info.offset)
+            else:
+                source = FileSource(raw, info.offset, info.length)
+            if items[0].type == LoadItemType.BYTE_IO:
+                self._stage_bytes(source, expected, items, staged, corruptions)
+            else:
+                self._stage_tensor(source, expected, items, planner, staged, corruptions)
+        except OSError as e:  # a truncated file, a failed decode: the item is damaged
+            corruptions.append(place.corruption(None, None, None, None, f"cannot be read ({type(e).__name__}: {e})"))
+
+    def _stage_bytes(self, source, expected, items, staged, corruptions) -> None:
+        data, bad = read_bytes_item(source, expected)
+        if bad:
+            corruptions.extend(bad)
             return
-        bad = check_small_records(source, archive, place)
-        corruptions.extend(bad)
-        if bad or archive.meta is None or archive.data is None:
-            if not bad:
-                corruptions.append(place.corruption(source, 0, None, None, "archive holds no tensor data record"))
+        # Unpickled here as DCP's planner will (torch.load, weights_only=False), so an item that
+        # cannot be fails before any destination is written.
+        try:
+            torch.load(io.BytesIO(data), weights_only=False)
+        except Exception as e:
+            raise RuntimeError(f"bytes item '{expected.place.fqn}' cannot be unpickled ({type(e).__name__}: {e})") from e
+        staged.extend((item, io.BytesIO(data)) for item in items)
+
+    def _stage_tensor(self, source, expected, items, planner, staged, corruptions) -> None:
+        archive, bad = open_chunk(source, expected)
+        if archive is None:
+            corruptions.extend(bad)
             return
-        usable = archive.little_endian and sys.byteorder == "little" and tiles_usable(archive, sums)
+        usable = archive.little_endian and sys.byteorder == "little" and (
+            expected.sums is not None and expected.sums.grid is not None
+        )
         whole = None
         for item in items:
             target = planner.resolve_tensor(item).detach()
@@ -233,26 +289,40 @@ class ByteRangeFileSystemReader(FileSystemReader):
                 raise AssertionError(f"req {item.storage_index} mismatch sizes {list(target.shape)} vs {lengths}")
             is_whole = lengths == list(archive.meta.shape)
             if usable and not is_whole and 0 not in lengths:
-                value, bad = read_box_by_tiles(source, archive, sums, item.storage_offsets, lengths, place)
+                value, bad = read_box_by_tiles(source, archive, expected.sums, item.storage_offsets, lengths, expected.place)
                 corruptions.extend(bad)
             else:
+                if not is_whole and expected.sums is None:
+                    self._warn_whole_reads()
                 if whole is None:
-                    whole = self._read_whole(source, archive, sums, place, corruptions)
+                    buffer, bad = read_whole(source, archive, expected)
+                    corruptions.extend(bad)
+                    if bad:
+                        return
+                    whole = self._as_tensor(buffer, archive, source)
                 box = tuple(slice(o, o + n) for o, n in zip(item.storage_offsets, lengths))
-                value = whole if is_whole else whole[box].clone()
+                value = whole if is_whole else whole[box]
             staged.append((item, value))
 
-    def _read_whole(self, source, archive, sums, place, corruptions) -> torch.Tensor:
-        """The chunk's saved tensor from its whole data record, checked against its CRC-32 (and the
-        writer's tile CRCs when the record has none)."""
-        buffer, bad = read_record(source, archive.data, place)
-        corruptions.extend(bad)
-        if not archive.data.has_crc and tiles_usable(archive, sums):
-            corruptions.extend(check_tiles_of_whole(buffer, archive, sums, source, place))
+    @staticmethod
+    def _as_tensor(buffer, archive, source) -> torch.Tensor:
         if archive.little_endian and sys.byteorder == "little":
             return as_saved_tensor(buffer, archive)
-        # Another byte order: torch.load swaps the bytes (the CRC above is of the stored bytes).
+        # Another byte order: torch.load swaps the bytes (the CRC was of the stored bytes).
         return torch.load(_SourceFile(source), map_location="cpu", weights_only=True)
+
+    def _warn_whole_reads(self) -> None:
+        key = str(self.path)
+        if key in _warned_whole_reads:
+            return
+        _warned_whole_reads.add(key)
+        warnings.warn(
+            f"torch_shard.checkpoint: '{key}' has no .checksums, so ByteRangeFileSystemReader reads every "
+            f"saved chunk it needs a part of whole, to check it against its zip CRC-32 (as many bytes as "
+            f"FileSystemReader). Save with torch_shard.checkpoint.ChecksumFileSystemWriter to read and "
+            f"check only the bytes a load needs.",
+            stacklevel=2,
+        )
 
     def _read_unverified(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         """NOTE [ Reading byte ranges of a DCP checkpoint ]: straight into the destinations, unchecked."""

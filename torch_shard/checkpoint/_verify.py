@@ -1,24 +1,28 @@
-"""Checking a whole checkpoint offline: every saved item, every checksum it has.
+"""Checking a whole checkpoint offline: everything a load checks, for every saved item.
 
-For each chunk: the ``torch.save`` archive's records against their zip CRC-32s (data included, read
-whole), and, when ``.checksums`` has them, the writer's tile CRCs (so a damaged ``.checksums`` shows
-up here rather than as a failed load) and bytes items' CRC-32s. What cannot be checked is counted
-and reported (bytes items of checkpoints without ``.checksums``; records saved with CRCs off).
+``.metadata`` and ``.checksums`` as a load checks them (NOTE [ Checking a checkpoint's metadata ]);
+then every saved item as a load that reads it whole does (``_chunk.open_chunk`` / ``read_whole`` /
+``read_bytes_item``, the functions the reader uses), bytes items unpickled as DCP's planner does. What
+cannot be checked is counted and reported (items of checkpoints without ``.checksums`` whose records
+were saved with CRCs off, bytes items of such checkpoints).
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import sys
 from dataclasses import dataclass, field
 
+import torch
 from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemReader
-from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
+from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 
-from . import _checksums
-from ._archive import BytesSource, FileSource, crc32, read_archive
-from ._chunk import ItemPlace, check_small_records, check_tiles_of_whole, read_record, tiles_usable
+from . import _checksums, _metadata
+from ._archive import BytesSource, FileSource
+from ._chunk import Expected, ItemPlace, open_chunk, read_bytes_item, read_whole
 from ._errors import Corruption
 
 __all__ = ["VerifyReport", "verify_checkpoint"]
@@ -32,10 +36,10 @@ class VerifyReport:
     """What :func:`verify_checkpoint` found.
 
     Attributes:
-        corruptions: every failed check.
+        corruptions: every failed check (of ``.metadata``, ``.checksums`` and the saved items).
         items: saved items (chunks and bytes items) looked at.
         unchecked: items (or records) with no checksum to compare against, by name.
-        has_block_checksums: whether the checkpoint has a ``.checksums`` of its own save.
+        has_block_checksums: whether the checkpoint has a usable ``.checksums`` of its own save.
     """
 
     corruptions: list[Corruption] = field(default_factory=list)
@@ -49,26 +53,38 @@ class VerifyReport:
 
     @property
     def corrupted_items(self) -> list[str]:
-        """The fully qualified names of the corrupted items, each once, in checkpoint order."""
-        return list(dict.fromkeys(c.fqn for c in self.corruptions))
+        """What is corrupted, each once, in checkpoint order: items by fully qualified name, the
+        checkpoint's own files by file name."""
+        return list(dict.fromkeys(c.fqn if c.fqn is not None else c.file for c in self.corruptions))
 
 
-def verify_checkpoint(path, *, progress: bool | None = None, _extension_registry=None) -> VerifyReport:
-    """Check every byte of the DCP checkpoint at ``path`` that has a checksum.
+def verify_checkpoint(path, *, progress: bool | None = None, checksums: bool = True,
+                      _extension_registry=None) -> VerifyReport:
+    """Check the DCP checkpoint at ``path`` as a load would, every saved item read whole.
 
     Args:
         path: the checkpoint directory (written by ``FileSystemWriter`` or ``ChecksumFileSystemWriter``).
         progress: show a tqdm progress bar over the bytes checked; None: only for big checkpoints
             when stderr is a terminal.
+        checksums: use the checkpoint's ``.checksums`` (default); False checks only the zip CRC-32s
+            (what ``ByteRangeFileSystemReader(path, checksums=False)`` checks).
         _extension_registry: as for ``FileSystemReader`` (to decode stream-transformed chunks).
 
     Returns:
         A :class:`VerifyReport`.
+
+    Raises:
+        FileNotFoundError: ``path`` is not a directory holding a ``.metadata`` (not a checkpoint).
     """
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"no such directory: {path}")
     reader = FileSystemReader(path, _extension_registry)
-    metadata = reader.read_metadata()
-    sums = _checksums.read_for(reader.fs, reader.path, metadata) or {}
-    report = VerifyReport(has_block_checksums=bool(sums))
+    metadata, problems = _metadata.unpickled(reader.read_metadata)
+    checked = _metadata.open_checked(reader.fs, reader.path, metadata, use_checksums=checksums, problems=problems)
+    report = VerifyReport(corruptions=list(checked.problems), has_block_checksums=checked.checksums is not None)
+    if metadata is None or any(c.file == _metadata.METADATA_FILE for c in checked.problems):
+        return report  # where the items are is not known
+    sums = checked.checksums.items if checked.checksums is not None and not checked.problems else {}
     storage = metadata.storage_data
     # One entry per stored item; sorted by file and offset so the files are read front to back.
     entries = sorted(storage.items(), key=lambda kv: (kv[1].relative_path, kv[1].offset))
@@ -79,58 +95,73 @@ def verify_checkpoint(path, *, progress: bool | None = None, _extension_registry
     with contextlib.ExitStack() as files:
         try:
             for index, info in entries:
-                if info.relative_path not in handles:
-                    path = fs.concat_path(reader.path, info.relative_path)
-                    handles[info.relative_path] = files.enter_context(fs.create_stream(path, "rb"))
-                _verify_item(reader, metadata, sums, index, info, handles[info.relative_path], report)
+                place = ItemPlace(index.fqn, tuple(index.offset) if index.offset is not None else None,
+                                  info.relative_path)
                 report.items += 1
+                if info.relative_path not in handles:
+                    try:
+                        stream = fs.create_stream(fs.concat_path(reader.path, info.relative_path), "rb")
+                        handles[info.relative_path] = files.enter_context(stream)
+                    except OSError as e:  # a missing or unreadable data file
+                        handles[info.relative_path] = e
+                handle = handles[info.relative_path]
+                if isinstance(handle, OSError):
+                    report.corruptions.append(
+                        place.corruption(None, None, None, None, f"cannot be read ({type(handle).__name__}: {handle})")
+                    )
+                else:
+                    md = metadata.state_dict_metadata.get(index.fqn)
+                    recorded = sums.get(_checksums.location_key(info.relative_path, info.offset))
+                    if isinstance(md, TensorStorageMetadata):
+                        chunk = next(c for c in md.chunks if tuple(c.offsets) == tuple(index.offset))
+                        expected = Expected(place, tuple(chunk.sizes), md.properties.dtype, recorded)
+                    else:
+                        expected = Expected(place, sums=recorded)
+                    try:
+                        _verify_item(reader, index, md, expected, info, handle, report)
+                    except OSError as e:  # a truncated file
+                        report.corruptions.append(
+                            place.corruption(None, None, None, None, f"cannot be read ({type(e).__name__}: {e})")
+                        )
                 bar.update(info.length)
         finally:
             bar.close()
     return report
 
 
-def _verify_item(reader, metadata, sums, index, info, stream, report: VerifyReport) -> None:
-    place = ItemPlace(index.fqn, tuple(index.offset) if index.offset is not None else None, info.relative_path)
-    recorded = sums.get(_checksums.location_key(info.relative_path, info.offset))
+def _verify_item(reader, index, md, expected: Expected, info, stream, report: VerifyReport) -> None:
     raw = getattr(stream, "raw", stream)
+    place = expected.place
     if info.transform_descriptors:
-        from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
-
         item = ReadItem(LoadItemType.BYTE_IO, index, [], index, [], [])
         view = reader._slice_file(stream, info)
         decoded = reader.transforms.transform_load_stream(item, info.transform_descriptors, view).read(-1)
         source = BytesSource(decoded, info.offset)
     else:
         source = FileSource(raw, info.offset, info.length)
-    if isinstance(metadata.state_dict_metadata.get(index.fqn), BytesStorageMetadata):
-        if recorded is None or recorded.grid is not None:
-            report.unchecked.append(f"{index.fqn} (bytes item, no CRC recorded)")
-            return
-        found = crc32(source.read(0, source.length))
-        if found != recorded.crcs[0]:
-            report.corruptions.append(place.corruption(source, 0, recorded.crcs[0], found, "bytes item"))
+    if isinstance(md, BytesStorageMetadata):
+        data, bad = read_bytes_item(source, expected)
+        report.corruptions.extend(bad)
+        if expected.sums is None:
+            report.unchecked.append(f"{place.fqn} (bytes item, no CRC recorded)")
+        if not bad:
+            try:  # as a load does (DCP's planner unpickles it)
+                torch.load(io.BytesIO(data), weights_only=False)
+            except Exception as e:  # noqa: BLE001 - reported as a failed check
+                report.corruptions.append(
+                    place.corruption(source, 0, None, None, f"cannot be unpickled ({type(e).__name__}: {e})")
+                )
         return
-    try:
-        archive = read_archive(source)
-    except Exception as e:  # noqa: BLE001 - reported as a corrupted item
-        report.corruptions.append(place.corruption(source, 0, None, None, f"unreadable torch.save archive ({e})"))
-        return
-    report.corruptions.extend(check_small_records(source, archive, place))
-    for record in archive.records:
-        if not record.has_crc:
-            report.unchecked.append(f"{index.fqn} (record '{record.name}' saved without CRC-32)")
-    if archive.data is None:
-        report.corruptions.append(place.corruption(source, 0, None, None, "archive holds no tensor data record"))
-        return
-    buffer, bad = read_record(source, archive.data, place)
+    archive, bad = open_chunk(source, expected)
     report.corruptions.extend(bad)
-    if tiles_usable(archive, recorded):
-        report.corruptions.extend(check_tiles_of_whole(buffer, archive, recorded, source, place))
-    elif recorded is not None:
-        report.corruptions.append(
-            place.corruption(source, 0, None, None, "the .checksums entry does not match the saved chunk's layout")
+    if archive is None:
+        return
+    if expected.sums is None:
+        report.unchecked.extend(
+            f"{place.fqn} (record '{r.name}' saved without CRC-32)" for r in archive.records if not r.has_crc
         )
+    _, bad = read_whole(source, archive, expected)
+    report.corruptions.extend(bad)
 
 
 class _PlainProgress:

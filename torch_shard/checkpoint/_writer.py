@@ -1,9 +1,10 @@
-""":class:`ChecksumFileSystemWriter`: DCP's ``FileSystemWriter`` plus the block checksums that let a
-byte-range load check what it reads (NOTE [ Block checksums for byte-range reads ]).
+""":class:`ChecksumFileSystemWriter`: DCP's ``FileSystemWriter`` plus what lets a load check every byte
+it reads against THIS save (NOTE [ What .checksums binds to one save ], NOTE [ Block checksums for
+byte-range reads ]).
 
 The checkpoint it writes is DCP's: the same ``.distcp`` files and ``.metadata``, readable by any DCP
-reader; the checksums go into one more file, ``.checksums``. As a stager for
-``dcp.async_save`` it also copies ShardedTensors (see ``_staging.py``).
+reader; the checksums go into one more file, ``.checksums``. As a stager for ``dcp.async_save`` it
+also copies ShardedTensors (see ``_staging.py``).
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from . import _checksums
+from . import _checksums, _metadata
 from ._archive import crc32
-from ._checksums import ChunkChecksums
+from ._checksums import ItemChecksums
 from ._staging import stage_state_dict
 
 __all__ = ["ChecksumFileSystemWriter"]
@@ -32,29 +33,42 @@ class _WithChecksums:
     """A write result's storage data with the item's checksums, on their way to the coordinator."""
 
     info: Any
-    checksums: ChunkChecksums | None
+    checksums: ItemChecksums | None
+
+
+def _as_saved(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor ``FileSystemWriter`` hands to ``torch.save``: on the CPU, with a storage of exactly
+    its own bytes (its loaders clone a view of a larger storage, keeping the memory format)."""
+    tensor = tensor.detach()
+    if not tensor.is_cpu:
+        tensor = tensor.cpu()
+    if tensor.untyped_storage().nbytes() != tensor.nbytes:
+        tensor = tensor.clone()
+    return tensor
 
 
 class _RecordingPlanner:
     """The save planner, seen by ``write_data``: it also hashes each item's data as it hands it over.
 
-    The CRCs are of what ``torch.save`` is given: the tensor in memory, copied to the CPU here (the
-    writer would copy it there next anyway)."""
+    The CRCs are of what ``torch.save`` is given: the tensor in memory, brought here to the form the
+    writer saves (on the CPU, its own storage), which the writer then leaves as it is."""
 
     def __init__(self, planner: SavePlanner, recorded: dict):
         self._planner, self._recorded = planner, recorded
 
     def resolve_data(self, item):
         data = self._planner.resolve_data(item)
+        fqn = item.index.fqn
         if isinstance(data, io.BytesIO):
-            self._recorded[item.index] = ChunkChecksums(item.index.fqn, None, (crc32(data.getbuffer()),))
+            self._recorded[item.index] = ItemChecksums(fqn, crc32(data.getbuffer()))
         elif isinstance(data, torch.Tensor):
-            data = data.detach()
-            if not data.is_cpu:
-                data = data.cpu()
-            # Tile CRCs are of the row-major bytes; a reader uses them only for a record in that order.
-            grid, crcs = _checksums.tensor_tile_crcs(data.contiguous())
-            self._recorded[item.index] = ChunkChecksums(item.index.fqn, grid, tuple(crcs))
+            data = _as_saved(data)
+            crc = crc32(_checksums.saved_storage_bytes(data))
+            grid, tiles = None, ()
+            if data.is_contiguous() and data.storage_offset() == 0:
+                # Tile CRCs are of the row-major bytes; a reader uses them only for a record in that order.
+                grid, tiles = _checksums.tensor_tile_crcs(data)
+            self._recorded[item.index] = ItemChecksums(fqn, crc, grid, tuple(tiles))
         return data
 
     def __getattr__(self, name):
@@ -62,9 +76,10 @@ class _RecordingPlanner:
 
 
 class ChecksumFileSystemWriter(FileSystemWriter):
-    """A ``FileSystemWriter`` that also records block CRC-32s of every tensor chunk (and a CRC-32 of
-    every bytes item) in ``.checksums``, so :class:`ByteRangeFileSystemReader` can check the byte
-    ranges it reads without reading whole chunks.
+    """A ``FileSystemWriter`` that also records, in ``.checksums``, what a load needs to check every
+    byte it reads against this save: every item's data CRC-32, block CRC-32s of every tensor chunk
+    (so :class:`ByteRangeFileSystemReader` checks byte ranges without reading whole chunks) and a
+    digest of the metadata.
 
     Use it wherever ``FileSystemWriter`` is used, including ``dcp.async_save`` with ShardedTensors::
 
@@ -86,7 +101,7 @@ class ChecksumFileSystemWriter(FileSystemWriter):
         return done
 
     def finish(self, metadata, results: list[list[WriteResult]]) -> None:
-        items: dict[str, ChunkChecksums] = {}
+        items: dict[str, ItemChecksums] = {}
         plain = []
         for rank_results in results:
             unwrapped = []
@@ -98,12 +113,15 @@ class ChecksumFileSystemWriter(FileSystemWriter):
                     result = dataclasses.replace(result, storage_data=data.info)
                 unwrapped.append(result)
             plain.append(unwrapped)
+        # The metadata FileSystemWriter.finish is about to write: its storage_data is every result's.
+        storage_data = {r.index: r.storage_data for rank_results in plain for r in rank_results}
+        digest = _metadata.digest_of(metadata.state_dict_metadata, storage_data, metadata.planner_data, self.save_id)
         # Written (and renamed into place) before .metadata: a checkpoint with .metadata is complete.
         rank = self.rank if not self.use_collectives and self.rank is not None else None
         name = _checksums.checksums_file_name(rank)
         tmp = self.fs.concat_path(self.path, name + ".tmp")
         with self.fs.create_stream(tmp, "wb") as stream:
-            stream.write(_checksums.dump(self.save_id, items))
+            stream.write(_checksums.dump(self.save_id, digest, items))
         final = self.fs.concat_path(self.path, name)
         if self.fs.exists(final):
             self.fs.rm_file(final)
