@@ -108,6 +108,13 @@ def _int_tuple(value, ndim: int | None = None) -> bool:
 def check_structure(metadata: Any, file: str = METADATA_FILE) -> list[Corruption]:
     """What is wrong with the structure of ``metadata`` (empty when nothing is): see NOTE [ Checking a
     checkpoint's metadata ]."""
+    try:
+        return _structure_problems(metadata, file)
+    except Exception as e:  # noqa: BLE001 - metadata odd enough to break a check is damaged too
+        return [Corruption(None, None, file, None, None, None, f"is malformed ({type(e).__name__}: {e})")]
+
+
+def _structure_problems(metadata: Any, file: str) -> list[Corruption]:
     from torch_shard import _native
 
     bad: list[Corruption] = []
@@ -118,9 +125,9 @@ def check_structure(metadata: Any, file: str = METADATA_FILE) -> list[Corruption
     if not isinstance(metadata, Metadata):
         wrong(f"holds a {type(metadata).__name__}, not DCP's Metadata")
         return bad
-    items, storage = metadata.state_dict_metadata, metadata.storage_data
+    items, storage = getattr(metadata, "state_dict_metadata", None), getattr(metadata, "storage_data", None)
     if not isinstance(items, dict) or not isinstance(storage, dict):
-        wrong("state_dict_metadata or storage_data is not a dict")
+        wrong("has no state_dict_metadata or storage_data dict")
         return bad
     needed: list[MetadataIndex] = []
     for fqn, item in items.items():

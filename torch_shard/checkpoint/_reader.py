@@ -149,9 +149,12 @@ class ByteRangeFileSystemReader(FileSystemReader):
         self._checked = _metadata.open_checked(
             self.fs, self.path, metadata, rank, use_checksums=self.use_checksums, problems=problems
         )
-        # DCP raises what read_metadata raises as a bare message; an empty stand-in takes the load on
-        # to set_up_storage_reader, which raises the corruption itself, on every rank.
-        return metadata if metadata is not None else Metadata(state_dict_metadata={}, storage_data={})
+        if metadata is None or self._checked.problems:
+            # DCP raises what read_metadata raises as a bare message; an empty stand-in (never the
+            # damaged metadata, which DCP's planner would trip over) takes the load on to
+            # set_up_storage_reader, which raises the corruption itself, on every rank.
+            return Metadata(state_dict_metadata={}, storage_data={})
+        return metadata
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args, **kwargs) -> None:
         if self.verify and self._checked is not None and self._checked.problems:

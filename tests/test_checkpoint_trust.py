@@ -1,0 +1,417 @@
+"""A checked load trusts nothing it has not checked (issue 32): checkpoints attacked, not just bit-flipped.
+
+TestCheckpointTrust (4 ranks, gloo): the ways a checkpoint directory can hold the wrong bytes while
+every zip record stays consistent with itself, and the failures that used to leave destinations half
+written or reach users as DCP's BaseException:
+
+* a ``.distcp`` file, or one chunk, copied from an older save of the same model; two ranks' files
+  swapped (NOTE [ What .checksums binds to one save ]);
+* ``.metadata`` rewritten with a chunk moved or two chunks' offsets swapped, and single bit flips of it
+  (NOTE [ Checking a checkpoint's metadata ]);
+* ``.checksums`` truncated, with a flipped digit, or left by another save;
+* a data file deleted or truncated;
+* a bytes item that cannot be unpickled (its class gone, a damaged pickle);
+* a load that fails for another reason (a key the checkpoint lacks).
+
+Every damaged load raises the same ``Exception`` subclass on every rank with every destination as it
+was, ``verify`` exits 1 on exactly the damaged checkpoints, and a load that succeeds holds exactly the
+saved values. Single-process tests at the end: ``.checksums``'s own check catches every changed
+character, and the metadata digest survives a pickle round trip.
+"""
+
+import os
+import pickle
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import types
+import warnings
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
+
+from torch_shard import sharded_tensor
+from torch_shard.checkpoint import (
+    ByteRangeFileSystemReader,
+    CheckpointCorruptionError,
+    CheckpointLoadError,
+    ChecksumFileSystemWriter,
+    _checksums,
+    _metadata,
+    load,
+    verify_checkpoint,
+)
+from torch_shard.checkpoint._archive import BytesSource, read_archive
+from torch_shard.sharding_spec import ChunkShardingSpec
+from torch_shard.testing import ShardedTensorTestBase, placement, run_tests, with_comms
+
+ROWS, COLS = 64, 640
+FILL = -7.0
+
+
+def _chunks(dim):
+    return ChunkShardingSpec(dim=dim, placements=[placement(r) for r in range(4)])
+
+
+def _box(full, md):
+    return full[tuple(slice(o, o + s) for o, s in zip(md.shard_offsets, md.shard_sizes))]
+
+
+def _make(full, spec):
+    st = sharded_tensor.empty(spec, *full.shape, dtype=full.dtype)
+    for shard in st.local_shards():
+        shard.tensor.copy_(_box(full, shard.metadata))
+    return st
+
+
+def _values(seed):
+    return torch.arange(ROWS * COLS, dtype=torch.float32).view(ROWS, COLS) + 1000.0 * seed
+
+
+def _verify_exit(path, *flags) -> int:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    command = [sys.executable, "-m", "torch_shard.checkpoint", "verify", *flags, path]
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300).returncode
+
+
+def _storage(path):
+    return dcp.FileSystemReader(path).read_metadata().storage_data
+
+
+class TestCheckpointTrust(ShardedTensorTestBase):
+    def _tmp_dir(self):
+        holder = [tempfile.mkdtemp(prefix="torch_shard_trust_") if self.rank == 0 else None]
+        dist.broadcast_object_list(holder, src=0)
+        if self.rank == 0:
+            self.addCleanup(shutil.rmtree, holder[0], True)
+        return holder[0]
+
+    def _on_rank0(self, fn):
+        """Run ``fn`` on rank 0 only (it changes the checkpoint's files), then let every rank go on."""
+        dist.barrier()
+        if self.rank == 0:
+            fn()
+        dist.barrier()
+
+    def _targets(self):
+        return {dim: sharded_tensor.full(_chunks(dim), (ROWS, COLS), FILL) for dim in (0, 1)}
+
+    def _assert_untouched(self, st, msg):
+        for shard in st.local_shards():
+            self.assertTrue(bool((shard.tensor == FILL).all()), f"{msg}: a destination was written")
+
+    def _assert_holds(self, st, full, msg):
+        for shard in st.local_shards():
+            self.assertTrue(torch.equal(shard.tensor, _box(full, shard.metadata)), msg)
+
+    def _assert_refused(self, path, error=CheckpointCorruptionError, msg="", state=None, **reader_kwargs):
+        """Every rank raises ``error`` loading ``path`` into rows and into columns, nothing written;
+        returns the exceptions."""
+        caught = []
+        for dim, target in self._targets().items():
+            loaded = {"w": target} if state is None else dict(state, w=target)
+            with self.assertRaises(error, msg=f"{msg} (load dim {dim})") as cm:
+                load(loaded, path, **reader_kwargs)
+            self._assert_untouched(target, f"{msg} (load dim {dim})")
+            caught.append(cm.exception)
+        # Every rank raised the same error (the agreement): compare the messages.
+        messages = [None] * dist.get_world_size()
+        dist.all_gather_object(messages, str(caught[0]))
+        self.assertEqual(len(set(messages)), 1, msg)
+        return caught
+
+    @with_comms(init_rpc=False)
+    def test_files_and_chunks_of_another_save_are_caught(self):
+        old, new = _values(1), _values(2)
+        for how in ("file", "chunk", "swap"):
+            older, path = self._tmp_dir(), self._tmp_dir()
+            # Two tensors, so each .distcp file holds two chunks and "chunk" replaces one of them.
+            dcp.save({"w": _make(old, _chunks(0)), "v": _make(old, _chunks(0))},
+                     storage_writer=ChecksumFileSystemWriter(older))
+            dcp.save({"w": _make(new, _chunks(0)), "v": _make(new, _chunks(0))},
+                     storage_writer=ChecksumFileSystemWriter(path))
+
+            def damage(how=how, older=older, path=path):
+                if how == "file":  # a crashed save left an older file in place
+                    shutil.copy(os.path.join(older, "__0_0.distcp"), os.path.join(path, "__0_0.distcp"))
+                elif how == "chunk":  # one chunk's bytes from the older save, at the same place
+                    [(_, info)] = [(i, s) for i, s in _storage(path).items() if i.fqn == "w" and i.offset[0] == 16]
+                    with open(os.path.join(older, info.relative_path), "rb") as f:
+                        f.seek(info.offset)
+                        chunk = f.read(info.length)
+                    with open(os.path.join(path, info.relative_path), "r+b") as f:
+                        f.seek(info.offset)
+                        f.write(chunk)
+                else:  # two ranks' files swapped
+                    a, b = os.path.join(path, "__0_0.distcp"), os.path.join(path, "__1_0.distcp")
+                    os.rename(a, a + ".tmp")
+                    os.rename(b, a)
+                    os.rename(a + ".tmp", b)
+
+            self._on_rank0(damage)
+            caught = self._assert_refused(path, msg=how)
+            self.assertTrue(all(c.fqn in ("w", "v") for c in caught[0].corruptions), caught[0])
+            # Unchecked, the damage loads silently: the probe hits data a load uses.
+            target = sharded_tensor.full(_chunks(0), (ROWS, COLS), FILL)
+            dcp.load({"w": target}, storage_reader=ByteRangeFileSystemReader(path, verify=False))
+            wrong = torch.tensor([int(not torch.equal(s.tensor, _box(new, s.metadata))) for s in target.local_shards()])
+            dist.all_reduce(wrong)
+            self.assertGreater(int(wrong), 0, how)
+            if self.rank == 0:
+                self.assertFalse(verify_checkpoint(path, progress=False).ok, how)
+                self.assertEqual(_verify_exit(path), 1, how)
+            dist.barrier()
+
+    @with_comms(init_rpc=False)
+    def test_nothing_is_written_when_a_bytes_item_cannot_be_unpickled(self):
+        full = _values(3)
+        gone = types.ModuleType("torch_shard_test_gone_module")
+
+        class Gone:
+            pass
+
+        Gone.__module__, Gone.__qualname__ = gone.__name__, "Gone"
+        gone.Gone = Gone
+        for case in ("class gone", "damaged pickle"):
+            path = self._tmp_dir()
+            sys.modules[gone.__name__] = gone
+            try:
+                # Keys after "w" in every order DCP may take: the tensor is planned before the item.
+                state = {"w": _make(full, _chunks(0)), "z_item": Gone(), "a_item": "epoch 4"}
+                dcp.save(state, storage_writer=dcp.FileSystemWriter(path))
+            finally:
+                del sys.modules[gone.__name__]
+
+            if case == "damaged pickle":
+                def damage(path=path):
+                    [(_, info)] = [(i, s) for i, s in _storage(path).items() if i.fqn == "a_item"]
+                    file = os.path.join(path, info.relative_path)
+                    with open(file, "r+b") as f:
+                        f.seek(info.offset)
+                        archive = read_archive(BytesSource(f.read(info.length), info.offset), with_tensor=False)
+                        [pkl] = [r for r in archive.records if r.name.endswith("data.pkl")]
+                        f.seek(info.offset + pkl.data_offset)
+                        f.write(b"\xff\xfe")  # not a pickle opcode: unpickling fails
+                self._on_rank0(damage)
+            loaded = {"z_item": None, "a_item": None}
+            [rows, cols] = self._assert_refused(path, error=CheckpointLoadError, msg=case, state=loaded)
+            self.assertNotIsInstance(rows, CheckpointCorruptionError, case)  # a plain checkpoint: no CRC says
+            self.assertIsInstance(rows.__cause__, CheckpointException, case)
+            self.assertIn("cannot be unpickled", str(rows))
+            self.assertIn("_item", str(rows))
+            self.assertEqual(loaded, {"z_item": None, "a_item": None}, case)
+
+    @with_comms(init_rpc=False)
+    def test_rewritten_metadata_is_caught(self):
+        full = _values(4)
+        for writer_cls in (ChecksumFileSystemWriter, dcp.FileSystemWriter):
+            for how in ("moved", "swapped"):
+                path = self._tmp_dir()
+                dcp.save({"w": _make(full, _chunks(0))}, storage_writer=writer_cls(path))
+
+                def damage(path=path, how=how):
+                    file = os.path.join(path, ".metadata")
+                    with open(file, "rb") as f:
+                        md = pickle.load(f)
+                    chunks = md.state_dict_metadata["w"].chunks
+                    if how == "moved":  # chunk 1 moved from row 16 to row 20: a gap and an overlap
+                        moves = {16: 20}
+                    else:  # chunks 1 and 2 trade places: they still tile the tensor
+                        moves = {16: 32, 32: 16}
+                    for i, c in enumerate(chunks):
+                        if c.offsets[0] in moves:
+                            offsets = torch.Size([moves[c.offsets[0]], 0])
+                            chunks[i] = ChunkStorageMetadata(offsets, c.sizes)
+                    md.storage_data = {
+                        (MetadataIndex(k.fqn, [moves.get(k.offset[0], k.offset[0]), 0]) if k.fqn == "w" else k): v
+                        for k, v in md.storage_data.items()
+                    }
+                    with open(file, "wb") as f:
+                        pickle.dump(md, f)
+
+                self._on_rank0(damage)
+                msg = f"{writer_cls.__name__} {how}"
+                if writer_cls is dcp.FileSystemWriter and how == "swapped":
+                    # Without .checksums a well-formed swap is invisible (documented in NOTE [ Verified
+                    # loads ]): the load succeeds with the rows swapped.
+                    continue
+                [caught, _] = self._assert_refused(path, msg=msg)
+                self.assertEqual({c.file for c in caught.corruptions}, {".metadata"}, msg)
+                if self.rank == 0:
+                    self.assertEqual(_verify_exit(path), 1, msg)
+                dist.barrier()
+
+    @with_comms(init_rpc=False)
+    def test_metadata_bit_flips_never_load_wrong_or_partly(self):
+        full = _values(5)
+        rng = random.Random(32)
+        for writer_cls in (ChecksumFileSystemWriter, dcp.FileSystemWriter):
+            path = self._tmp_dir()
+            dcp.save({"w": _make(full, _chunks(0)), "step": 7}, storage_writer=writer_cls(path))
+            size = os.path.getsize(os.path.join(path, ".metadata"))
+            with open(os.path.join(path, ".metadata"), "rb") as f:
+                original = f.read()
+            flips = [(rng.randrange(size), 1 << rng.randrange(8)) for _ in range(64)]
+            refused = 0
+            for at, bit in flips:
+                def damage(at=at, bit=bit, path=path, original=original):
+                    flipped = bytearray(original)
+                    flipped[at] ^= bit
+                    with open(os.path.join(path, ".metadata"), "wb") as f:
+                        f.write(flipped)
+
+                self._on_rank0(damage)
+                msg = f"{writer_cls.__name__}: byte {at} bit {bit:#x} of {size}"
+                target = sharded_tensor.full(_chunks(1), (ROWS, COLS), FILL)
+                state = {"w": target, "step": 0}
+                try:
+                    load(state, path)
+                except CheckpointLoadError:
+                    refused += 1
+                    self._assert_untouched(target, msg)
+                    self.assertEqual(state["step"], 0, msg)
+                    ok = torch.tensor([0])
+                else:
+                    ok = torch.tensor([1])
+                    if writer_cls is ChecksumFileSystemWriter:  # with .checksums, never wrong
+                        self._assert_holds(target, full, msg)
+                        self.assertEqual(state["step"], 7, msg)
+                    else:  # without, never partly: every shard read from the file, or raised
+                        for shard in target.local_shards():
+                            self.assertFalse(bool((shard.tensor == FILL).any()), msg)
+                # Every rank reached the same verdict, and verify agrees with it.
+                loaded_on = ok.clone()
+                dist.all_reduce(loaded_on)
+                self.assertIn(int(loaded_on), (0, dist.get_world_size()), msg)
+                if self.rank == 0 and writer_cls is ChecksumFileSystemWriter:
+                    try:
+                        verified = verify_checkpoint(path, progress=False).ok
+                    except FileNotFoundError:
+                        verified = False
+                    self.assertEqual(verified, bool(int(ok)), msg)
+            self.assertGreater(refused, 0, writer_cls)
+
+    @with_comms(init_rpc=False)
+    def test_damaged_checksums_file_is_named(self):
+        full = _values(6)
+        for how in ("truncated", "digit", "another save"):
+            path = self._tmp_dir()
+            dcp.save({"w": _make(full, _chunks(0))}, storage_writer=ChecksumFileSystemWriter(path))
+            sums = os.path.join(path, ".checksums")
+
+            def damage(how=how, path=path, sums=sums):
+                with open(sums, "rb") as f:
+                    data = f.read()
+                if how == "truncated":
+                    data = data[: len(data) // 2]
+                elif how == "digit":  # one hex digit of the first tile CRC
+                    at = data.index(b'"tile_crcs":"') + len(b'"tile_crcs":"')
+                    data = data[:at] + (b"1" if data[at : at + 1] != b"1" else b"2") + data[at + 1 :]
+                else:  # a later save by DCP's own writer leaves this save's .checksums behind
+                    dcp.save({"w": full}, storage_writer=dcp.FileSystemWriter(path), no_dist=True)
+                    return
+                with open(sums, "wb") as f:
+                    f.write(data)
+
+            self._on_rank0(damage)
+            [caught, _] = self._assert_refused(path, msg=how)
+            self.assertEqual([(c.fqn, c.file) for c in caught.corruptions[:1]], [(None, ".checksums")], how)
+            self.assertTrue(all(c.fqn is None for c in caught.corruptions), how)  # no data block blamed
+            if how != "another save":
+                self.assertIn("checksums=False", str(caught))
+                # The data are intact: checked against their zip CRC-32s alone, they load.
+                target = sharded_tensor.zeros(_chunks(1), ROWS, COLS)
+                load({"w": target}, path, checksums=False)
+                self._assert_holds(target, full, how)
+            if self.rank == 0:
+                self.assertEqual(_verify_exit(path), 1, how)
+                if how != "another save":
+                    self.assertEqual(_verify_exit(path, "--no-checksums"), 0, how)
+            dist.barrier()
+
+    @with_comms(init_rpc=False)
+    def test_missing_or_truncated_data_file(self):
+        full = _values(7)
+        for writer_cls in (ChecksumFileSystemWriter, dcp.FileSystemWriter):
+            for how in ("deleted", "truncated"):
+                path = self._tmp_dir()
+                dcp.save({"w": _make(full, _chunks(0))}, storage_writer=writer_cls(path))
+
+                def damage(how=how, path=path):
+                    file = os.path.join(path, "__2_0.distcp")
+                    if how == "deleted":
+                        os.remove(file)
+                    else:
+                        os.truncate(file, os.path.getsize(file) // 2)
+
+                self._on_rank0(damage)
+                msg = f"{writer_cls.__name__} {how}"
+                [caught, _] = self._assert_refused(path, msg=msg)
+                self.assertTrue(all(c.file == "__2_0.distcp" for c in caught.corruptions), msg)
+                if self.rank == 0:
+                    self.assertEqual(_verify_exit(path), 1, msg)
+                dist.barrier()
+        if self.rank == 0:
+            self.assertEqual(_verify_exit(path + "_no_such_dir"), 2)
+        dist.barrier()
+
+    @with_comms(init_rpc=False)
+    def test_other_load_failures_are_exceptions_on_every_rank(self):
+        path = self._tmp_dir()
+        dcp.save({"w": _make(_values(8), _chunks(0))}, storage_writer=ChecksumFileSystemWriter(path))
+        target = sharded_tensor.full(_chunks(1), (ROWS, COLS), FILL)
+        with self.assertRaises(CheckpointLoadError) as cm:
+            load({"w": target, "missing": torch.zeros(3)}, path)
+        self.assertNotIsInstance(cm.exception, CheckpointCorruptionError)
+        self.assertIsInstance(cm.exception, Exception)
+        self.assertIsInstance(cm.exception.__cause__, CheckpointException)
+        self.assertIn("missing", str(cm.exception))
+        self._assert_untouched(target, "missing key")
+
+
+def test_checksums_file_catches_every_changed_character():
+    tensor = torch.arange(300 * 70, dtype=torch.float32).view(300, 70)
+    grid, tiles = _checksums.tensor_tile_crcs(tensor)
+    items = {
+        "__0_0.distcp:0": _checksums.ItemChecksums("w", 0x1234ABCD, grid, tuple(tiles)),
+        "__0_0.distcp:99": _checksums.ItemChecksums("note", 0x0BADF00D),
+    }
+    data = _checksums.dump("save-1", "d" * 64, items)
+    parsed = _checksums.parse(data)
+    assert parsed.items == items and parsed.save_id == "save-1" and parsed.metadata_digest == "d" * 64
+    text = data.decode()
+    for at, char in enumerate(text):
+        if not char.isalnum():
+            continue
+        other = "0" if char != "0" else "1"
+        changed = (text[:at] + other + text[at + 1 :]).encode()
+        try:
+            _checksums.parse(changed)
+        except ValueError:
+            continue
+        raise AssertionError(f"changing character {at} ({char!r} -> {other!r}) went unnoticed")
+
+
+def test_metadata_digest_survives_a_pickle_round_trip_and_sees_a_moved_chunk(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"w": torch.ones(8, 4), "note": {"a": 1}}, checkpoint_id=str(tmp_path), no_dist=True)
+    md = dcp.FileSystemReader(str(tmp_path)).read_metadata()
+    again = pickle.loads(pickle.dumps(md))
+    again.storage_meta.load_id = "another load"  # what a load sets: not part of the digest
+    assert _metadata.digest(again) == _metadata.digest(md)
+    assert not _metadata.check_structure(md)
+    [chunk] = again.state_dict_metadata["w"].chunks
+    again.state_dict_metadata["w"].chunks = [ChunkStorageMetadata(torch.Size([1, 0]), chunk.sizes)]
+    assert _metadata.digest(again) != _metadata.digest(md)
+    problems = _metadata.check_structure(again)
+    assert problems and all(p.fqn == "w" for p in problems), problems
+
+
+if __name__ == "__main__":
+    run_tests()
