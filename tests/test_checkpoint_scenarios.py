@@ -24,6 +24,7 @@ import itertools
 import math
 import shutil
 import tempfile
+import warnings
 from typing import Any
 
 import torch
@@ -519,8 +520,9 @@ class TestByteRangeReader(ShardedTensorTestBase):
         dcp.save({"w": _make(full, _chunks(0, range(4))), "step": 3}, checkpoint_id=path)
         cols = _chunks(1, range(4))
         unchecked = {"verify": False}
-        for reader_cls in (dcp.FileSystemReader, ByteRangeFileSystemReader):  # warm-up: lazy imports
-            self._load_counting(reader_cls, path, cols, full)
+        # Warm-up (lazy imports); checked loads warn below, once per checkpoint.
+        self._load_counting(dcp.FileSystemReader, path, cols, full)
+        self._load_counting(ByteRangeFileSystemReader, path, cols, full, **unchecked)
         # Rows saved, columns loaded: DCP's reader reads all four saved chunks whole, the byte-range
         # reader one quarter of each (plus each archive's header and the metadata exchange).
         whole = self._load_counting(dcp.FileSystemReader, path, cols, full)
@@ -528,21 +530,30 @@ class TestByteRangeReader(ShardedTensorTestBase):
         self.assertGreaterEqual(whole, nbytes)
         self.assertGreaterEqual(ranged, nbytes // 4)
         self.assertLess(ranged, nbytes // 4 + 64 * 1024)
-        # Checked, a plain DCP checkpoint's chunks are read whole (their CRC-32 covers whole records).
-        checked = self._load_counting(ByteRangeFileSystemReader, path, cols, full)
+        # Checked, a plain DCP checkpoint's chunks are read whole (their CRC-32 covers whole records),
+        # and the reader says so, once per checkpoint, naming the writer that avoids it.
+        with self.assertWarnsRegex(UserWarning, "ChecksumFileSystemWriter") as warned:
+            checked = self._load_counting(ByteRangeFileSystemReader, path, cols, full)
+        self.assertIn(path, str(warned.warning))
         self.assertGreaterEqual(checked, nbytes)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            self._load_counting(ByteRangeFileSystemReader, path, cols, full)
         # Rows into the same rows: both read one chunk, checked or not.
         rows = _chunks(0, range(4))
         for kwargs in (unchecked, {}):
             same_layout = self._load_counting(ByteRangeFileSystemReader, path, rows, full, **kwargs)
             self.assertLess(same_layout, nbytes // 4 + 64 * 1024)
-        # With block checksums (ChecksumFileSystemWriter) a checked load reads whole 1 KiB x 64-row
-        # tiles: a 512-column float32 quarter is 512 bytes of each 2 KiB row, so it reads 1 KiB of it.
+        # With block checksums (ChecksumFileSystemWriter) a checked load reads whole tiles of a
+        # sixteenth of a row: a 512-column float32 quarter is 4 of the 128-byte tiles of each 2 KiB
+        # row, so it reads exactly what the unchecked load reads, no warning.
         path = self._tmp_dir()
         dcp.save({"w": _make(full, _chunks(0, range(4))), "step": 3}, storage_writer=ChecksumFileSystemWriter(path))
-        tiled = self._load_counting(ByteRangeFileSystemReader, path, cols, full)
-        self.assertGreaterEqual(tiled, nbytes // 2)
-        self.assertLess(tiled, nbytes // 2 + 64 * 1024)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            tiled = self._load_counting(ByteRangeFileSystemReader, path, cols, full)
+        self.assertGreaterEqual(tiled, nbytes // 4)
+        self.assertLess(tiled, nbytes // 4 + 64 * 1024)
 
     @with_comms(init_rpc=False)
     def test_falls_back_for_transformed_and_byte_items(self):

@@ -5,13 +5,16 @@ A zip record's CRC-32 checks only a record read whole. ``ByteRangeFileSystemRead
 a chunk (a row-chunked tensor loaded into columns reads a quarter of every row), so a writer that
 wants those reads checked records CRC-32s of small blocks as well. The blocks follow the tensor's
 layout, not the file's: the chunk's bytes are viewed as a matrix with one row per index of all but
-the last dim and ``shape[-1] * element_size`` bytes per row, and cut into tiles of at most
-``TILE_ROW_BYTES`` bytes of each row by enough rows to make about ``TILE_BYTES``. A read of any box
-then reads whole tiles: at most one tile's width more per row on each side and one tile's height
-more on each side of the rows, and nothing more when the box's edges fall on tile edges (a
-4096-column float32 matrix split into quarters of columns reads exactly its quarter). A tile's
-CRC-32 is over its bytes taken row by row. One 4-byte CRC per 64 KiB keeps the table at 1/16384 of
-the data, and a tile is big enough that the per-tile Python work stays small next to hashing it.
+the last dim and ``shape[-1] * element_size`` bytes per row, and cut into tiles of a sixteenth of a
+row (a power of two from ``MIN_TILE_ROW_BYTES`` to ``MAX_TILE_ROW_BYTES`` bytes) by enough rows to
+make about ``TILE_BYTES``. A read of any box then reads whole tiles: at most one tile's width more
+per row on each side and one tile's height more on each side of the rows, and nothing more when the
+box's edges fall on tile edges: a chunk loaded in up to 16 column blocks reads exactly its blocks
+(a 4096-column float32 matrix split into quarters of columns reads its quarter; so does a 64-column
+embedding table, in 64-byte tiles), narrower blocks read at most a 64-byte tile more per row side. A
+tile's CRC-32 is over its bytes taken row by row. One 4-byte CRC per 64 KiB keeps the table at
+1/16384 of the data, and a tile is big enough that the per-tile Python work stays small next to
+hashing it. The grid is recorded with the CRCs, so a reader follows whatever grid a writer chose.
 
 NOTE [ What .checksums binds to one save ]
 A zip record's CRC-32 proves only that the record is self-consistent: a chunk (or a whole ``.distcp``
@@ -42,7 +45,8 @@ import torch
 
 from ._archive import crc32
 
-TILE_ROW_BYTES = 1024
+MIN_TILE_ROW_BYTES = 64
+MAX_TILE_ROW_BYTES = 1024
 TILE_BYTES = 64 * 1024
 FORMAT = "torch_shard.checksums"
 VERSION = 2
@@ -64,8 +68,24 @@ class TileGrid:
         shape = list(shape)
         rows = math.prod(shape[:-1]) if shape else 1
         row_bytes = (shape[-1] if shape else 1) * element_size
-        tile_bytes = max(1, min(row_bytes, TILE_ROW_BYTES))
+        tile_bytes = MIN_TILE_ROW_BYTES
+        while tile_bytes < MAX_TILE_ROW_BYTES and tile_bytes * 2 * 16 <= row_bytes:
+            tile_bytes *= 2
+        tile_bytes = max(1, min(row_bytes, tile_bytes))
         return cls(rows, row_bytes, max(1, TILE_BYTES // tile_bytes), tile_bytes)
+
+    def fits(self, shape, element_size: int) -> bool:
+        """Whether this grid can be the grid of a chunk of ``shape``: its rows and row width, and
+        tiles whole elements wide (any writer's choice of tile size is read)."""
+        shape = list(shape)
+        rows = math.prod(shape[:-1]) if shape else 1
+        row_bytes = (shape[-1] if shape else 1) * element_size
+        return (
+            (self.rows, self.row_bytes) == (rows, row_bytes)
+            and self.tile_rows >= 1
+            and 1 <= self.tile_bytes <= max(1, row_bytes)
+            and (self.tile_bytes % element_size == 0 or self.tile_bytes == row_bytes)
+        )
 
     @property
     def tile_cols(self) -> int:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ._archive import Archive, Record, Source, crc32, read_archive
-from ._checksums import ItemChecksums, TileGrid, band_crcs, band_scratch
+from ._checksums import ItemChecksums, band_crcs, band_scratch
 from ._errors import Corruption
 
 
@@ -159,11 +159,11 @@ def check_tiles_of_whole(buffer: torch.Tensor, archive: Archive, sums: ItemCheck
 
 def tiles_usable(archive: Archive, sums: ItemChecksums | None) -> bool:
     """Whether block CRCs can check a byte range of this chunk (a contiguous tensor whose recorded
-    tile grid is the one its layout gives)."""
+    tile grid fits its layout)."""
     if sums is None or sums.grid is None or not archive.contiguous:
         return False
     m = archive.meta
-    return sums.grid == TileGrid.for_chunk(m.shape, m.element_size()) and len(sums.tile_crcs) == sums.grid.count
+    return sums.grid.fits(m.shape, m.element_size()) and len(sums.tile_crcs) == sums.grid.count
 
 
 def read_box_by_tiles(
