@@ -415,3 +415,39 @@ def test_metadata_digest_survives_a_pickle_round_trip_and_sees_a_moved_chunk(tmp
 
 if __name__ == "__main__":
     run_tests()
+
+
+def test_big_tensors_take_their_data_crc_from_the_archive(tmp_path):
+    # Tensors of 1 MiB or more: the data CRC is the zip record's, read back after the write (one hash
+    # of the data, by torch.save); with torch.save's CRCs off it is hashed from memory instead.
+    import zlib
+
+    big = torch.arange(512 * 1024, dtype=torch.float32).view(512, 1024)  # 2 MiB
+    small = torch.arange(100, dtype=torch.float32)
+    expected = {"big": zlib.crc32(big.numpy().tobytes()), "small": zlib.crc32(small.numpy().tobytes())}
+    for crcs_on in (True, False):
+        path = str(tmp_path / f"crc_{crcs_on}")
+        before = torch.serialization.get_crc32_options()
+        torch.serialization.set_crc32_options(crcs_on)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                dcp.save({"big": big, "small": small}, storage_writer=ChecksumFileSystemWriter(path), no_dist=True)
+        finally:
+            torch.serialization.set_crc32_options(before)
+        with open(os.path.join(path, ".checksums"), "rb") as f:
+            sums = _checksums.parse(f.read())
+        assert {item.fqn: item.crc for item in sums.items.values()} == expected, crcs_on
+        assert verify_checkpoint(path, progress=False).ok
+        # A flipped data byte of the big tensor is caught, by its CRC from this save.
+        [(_, info)] = [(i, s) for i, s in _storage(path).items() if i.fqn == "big"]
+        with open(os.path.join(path, info.relative_path), "r+b") as f:
+            f.seek(info.offset)
+            archive = read_archive(BytesSource(f.read(info.length), info.offset))
+            at = info.offset + archive.data.data_offset + 12345
+            f.seek(at)
+            byte = f.read(1)[0]
+            f.seek(at)
+            f.write(bytes([byte ^ 0x10]))
+        report = verify_checkpoint(path, progress=False)
+        assert [c.fqn for c in report.corruptions] == ["big"], report.corruptions

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from . import _checksums, _metadata
-from ._archive import crc32
+from ._archive import FileSource, crc32, read_archive
 from ._checksums import ItemChecksums
 from ._staging import stage_state_dict
 
@@ -47,14 +48,29 @@ def _as_saved(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+# A tensor with at least this many bytes takes its data CRC from the zip record torch.save wrote (read
+# back after the write: the archive's directory, a few hundred bytes) instead of being hashed twice;
+# a smaller one is hashed here (cheaper than reading a directory back).
+_READ_BACK_BYTES = 1 << 20
+
+
+def _torch_save_records_crcs() -> bool:
+    options = getattr(torch.serialization, "get_crc32_options", None)
+    return bool(options()) if options is not None else False
+
+
 class _RecordingPlanner:
-    """The save planner, seen by ``write_data``: it also hashes each item's data as it hands it over.
+    """The save planner, seen by ``write_data``: it also records each item's checksums as it hands
+    the item over.
 
     The CRCs are of what ``torch.save`` is given: the tensor in memory, brought here to the form the
-    writer saves (on the CPU, its own storage), which the writer then leaves as it is."""
+    writer saves (on the CPU, its own storage), which the writer then leaves as it is. A big tensor's
+    data CRC is the one ``torch.save`` computes from the same memory as it writes the data record
+    (``pending``: read back from the archive's directory once written)."""
 
-    def __init__(self, planner: SavePlanner, recorded: dict):
-        self._planner, self._recorded = planner, recorded
+    def __init__(self, planner: SavePlanner, recorded: dict, read_back: bool):
+        self._planner, self._recorded, self._read_back = planner, recorded, read_back
+        self.pending: dict = {}  # index -> the data record's size, for big tensors
 
     def resolve_data(self, item):
         data = self._planner.resolve_data(item)
@@ -63,7 +79,12 @@ class _RecordingPlanner:
             self._recorded[item.index] = ItemChecksums(fqn, crc32(data.getbuffer()))
         elif isinstance(data, torch.Tensor):
             data = _as_saved(data)
-            crc = crc32(_checksums.saved_storage_bytes(data))
+            stored = _checksums.saved_storage_bytes(data)
+            crc = None
+            if self._read_back and stored.numel() >= _READ_BACK_BYTES:
+                self.pending[item.index] = stored.numel()
+            else:
+                crc = crc32(stored)
             grid, tiles = None, ()
             if data.is_contiguous() and data.storage_offset() == 0:
                 # Tile CRCs are of the row-major bytes; a reader uses them only for a record in that order.
@@ -73,6 +94,26 @@ class _RecordingPlanner:
 
     def __getattr__(self, name):
         return getattr(self._planner, name)
+
+
+def _data_record_crc(source: FileSource, size: int) -> int:
+    """The CRC-32 of the one data record of ``size`` bytes in the archive at ``source``: from the zip
+    directory when torch.save recorded it, else hashed from the file."""
+    archive = read_archive(source, with_tensor=False)
+    records = [r for r in archive.records if _DATA_RECORD.fullmatch(r.name) and r.size == size]
+    if len(records) == 1 and records[0].has_crc:
+        return records[0].crc
+    # Not the archive torch.save writes today: hash the stored bytes of its one record of that size.
+    record = next((r for r in archive.records if r.size == size), None)
+    if record is None:
+        raise RuntimeError(f"torch_shard.checkpoint: no {size}-byte data record in the archive just written")
+    crc = 0
+    for at in range(0, size, 1 << 20):
+        crc = crc32(source.read(record.data_offset + at, min(1 << 20, size - at)), crc)
+    return crc
+
+
+_DATA_RECORD = re.compile(r"(.*/)?data/\d+")
 
 
 class ChecksumFileSystemWriter(FileSystemWriter):
@@ -91,7 +132,11 @@ class ChecksumFileSystemWriter(FileSystemWriter):
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         recorded: dict = {}
-        results = super().write_data(plan, _RecordingPlanner(planner, recorded)).wait()
+        # Stream-transformed items (compression, ...) store no zip archive to read a CRC back from.
+        read_back = _torch_save_records_crcs() and not getattr(self.transforms, "extensions", ())
+        recording = _RecordingPlanner(planner, recorded, read_back)
+        results = super().write_data(plan, recording).wait()
+        self._read_back_crcs(results, recording.pending, recorded)
         wrapped = [
             dataclasses.replace(r, storage_data=_WithChecksums(r.storage_data, recorded.get(r.index)))
             for r in results
@@ -99,6 +144,20 @@ class ChecksumFileSystemWriter(FileSystemWriter):
         done: Future[list[WriteResult]] = Future()
         done.set_result(wrapped)
         return done
+
+    def _read_back_crcs(self, results: list[WriteResult], pending: dict, recorded: dict) -> None:
+        """Fill in the data CRCs of big tensors from the archives just written."""
+        per_file: dict[str, list[WriteResult]] = {}
+        for result in results:
+            if result.index in pending:
+                per_file.setdefault(result.storage_data.relative_path, []).append(result)
+        for relative_path, written in per_file.items():
+            with self.fs.create_stream(self.fs.concat_path(self.path, relative_path), "rb") as stream:
+                raw = getattr(stream, "raw", stream)
+                for result in written:
+                    info = result.storage_data
+                    crc = _data_record_crc(FileSource(raw, info.offset, info.length), pending[result.index])
+                    recorded[result.index] = dataclasses.replace(recorded[result.index], crc=crc)
 
     def finish(self, metadata, results: list[list[WriteResult]]) -> None:
         items: dict[str, ItemChecksums] = {}
