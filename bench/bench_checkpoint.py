@@ -1,23 +1,28 @@
-"""Checkpoints through torch.distributed.checkpoint: torch_shard vs DTensor vs torch.distributed._shard.
+"""Checkpoints through torch.distributed.checkpoint: torch_shard vs DTensor vs torch.distributed._shard,
+and what checking every byte costs.
 
-Run with 4 ranks: ``torchrun --standalone --nproc-per-node=4 bench/bench_checkpoint.py`` (or
-``make bench``). Gloo on CPU. One 4096 x 4096 float32 tensor (``--size``), saved in row chunks with
-``dcp.save`` (FileSystemWriter into a temporary directory), then loaded with ``dcp.load`` into row
-chunks (the same layout) and into column chunks:
+Run with 2 or 4 ranks: ``torchrun --standalone --nproc-per-node=4 bench/bench_checkpoint.py`` (or
+``make bench``); ``--size 4096`` is a 64 MiB float32 tensor, ``--size 16384`` 1 GiB. Gloo on CPU. The
+tensor is saved in row chunks with ``dcp.save`` (``FileSystemWriter``, and ``ChecksumFileSystemWriter``
+for the "torch_shard+checksums" row), then loaded with ``dcp.load`` into row chunks (the same layout)
+and into column chunks:
 
 * torch_shard: ``ShardedTensor`` with ``ChunkShardingSpec(dim=0 / 1)``;
 * DTensor: ``[Shard(0)]`` / ``[Shard(1)]`` on a 1-D mesh;
 * upstream: ``torch.distributed._shard`` ``ShardedTensor`` with its ``ChunkShardingSpec``;
-* the same loads through ``torch_shard.checkpoint.ByteRangeFileSystemReader`` (any library's
-  checkpoint; shown for torch_shard and DTensor), unchecked (``verify=False``) and checked;
-* torch_shard saved through ``ChecksumFileSystemWriter`` (block CRCs in ``.checksums``) and loaded
-  through the checking reader (row "torch_shard+checksums").
+* each through DCP's ``FileSystemReader`` and ``torch_shard.checkpoint.ByteRangeFileSystemReader``,
+  unchecked (``verify=False``) and checked (the default).
+
+The lines after the table are the issue-32 ratios on the same files: checked load / ``FileSystemReader``
+(same layout, resharded), checked / unchecked, ``ChecksumFileSystemWriter`` / ``FileSystemWriter``
+save, and where a checked load's time goes (``ByteRangeFileSystemReader.timings``: read, check, agree,
+write into the destinations; the slowest rank's, from one extra load).
 
 Times are the max over ranks per iteration, median over --repeats iterations after one warm-up, with
-the cases compared interleaved (all saves; per library and layout, all readers). Bytes
-read are the largest per-rank growth of ``rchar`` in /proc/self/io over one load: what the process
-read through read()-family system calls (checkpoint data, archive headers, the metadata file on the
-coordinator). The files sit in the page cache after the save, so the times are of reading memory and
+the cases compared interleaved (all saves; per library and layout, all readers). Bytes read are the
+largest per-rank growth of ``rchar`` in /proc/self/io over one load: what the process read through
+read()-family system calls (checkpoint data, archive headers, the metadata file on the coordinator).
+The files sit in the page cache after the save, so the times are of reading memory and
 deserialising, not of a disk.
 """
 
@@ -73,8 +78,10 @@ def _fill(st, full):
     return st
 
 
-def _load(target, reader_cls, path) -> None:
-    dcp.load({"w": target}, storage_reader=reader_cls(path))
+def _load(target, reader_cls, path):
+    reader = reader_cls(path)
+    dcp.load({"w": target}, storage_reader=reader)
+    return reader
 
 
 def _holds(local: torch.Tensor, full: torch.Tensor, offsets) -> bool:
@@ -129,7 +136,7 @@ def main() -> None:
         ("ByteRange, unchecked", unchecked),
         ("ByteRange, checked", ByteRangeFileSystemReader),
     ]
-    # The same tensor saved with block checksums: only the checking reader needs them.
+    # The same tensor saved with ChecksumFileSystemWriter: every reader reads the same files.
     libraries["torch_shard+checksums"] = libraries["torch_shard"]
     wanted = args.libraries.split(",")
     unknown = set(wanted) - set(libraries)
@@ -140,6 +147,7 @@ def main() -> None:
     root = [tempfile.mkdtemp(prefix="torch_shard_bench_dcp_") if rank == 0 else None]
     dist.broadcast_object_list(root, src=0)
     rows_out = []
+    spent: dict[tuple[str, str], dict[str, float]] = {}
     try:
         # Every case is timed interleaved with the ones it is compared with (A, B, A, B, ...), so the
         # machine's noise hits them alike: the saves of all libraries, then per library and layout the
@@ -156,10 +164,9 @@ def main() -> None:
                 (reader_name, reader_cls)
                 for reader_name, reader_cls in readers
                 if not (name == "upstream" and reader_cls is not dcp.FileSystemReader)
-                and not (name.endswith("+checksums") and reader_cls is not ByteRangeFileSystemReader)
             ]
             cells: dict[str, list] = {reader_name: [] for reader_name, _ in mine}
-            for make in (make_rows, make_cols):
+            for layout, make in (("rows", make_rows), ("cols", make_cols)):
                 targets = {reader_name: make() for reader_name, _ in mine}
                 loads = {
                     reader_name: functools.partial(_load, targets[reader_name], reader_cls, paths[name])
@@ -177,8 +184,11 @@ def main() -> None:
                     if not ok:
                         raise RuntimeError(f"{name} / {reader_name}: loaded values differ from the saved")
                     cells[reader_name].append((1e3 * times[reader_name], read / 2**20))
+                if name.startswith("torch_shard") and "ByteRange, checked" in targets:
+                    reader = _load(targets["ByteRange, checked"], ByteRangeFileSystemReader, paths[name])
+                    spent[(name, layout)] = {k: 1e3 * _max_over_ranks(v) for k, v in vars(reader.timings).items()}
             for reader_name, reader_cls in mine:
-                first = reader_cls is dcp.FileSystemReader or name.endswith("+checksums")
+                first = reader_cls is dcp.FileSystemReader
                 rows_out.append((name, reader_name, 1e3 * save_s[name] if first else None, cells[reader_name]))
     finally:
         dist.barrier()
@@ -196,19 +206,33 @@ def main() -> None:
             cells = f"{rr_ms:.1f} | {rr_mb:.1f} | {rc_ms:.1f} | {rc_mb:.1f}"
             print(f"| {name} | {reader_name} | {save} | {cells} |")
         got = {(name, reader_name): (save_ms, cells) for name, reader_name, save_ms, cells in rows_out}
-        plain = got.get(("torch_shard", "FileSystemReader"))
-        unchecked = got.get(("torch_shard", "ByteRange, unchecked"))
-        checked = got.get(("torch_shard", "ByteRange, checked"))
-        with_sums = got.get(("torch_shard+checksums", "ByteRange, checked"))
-        if unchecked and checked:
-            ratio = checked[1][0][0] / unchecked[1][0][0]
-            print(f"torch_shard rows->rows load, checked / unchecked: {ratio:.2f}x (target <= 1.2x)")
-        if plain and with_sums:
-            print(f"save, ChecksumFileSystemWriter / FileSystemWriter: {with_sums[0] / plain[0]:.2f}x (target <= 1.1x)")
-        if unchecked and with_sums:
-            ratio = with_sums[1][1][1] / unchecked[1][1][1]
-            print(f"rows->cols MB read, checked with .checksums / unchecked: {ratio:.2f}x (target <= 1.25x)")
+        _print_ratios(got, spent)
     dist.destroy_process_group()
+
+
+def _print_ratios(got: dict, spent: dict) -> None:
+    """The issue-32 ratios, from the rows of the table (same files, same run)."""
+    layouts = (("same layout", 0), ("resharded", 1))
+    for name, what in (("torch_shard+checksums", "saved by ChecksumFileSystemWriter"),
+                       ("torch_shard", "saved by FileSystemWriter, no .checksums")):
+        plain, unchecked, checked = (got.get((name, r)) for r in
+                                     ("FileSystemReader", "ByteRange, unchecked", "ByteRange, checked"))
+        if not (plain and unchecked and checked):
+            continue
+        print(f"{name} ({what}):")
+        for layout, i in layouts:
+            c, p, u = checked[1][i][0], plain[1][i][0], unchecked[1][i][0]
+            print(f"  {layout}: checked / FileSystemReader {c / p:.2f}x (target <= 1.0x), "
+                  f"checked / unchecked {c / u:.2f}x, MB read checked / FileSystemReader "
+                  f"{checked[1][i][1] / plain[1][i][1]:.2f}")
+            parts = spent.get((name, "rows" if i == 0 else "cols"))
+            if parts:
+                shown = ", ".join(f"{k[:-2]} {v:.1f} ms" for k, v in parts.items())
+                print(f"    checked load's time (slowest rank each): {shown}")
+    plain_save = got.get(("torch_shard", "FileSystemReader"))
+    sums_save = got.get(("torch_shard+checksums", "FileSystemReader"))
+    if plain_save and sums_save and plain_save[0] and sums_save[0]:
+        print(f"save, ChecksumFileSystemWriter / FileSystemWriter: {sums_save[0] / plain_save[0]:.2f}x (target <= 1.1x)")
 
 
 def _dtensor_offsets(dt, rank: int, world: int, n: int) -> list[int]:

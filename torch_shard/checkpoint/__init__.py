@@ -19,6 +19,7 @@ from typing import Any
 from ._errors import CheckpointCorruptionError, CheckpointLoadError, Corruption
 from ._reader import ByteRangeFileSystemReader
 from ._staging import StagedShardedTensor, stage_state_dict
+from ._timing import LoadTimings
 from ._verify import VerifyReport, verify_checkpoint
 from ._writer import ChecksumFileSystemWriter
 
@@ -28,6 +29,7 @@ __all__ = [
     "CheckpointLoadError",
     "ChecksumFileSystemWriter",
     "Corruption",
+    "LoadTimings",
     "StagedShardedTensor",
     "VerifyReport",
     "load",

@@ -57,6 +57,7 @@ import dataclasses
 import io
 import itertools
 import sys
+import time
 import warnings
 from dataclasses import dataclass
 
@@ -72,6 +73,7 @@ from ._archive import BytesSource, FileSource, Source, _read_exact, _SourceFile
 from ._checksums import location_key
 from ._chunk import Expected, ItemPlace, as_saved_tensor, open_chunk, read_box_by_tiles, read_bytes_item, read_whole
 from ._errors import CheckpointCorruptionError, CheckpointLoadError, Corruption
+from ._timing import LoadTimings, recording, spent
 
 __all__ = ["ByteRangeFileSystemReader"]
 
@@ -139,6 +141,8 @@ class ByteRangeFileSystemReader(FileSystemReader):
         self.use_checksums = checksums
         self._checked: _metadata.Checked | None = None
         self._metadata: Metadata | None = None
+        #: Where the last checked load's time went on this rank (read, check, agree, write).
+        self.timings = LoadTimings()
 
     def read_metadata(self, *args, **kwargs) -> Metadata:
         if not self.verify:
@@ -178,12 +182,16 @@ class ByteRangeFileSystemReader(FileSystemReader):
         outcome = Outcome(this_rank())
         staged: list[tuple[ReadItem, object]] = []
         failure: BaseException | None = None
-        try:
-            self._stage(plan, planner, staged, outcome.corruptions)
-        except Exception as e:  # noqa: BLE001 - reported to every rank, raised below
-            failure = e
-            outcome.error = f"{type(e).__name__}: {e}"
+        self.timings = LoadTimings()
+        with recording(self.timings):
+            try:
+                self._stage(plan, planner, staged, outcome.corruptions)
+            except Exception as e:  # noqa: BLE001 - reported to every rank, raised below
+                failure = e
+                outcome.error = f"{type(e).__name__}: {e}"
+        clock = time.perf_counter()
         outcomes = exchange(outcome, participants)
+        clock = self._spent("agree_s", clock)
         corruptions = [c for o in outcomes for c in o.corruptions]
         if corruptions:
             raise CheckpointCorruptionError(str(self.path), corruptions)
@@ -201,9 +209,15 @@ class ByteRangeFileSystemReader(FileSystemReader):
                 target = planner.resolve_tensor(item).detach()
                 target.copy_(value)
                 planner.commit_tensor(item, target)
+        self._spent("write_s", clock)
         done: Future[None] = Future()
         done.set_result(None)
         return done
+
+    def _spent(self, field: str, since: float) -> float:
+        now = time.perf_counter()
+        setattr(self.timings, field, getattr(self.timings, field) + now - since)
+        return now
 
     def _stage(self, plan: LoadPlan, planner: LoadPlanner, staged: list, corruptions: list[Corruption]) -> None:
         """Read, check and decode every item of ``plan`` into buffers of our own (``staged``)."""
@@ -270,14 +284,19 @@ class ByteRangeFileSystemReader(FileSystemReader):
             return
         # Unpickled here as DCP's planner will (torch.load, weights_only=False), so an item that
         # cannot be fails before any destination is written.
+        clock = time.perf_counter()
         try:
             torch.load(io.BytesIO(data), weights_only=False)
         except Exception as e:
             raise RuntimeError(f"bytes item '{expected.place.fqn}' cannot be unpickled ({type(e).__name__}: {e})") from e
+        finally:
+            spent("check_s", clock)
         staged.extend((item, io.BytesIO(data)) for item in items)
 
     def _stage_tensor(self, source, expected, items, planner, staged, corruptions) -> None:
+        clock = time.perf_counter()
         archive, bad = open_chunk(source, expected)
+        spent("read_s", clock)
         if archive is None:
             corruptions.extend(bad)
             return
