@@ -459,7 +459,7 @@ class TestUpstream(ShardedTensorTestBase):
             to_upstream(theirs)
         # With torch_shard.compat installed, upstream's modules are torch_shard's: both are the identity.
         aliased = (torch_shard.sharded_tensor, torch_shard.metadata, torch_shard.sharding_spec)
-        with mock.patch.object(interop, "_upstream", lambda: aliased):
+        with mock.patch.object(interop._upstream, "_upstream_modules", lambda: aliased):
             self.assertIs(to_upstream(ours), ours)
             self.assertIs(from_upstream(ours), ours)
 

@@ -1,7 +1,4 @@
-"""Conversions between torch_shard's ShardedTensor, DTensor and upstream's ShardedTensor.
-
-Each conversion hands the same local tensors to the other library whenever the layouts allow it, so
-nothing is copied and in-place updates through one object are seen through the other:
+"""Conversions between torch_shard's ShardedTensor and DTensor, sharing local tensors.
 
 * :func:`to_dtensor` wraps a ShardedTensor as a ``DTensor`` on a device mesh. When the tensor already
   has the layout the DTensor placements describe (``Shard(d)`` on a 1-D mesh in rank order is
@@ -9,8 +6,6 @@ nothing is copied and in-place updates through one object are seen through the o
   boxes), each rank's shard becomes the DTensor's local tensor. Otherwise the data is resharded once
   into that layout first (the argument is left untouched).
 * :func:`from_dtensor` wraps a ``DTensor``'s local tensor as the local shard of a ShardedTensor.
-* :func:`from_upstream` / :func:`to_upstream` rebuild a ``torch.distributed._shard`` ShardedTensor as a
-  torch_shard one and back, over the same local tensors and the same metadata.
 
 NOTE [ DTensor layouts as shard boxes ]
 DTensor splits a dim like ``torch.chunk``: ``ceil(n / k)`` elements per chunk, the trailing chunks
@@ -32,31 +27,23 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
-from .metadata import ShardMetadata
-from .sharded_tensor import Shard, ShardedTensor, init_from_local_shards
-from .sharded_tensor.metadata import ShardedTensorMetadata, TensorProperties
-from .sharded_tensor.utils import _PlacementResolver
-from .sharding_spec import ChunkShardingSpec, EnumerableShardingSpec
+from .. import _native
+from ..metadata import ShardMetadata
+from ..sharded_tensor import Shard, ShardedTensor, init_from_local_shards
+from ..sharded_tensor.metadata import ShardedTensorMetadata, TensorProperties
+from ..sharded_tensor.utils import _PlacementResolver
+from ..sharding_spec import ChunkShardingSpec, EnumerableShardingSpec
+from ._common import Box, is_empty, require_sharded_tensor
 
-__all__ = ["from_dtensor", "from_upstream", "to_dtensor", "to_upstream"]
+__all__ = ["from_dtensor", "to_dtensor"]
 
-Box = tuple[list[int], list[int]]  # (offsets, sizes)
-
-
-# ----------------------------------------------------------------------------------------------------
-# DTensor layouts
 
 
 def _chunk(length: int, chunks: int, index: int) -> tuple[int, int]:
-    """(start, size) of chunk ``index`` of ``length`` elements split like ``torch.chunk``."""
-    full = -(-length // chunks)
-    start = full * index
-    size = max(0, min(length, start + full) - start)
-    return min(start, length), size
-
-
-def _is_empty(sizes: Sequence[int]) -> bool:
-    return any(s == 0 for s in sizes)
+    """(start, size) of chunk ``index`` of ``length`` elements split like ``torch.chunk`` (and like
+    ChunkShardingSpec, whose chunk math this is), an empty chunk starting at the end."""
+    offsets, lengths = _native.chunk_layout(length, chunks)
+    return min(offsets[index], length), lengths[index]
 
 
 def _normalize_placements(placements, mesh, ndim: int, op: str) -> list:
@@ -150,14 +137,6 @@ def _contiguous_strides(size: Sequence[int]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def _require_sharded_tensor(st, op: str) -> None:
-    if not isinstance(st, ShardedTensor):
-        raise TypeError(
-            f"torch_shard.interop.{op}: expected a torch_shard ShardedTensor, but got {type(st).__module__}."
-            f"{type(st).__qualname__}"
-        )
-
-
 def _layout_by_rank(st: ShardedTensor) -> tuple[dict[int, list[Box]], dict[int, torch.device]]:
     """Non-empty boxes of ``st`` per global rank, and the device each rank's shards are on."""
     resolve = _PlacementResolver(st._process_group)
@@ -166,7 +145,7 @@ def _layout_by_rank(st: ShardedTensor) -> tuple[dict[int, list[Box]], dict[int, 
     for md in st.metadata().shards_metadata:
         rank, device = resolve(md.placement)
         devices.setdefault(rank, device)
-        if not _is_empty(md.shard_sizes):
+        if not is_empty(md.shard_sizes):
             boxes.setdefault(rank, []).append((list(md.shard_offsets), list(md.shard_sizes)))
     return boxes, devices
 
@@ -203,7 +182,7 @@ def to_dtensor(st: ShardedTensor, device_mesh, placements: Sequence):
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor import Shard as DShard
 
-    _require_sharded_tensor(st, "to_dtensor")
+    require_sharded_tensor(st, "to_dtensor")
     size = list(st.size())
     ndim = len(size)
     placements = _normalize_placements(placements, device_mesh, ndim, "to_dtensor")
@@ -225,7 +204,7 @@ def to_dtensor(st: ShardedTensor, device_mesh, placements: Sequence):
     layout = _mesh_layout(size, device_mesh, sharded)
     target = {rank: box for rank, box in layout}
     matches = all(
-        current.get(rank, []) == ([box] if not _is_empty(box[1]) else []) for rank, box in layout
+        current.get(rank, []) == ([box] if not is_empty(box[1]) else []) for rank, box in layout
     ) and all(rank in target for rank in current)
 
     me = dist.get_rank()
@@ -250,11 +229,11 @@ def to_dtensor(st: ShardedTensor, device_mesh, placements: Sequence):
         source.reshard(spec)
 
     props = st.metadata().tensor_properties
-    local_shards = [s for s in source.local_shards() if not _is_empty(s.metadata.shard_sizes)]
+    local_shards = [s for s in source.local_shards() if not is_empty(s.metadata.shard_sizes)]
     device = local_shards[0].tensor.device if local_shards else _mesh_device(device_mesh)
     if me in target:
         box = target[me]
-        if _is_empty(box[1]):
+        if is_empty(box[1]):
             local = torch.empty(box[1], dtype=props.dtype, device=device, requires_grad=props.requires_grad)
         else:
             (shard,) = local_shards
@@ -381,8 +360,7 @@ def from_dtensor(dt, *, process_group=None, run_check: bool = False) -> ShardedT
     except ValueError as exc:
         error = exc
     if run_check:
-        from . import _native
-        from .sharded_tensor._movement import abort_and_raise
+        from ..sharded_tensor._movement import abort_and_raise
 
         if error is not None:
             abort_and_raise("compare", error, pg)
@@ -410,161 +388,3 @@ def _from_local_shards_wrapper(wrapper, size: list[int], mesh, pg) -> ShardedTen
         tensor = tensor if tensor.is_contiguous() else tensor.contiguous()
         shards.append(Shard.from_tensor_and_offsets(tensor, list(offsets), me))
     return init_from_local_shards(shards, *size, process_group=pg)
-
-
-# ----------------------------------------------------------------------------------------------------
-# torch.distributed._shard
-
-
-def _upstream():
-    """Upstream's sharded_tensor, metadata and sharding_spec modules (torch_shard's own when
-    ``torch_shard.compat`` aliases them)."""
-    import importlib
-
-    return (
-        importlib.import_module("torch.distributed._shard.sharded_tensor"),
-        importlib.import_module("torch.distributed._shard.metadata"),
-        importlib.import_module("torch.distributed._shard.sharding_spec"),
-    )
-
-
-def _rebuild(st, target_cls, md_cls, meta_cls, props_cls, shard_cls, make_spec, box_of):
-    """``target_cls._init_from_local_shards_and_global_metadata`` over ``st``'s local tensors, with each
-    ShardMetadata rebuilt as ``md_cls`` (``box_of`` maps a shard's box) and the spec from
-    ``make_spec(converted metadata list, whether any box moved)``."""
-    converted: dict[int, object] = {}
-    moved = False
-
-    def convert(md):
-        nonlocal moved
-        out = converted.get(id(md))
-        if out is None:
-            offsets, sizes = box_of(md)
-            moved = moved or offsets != list(md.shard_offsets)
-            out = md_cls(offsets, sizes, md.placement)
-            converted[id(md)] = out
-        return out
-
-    source = st.metadata()
-    shards_md = [convert(md) for md in source.shards_metadata]
-    props = source.tensor_properties
-    metadata = meta_cls(
-        shards_md,
-        torch.Size(source.size),
-        props_cls(
-            dtype=props.dtype,
-            layout=props.layout,
-            requires_grad=props.requires_grad,
-            memory_format=props.memory_format,
-            pin_memory=props.pin_memory,
-        ),
-    )
-    local = [shard_cls(s.tensor, convert(s.metadata)) for s in st.local_shards()]
-    return target_cls._init_from_local_shards_and_global_metadata(
-        local, metadata, process_group=st._process_group, sharding_spec=make_spec(shards_md, moved)
-    )
-
-
-def _is_chunk_spec(spec) -> bool:
-    return type(spec).__name__ == "ChunkShardingSpec" and hasattr(spec, "dim")
-
-
-def from_upstream(st) -> ShardedTensor:
-    """torch_shard's ShardedTensor over the local tensors and metadata of upstream's
-    (``torch.distributed._shard.sharded_tensor.ShardedTensor``), zero-copy.
-
-    The local shards are the same tensor objects; offsets, sizes, placements, tensor properties, the
-    process group and the sharding spec (chunk or enumerable; otherwise inferred) carry over. No
-    communication.
-
-    A torch_shard ShardedTensor is returned as is. In particular, when ``torch_shard.compat`` has made
-    ``torch.distributed._shard`` an alias of torch_shard, "upstream" tensors are torch_shard's and this
-    is the identity.
-
-    Raises:
-        TypeError: ``st`` is neither.
-    """
-    if isinstance(st, ShardedTensor):
-        return st
-    up_st, _, _ = _upstream()
-    if not isinstance(st, up_st.ShardedTensor):
-        raise TypeError(
-            f"torch_shard.interop.from_upstream: expected a torch.distributed._shard ShardedTensor, but got "
-            f"{type(st).__module__}.{type(st).__qualname__}"
-        )
-    return _rebuild(
-        st,
-        ShardedTensor,
-        ShardMetadata,
-        ShardedTensorMetadata,
-        TensorProperties,
-        Shard,
-        lambda shards_md, moved: _from_upstream_spec(st.sharding_spec(), shards_md),
-        lambda md: (list(md.shard_offsets), list(md.shard_sizes)),
-    )
-
-
-def _from_upstream_spec(spec, shards_md):
-    """torch_shard's version of upstream's spec: chunk specs map to chunk specs; anything else
-    becomes the EnumerableShardingSpec of the layout (upstream keeps its metadata equal to its spec's
-    layout, so that is the same layout)."""
-    if _is_chunk_spec(spec):
-        return ChunkShardingSpec(dim=spec.dim, placements=list(spec.placements))
-    return EnumerableShardingSpec(list(shards_md))
-
-
-def _upstream_box(md, size: Sequence[int]) -> Box:
-    """``md``'s box as upstream's validation accepts it: an empty shard moves to the end of the dim it
-    is empty in (upstream rejects empty shards past the end and flags those inside another shard's
-    range as overlapping). Non-empty shards are unchanged."""
-    offsets, sizes = list(md.shard_offsets), list(md.shard_sizes)
-    if not _is_empty(sizes):
-        return offsets, sizes
-    for d, (length, extent) in enumerate(zip(sizes, size)):
-        if length > extent:
-            raise ValueError(
-                f"torch_shard.interop.to_upstream: the empty shard at offsets {offsets} with sizes {sizes} "
-                f"is larger than the tensor ({list(size)}) along dim {d}; upstream cannot represent it"
-            )
-        offsets[d] = extent if length == 0 else min(offsets[d], extent - length)
-    return offsets, sizes
-
-
-def to_upstream(st: ShardedTensor):
-    """Upstream's ShardedTensor (``torch.distributed._shard.sharded_tensor.ShardedTensor``) over the local
-    tensors and metadata of torch_shard's, zero-copy.
-
-    The local shards are the same tensor objects; sizes, placements, tensor properties, the process
-    group and the offsets of every non-empty shard carry over; a ChunkShardingSpec stays one, any other
-    spec becomes upstream's EnumerableShardingSpec of the layout (upstream builds its metadata from its
-    spec, so this keeps the shard order). Empty shards move to the end of the dim they are empty in,
-    because upstream rejects an empty shard that lies past the end of a dim (ChunkShardingSpec's
-    trailing chunks of a short dim) or inside another shard's range; when one moves, the spec is the
-    EnumerableShardingSpec of the moved layout. No communication.
-
-    When ``torch_shard.compat`` has made ``torch.distributed._shard`` an alias of torch_shard,
-    upstream's class IS torch_shard's and ``st`` is returned as is.
-
-    Raises:
-        TypeError: ``st`` is not a torch_shard ShardedTensor.
-    """
-    _require_sharded_tensor(st, "to_upstream")
-    up_st, up_md, up_spec = _upstream()
-    if up_st.ShardedTensor is ShardedTensor or issubclass(up_st.ShardedTensor, ShardedTensor):
-        return st
-    size = list(st.size())
-    spec = st.sharding_spec()
-    return _rebuild(
-        st,
-        up_st.ShardedTensor,
-        up_md.ShardMetadata,
-        up_st.ShardedTensorMetadata,
-        up_st.TensorProperties,
-        up_st.Shard,
-        lambda shards_md, moved: (
-            up_spec.ChunkShardingSpec(dim=spec.dim, placements=list(spec.placements))
-            if _is_chunk_spec(spec) and not moved
-            else up_spec.EnumerableShardingSpec(list(shards_md))
-        ),
-        lambda md: _upstream_box(md, size),
-    )
