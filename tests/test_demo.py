@@ -56,10 +56,14 @@ class TestDemo(unittest.TestCase):
         self.assertEqual([m[1] for m in steps], ["✓"] * STEPS, output)
         self.assertEqual([int(m[2]) for m in steps], list(range(1, STEPS + 1)), output)
         self.assertTrue(all(float(m[4]) < 1e-5 for m in steps), output)
-        # The checkpoint step reports both readers; the byte-range reader reads less.
-        read = re.search(r"ByteRangeFileSystemReader ([\d.]+), DCP's FileSystemReader ([\d.]+)", proc.stdout)
+        # The checkpoint step reports both readers: the byte-range reader, checking every byte against
+        # the save's .checksums, reads about a quarter of what DCP's reader reads.
+        read = re.search(
+            r"ByteRangeFileSystemReader \(every byte checked\) ([\d.]+), DCP's FileSystemReader \(unchecked\) ([\d.]+)",
+            proc.stdout,
+        )
         self.assertIsNotNone(read, output)
-        self.assertLess(float(read[1]), float(read[2]), output)
+        self.assertLess(float(read[1]), 0.3 * float(read[2]), output)
         # Each picture is printed once, by rank 0 only.
         self.assertEqual(proc.stdout.count("ShardedTensor [4096, 64] float32"), 3, output)
         self.assertIn("rank 0 owns 2 shards", proc.stdout, output)

@@ -18,6 +18,12 @@ from ._visualize import visualize_sharding
 from .api import _shard_tensor, load_with_process_group, shard_module, shard_parameter
 from .metadata import ShardMetadata
 
+# The op implementations register themselves into the op tables on import: the built-in ones for every
+# ShardedTensor, and ChunkShardingSpec's embedding / embedding_bag into that spec's table. They sit
+# above the ShardedTensor and the specs, so they are imported here, once both exist.
+from .sharded_tensor import _ops  # noqa: F401  (isort: keep after the packages it registers into)
+from .sharding_spec import chunk_sharding_spec_ops  # noqa: F401
+
 __version__ = "0.1.0"
 
 __all__ = [

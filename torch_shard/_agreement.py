@@ -51,3 +51,10 @@ def _error_class(code: int) -> type[BaseException]:
 def _error_class_name(error: BaseException) -> str:
     """The table's name for ``error``'s class (see :func:`_error_code`)."""
     return _error_class(_error_code(error)).__name__
+
+
+def abort_and_raise(op: str, error: BaseException, process_group) -> None:
+    """Tell the other ranks of ``process_group``, which are running data op ``op``, that this rank's
+    arguments failed (so they raise the same class, from the one error table), then raise ``error``."""
+    torch.ops.torch_shard._abort(op, _error_class_name(error), process_group.group_name)
+    raise error

@@ -6,7 +6,8 @@ arguments the op schemas take. A layout crosses into C++ as one argument group (
 
     chunk_dim, shard_offsets, shard_sizes, placement_index, placements, placement_owners
 
-built by :func:`layout_args_for_spec` or :func:`layout_args_for_shards`.
+built by :func:`layout_args_for_spec` (which asks the spec), :func:`layout_args_for_chunks` or
+:func:`layout_args_for_shards`. This module imports no spec and no ShardedTensor: it sits below both.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ import torch
 from . import _C
 
 if TYPE_CHECKING:
+    from ._placement import _PlacementResolver
     from .metadata import ShardMetadata
-    from .sharded_tensor.utils import _PlacementResolver
 
 _ops = torch.ops.torch_shard
 
@@ -166,25 +167,32 @@ def layout_fingerprint(args: LayoutArgs, size: Sequence[int], dtype: torch.dtype
 
 
 def is_chunk_spec(spec) -> bool:
-    """A ChunkShardingSpec whose layout is the standard chunk split (not overridden by a subclass)."""
-    from .sharding_spec.chunk_sharding_spec import ChunkShardingSpec
-
-    return isinstance(spec, ChunkShardingSpec) and type(spec).build_metadata is ChunkShardingSpec.build_metadata
+    """A ChunkShardingSpec whose layout is the standard chunk split (not overridden by a subclass):
+    the spec says so itself (``ShardingSpec._is_chunk_layout``); anything else is not one."""
+    check = getattr(spec, "_is_chunk_layout", None)
+    return bool(check()) if callable(check) else False
 
 
 def layout_args_for_spec(spec, size: Sequence[int], properties, resolve: _PlacementResolver | None) -> LayoutArgs:
-    """The layout ``spec`` gives a tensor of ``size``. A ChunkShardingSpec travels as its dim and
-    placements (C++ computes and checks the boxes), an EnumerableShardingSpec as its shard list (C++
-    checks it tiles the tensor), any other spec through its ``build_metadata``. ``properties`` (the
-    TensorProperties, or a callable returning them) is only needed for that last case."""
-    from .sharding_spec.api import EnumerableShardingSpec
+    """The layout ``spec`` gives a tensor of ``size``, as the spec hands it to C++
+    (``ShardingSpec._layout_args``: a ChunkShardingSpec as its dim and placements, an
+    EnumerableShardingSpec as its shard list, any other spec through its ``build_metadata``).
+    ``properties`` (the TensorProperties, or a callable returning them) is only needed for that last
+    case."""
+    method = getattr(spec, "_layout_args", None)
+    if method is not None:
+        return method(size, properties, resolve)
+    return layout_args_for_metadata_of(spec, size, properties, resolve)
 
-    if is_chunk_spec(spec):
-        spec._verify_dim(spec.dim)
-        names, owners = _placement_args(spec.placements, resolve)
-        return LayoutArgs(spec.dim, None, None, None, names, owners)
-    if isinstance(spec, EnumerableShardingSpec) and type(spec).build_metadata is EnumerableShardingSpec.build_metadata:
-        return layout_args_for_shards(spec.shards, resolve)
+
+def layout_args_for_metadata_of(spec, size: Sequence[int], properties, resolve: _PlacementResolver | None) -> LayoutArgs:
+    """The layout of the metadata ``spec.build_metadata`` gives a tensor of ``size`` (any spec)."""
     if callable(properties):
         properties = properties()
     return layout_args_for_shards(spec.build_metadata(torch.Size(size), properties).shards_metadata, resolve)
+
+
+def layout_args_for_chunks(dim: int, placements: Sequence, resolve: _PlacementResolver | None) -> LayoutArgs:
+    """The layout of the standard chunk split along ``dim`` over ``placements`` (C++ computes the boxes)."""
+    names, owners = _placement_args(placements, resolve)
+    return LayoutArgs(dim, None, None, None, names, owners)

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from ._tensor_metadata import ShardedTensorMetadata
 from .sharded_tensor.api import ShardedTensorBase
-from .sharded_tensor.metadata import ShardedTensorMetadata
 from .sharding_spec import ChunkShardingSpec, EnumerableShardingSpec
 
 __all__ = ["visualize_sharding"]

@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 import zlib
-from contextlib import contextmanager
 
 import torch
 import torch.nn as nn
 from torch.distributed import distributed_c10d
 
 from . import _native
+from ._agreement import abort_and_raise
+from ._placement import _PlacementResolver
+from ._tensor_metadata import TensorProperties
 from .sharded_tensor import ShardedTensor
-from .sharded_tensor._movement import abort_and_raise, scatter
-from .sharded_tensor.metadata import TensorProperties
-from .sharded_tensor.utils import _PlacementResolver
+from .sharded_tensor._pickling import _get_current_process_group, load_with_process_group  # noqa: F401
+from .sharder import Sharder
 from .sharding_spec import ChunkShardingSpec, ShardingSpec
 
 __all__ = ["_shard_tensor", "load_with_process_group", "shard_module", "shard_parameter"]
 
-_CURRENT_PROCESS_GROUP = None
 
 
 def _shard_tensor(
@@ -82,7 +82,7 @@ def _shard_tensor_checked(tensor, sharding_spec, src_rank, process_group, error)
         abort_and_raise("shard", error, pg)
     if _native.is_chunk_spec(sharding_spec) and type(sharding_spec).shard is ChunkShardingSpec.shard:
         # One C++ call: it agrees on src_rank, size, dtype and layout, then scatters.
-        return scatter(tensor, sharding_spec, src_rank, pg)
+        return ShardedTensor._scatter(tensor, sharding_spec, src_rank, pg)
     # Specs that shard themselves (EnumerableShardingSpec raises NotImplementedError, as upstream):
     # agree on src_rank, size, dtype and spec first, as upstream does, then let the spec shard.
     try:
@@ -120,26 +120,6 @@ def shard_parameter(
     if param_name not in module._parameters:
         delattr(module, param_name)
     module.register_parameter(param_name, nn.Parameter(st))
-
-
-@contextmanager
-def load_with_process_group(process_group):
-    """Context manager: ShardedTensors unpickled inside it join ``process_group``."""
-    global _CURRENT_PROCESS_GROUP
-    if _CURRENT_PROCESS_GROUP is not None:
-        raise RuntimeError('ProcessGroup already set by previous "load_with_process_group" context manager')
-    _CURRENT_PROCESS_GROUP = process_group
-    try:
-        yield process_group
-    finally:
-        _CURRENT_PROCESS_GROUP = None
-
-
-def _get_current_process_group():
-    """The group set by :func:`load_with_process_group`, else the default group."""
-    if _CURRENT_PROCESS_GROUP is None:
-        return distributed_c10d._get_default_group()
-    return _CURRENT_PROCESS_GROUP
 
 
 def _reshard_output(module: nn.Module, resharding_spec: ShardingSpec) -> nn.Module:
@@ -191,8 +171,6 @@ def shard_module(module: nn.Module, plan, src_rank: int = 0, process_group=None)
             that is not a ShardingSpec.
         AttributeError: a path that names no submodule or parameter.
     """
-    from .sharder import Sharder
-
     sharder_paths = [name for name, spec in plan.plan.items() if isinstance(spec, Sharder)]
     for name, spec in plan.plan.items():
         if isinstance(spec, ShardingSpec):

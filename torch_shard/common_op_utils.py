@@ -7,12 +7,22 @@ from collections.abc import Callable
 import torch
 from torch.utils import _pytree as pytree
 
+# The classes the op tables serve. ``torch_shard.sharded_tensor.api`` registers ShardedTensorBase when
+# it defines it: the op tables sit below the ShardedTensor (the specs' tables too), so they do not
+# import it.
+_SHARDED_TYPES: tuple[type, ...] = ()
+
+
+def _register_sharded_type(cls: type) -> None:
+    """Make instances of ``cls`` count as distributed tensors in :func:`_basic_validation`."""
+    global _SHARDED_TYPES
+    if cls not in _SHARDED_TYPES:
+        _SHARDED_TYPES = (*_SHARDED_TYPES, cls)
+
 
 def _sharded_tensors_in(args, kwargs) -> list:
-    from .sharded_tensor.api import ShardedTensorBase
-
     leaves = pytree.tree_leaves((args, kwargs or {}))
-    return [leaf for leaf in leaves if isinstance(leaf, ShardedTensorBase)]
+    return [leaf for leaf in leaves if isinstance(leaf, _SHARDED_TYPES)]
 
 
 def _basic_validation(op: Callable, args=(), kwargs=None) -> None:

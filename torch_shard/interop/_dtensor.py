@@ -28,10 +28,11 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
 from .. import _native
+from .._agreement import abort_and_raise
+from .._placement import _PlacementResolver
+from .._tensor_metadata import ShardedTensorMetadata, TensorProperties
 from ..metadata import ShardMetadata
 from ..sharded_tensor import Shard, ShardedTensor, init_from_local_shards
-from ..sharded_tensor.metadata import ShardedTensorMetadata, TensorProperties
-from ..sharded_tensor.utils import _PlacementResolver
 from ..sharding_spec import ChunkShardingSpec, EnumerableShardingSpec
 from ._common import Box, is_empty, require_sharded_tensor
 
@@ -360,8 +361,6 @@ def from_dtensor(dt, *, process_group=None, run_check: bool = False) -> ShardedT
     except ValueError as exc:
         error = exc
     if run_check:
-        from ..sharded_tensor._movement import abort_and_raise
-
         if error is not None:
             abort_and_raise("compare", error, pg)
         fp = _native.layout_fingerprint(

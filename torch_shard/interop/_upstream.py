@@ -11,9 +11,9 @@ from collections.abc import Sequence
 import torch
 
 from .. import _native
+from .._tensor_metadata import ShardedTensorMetadata, TensorProperties
 from ..metadata import ShardMetadata
 from ..sharded_tensor import Shard, ShardedTensor
-from ..sharded_tensor.metadata import ShardedTensorMetadata, TensorProperties
 from ..sharding_spec import ChunkShardingSpec, EnumerableShardingSpec
 from ._common import Box, is_empty, require_sharded_tensor
 

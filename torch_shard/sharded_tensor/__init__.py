@@ -7,11 +7,19 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from .._tensor_metadata import MEM_FORMAT_ENCODING, ShardedTensorMetadata, TensorProperties
 from ..metadata import ShardMetadata
 from ..op_registry_utils import _decorator_func
-from ..sharding_spec import ShardingSpec
-from .api import _CUSTOM_SHARDED_OPS, _SHARDED_OPS, ShardedTensor, ShardedTensorBase, _flatten_tensor_size
-from .metadata import ShardedTensorMetadata, TensorProperties
+from ..sharding_spec import ChunkShardingSpec, EnumerableShardingSpec, ShardingSpec
+from .api import (
+    _CUSTOM_SHARDED_OPS,
+    _SHARDED_OPS,
+    ProcessGroupState,
+    ShardedTensor,
+    ShardedTensorBase,
+    _flatten_tensor_size,
+    _rebuild_sharded_tensor,
+)
 from .shard import Shard
 
 __all__ = [
@@ -271,17 +279,10 @@ def custom_sharded_op_impl(func: Callable):
     return functools.partial(_decorator_func, op=func, op_table=_CUSTOM_SHARDED_OPS)
 
 
-# Built-in op implementations register themselves on import.
-from . import _ops  # noqa: E402,F401
-
-
 def _register_safe_globals() -> None:
     # torch.load defaults to weights_only=True: allow exactly what a pickled ShardedTensor references.
     from torch.distributed.remote_device import _remote_device
 
-    from ..sharding_spec import ChunkShardingSpec, EnumerableShardingSpec
-    from .api import ProcessGroupState, _rebuild_sharded_tensor
-    from .metadata import MEM_FORMAT_ENCODING
 
     torch.serialization.add_safe_globals(
         [

@@ -27,7 +27,10 @@ import math
 import torch
 import torch.distributed as dist
 
+from .._placement import _PlacementResolver
 from ..metadata import ShardMetadata
+from . import _state
+from .shard import Shard
 
 
 def _dcp_chunk(offsets, sizes):
@@ -52,7 +55,6 @@ class _DCPCheckpointable:
         """Whether this rank records a tensor with no elements (it holds the layout's first shard)."""
         if math.prod(self.size()) != 0:
             return False
-        from .utils import _PlacementResolver
 
         placement = self.metadata().shards_metadata[0].placement
         if placement is None or not dist.is_initialized():
@@ -191,8 +193,6 @@ class _LocalShardsForStaging:
 
 def _install_staged_shards(st, staged: _StagedLocalShards) -> None:
     """Make ``staged``'s tensors ``st``'s local shards (``st`` has the layout they were copied from)."""
-    from . import _state
-    from .shard import Shard
 
     shards = st.local_shards()
     if len(shards) != len(staged.tensors):

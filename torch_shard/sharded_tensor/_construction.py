@@ -10,22 +10,19 @@ from __future__ import annotations
 import collections.abc
 import contextlib
 import gc
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
 from .. import _native
+from .._placement import _PlacementResolver
+from .._tensor_metadata import ShardedTensorMetadata, TensorProperties
 from ..metadata import ShardMetadata
+from ..sharding_spec import ShardingSpec
 from . import _state
 from ._shard_checks import CONTIGUITY, DEVICE, DTYPE, LAYOUT, PIN_MEMORY, REQUIRES_GRAD, SIZE, first_mismatch
-from .metadata import ShardedTensorMetadata, TensorProperties
 from .shard import Shard
-from .utils import _PlacementResolver
-
-if TYPE_CHECKING:
-    from ..sharding_spec import ShardingSpec
 
 _ops = torch.ops.torch_shard
 
@@ -166,8 +163,6 @@ def new_sharded_tensor(
     init_rrefs,
 ):
     """``ShardedTensor(spec, *size, ...)``: allocate this rank's shards of the layout ``spec`` gives."""
-    from ..sharding_spec import ShardingSpec
-
     if not isinstance(sharding_spec, ShardingSpec):
         raise ValueError(f"Expecting ShardingSpec but got: {type(sharding_spec)}")
     sizes = _flatten_tensor_size(size)

@@ -14,9 +14,9 @@ import warnings
 import torch
 import torch.distributed as dist
 
+from .._placement import _PlacementResolver
 from ._converted import converted
 from .shard import Shard
-from .utils import _PlacementResolver
 
 
 def _check_memory_format(memory_format) -> None:

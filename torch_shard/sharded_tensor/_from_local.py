@@ -22,13 +22,14 @@ from torch.distributed.remote_device import _remote_device
 
 from .. import _native
 from .._agreement import _error_class, _error_code
+from .._placement import _PlacementResolver
+from .._tensor_metadata import ShardedTensorMetadata, TensorProperties
 from ..metadata import ShardMetadata
+from ._construction import _flatten_tensor_size
 from ._packing import pack_shards
 from ._shard_checks import CONTIGUITY, DEVICE, DTYPE, LAYOUT, PIN_MEMORY, REQUIRES_GRAD, SIZE, first_mismatch
 from ._state import _BoundShard
-from .metadata import ShardedTensorMetadata, TensorProperties
 from .shard import Shard
-from .utils import _PlacementResolver
 
 # Agreed with the other ranks by _share_inputs, so a rank in init_from_local_shards and a rank in a
 # sharded embedding op raise instead of exchanging each other's data ("init" in ASCII).
@@ -219,7 +220,6 @@ def _local_record(local_shards: list[Shard], global_size, current_rank: int, pro
     error: BaseException | None = None
     local_md = None
     try:
-        from ._construction import _flatten_tensor_size
 
         tensor_size = _flatten_tensor_size(global_size)
         if local_shards:

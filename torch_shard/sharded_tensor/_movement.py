@@ -10,43 +10,32 @@ the op's agreement round through ``_abort``, so every rank raises instead of wai
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from .. import _native
-from .._agreement import _error_class_name
+from .._agreement import abort_and_raise
+from .._placement import _PlacementResolver
+from .._tensor_metadata import TensorProperties
+from ..sharding_spec import EnumerableShardingSpec, ShardingSpec
 from . import _state
 from ._construction import group_of
-from .metadata import TensorProperties
-from .utils import _PlacementResolver
-
-if TYPE_CHECKING:
-    from ..sharding_spec import ShardingSpec
-    from .api import ShardedTensor
 
 _ops = torch.ops.torch_shard
 
-def abort_and_raise(op: str, error: BaseException, process_group) -> None:
-    """Tell the other ranks of ``process_group``, which are running data op ``op``, that this rank's
-    arguments failed (so they raise the same class, from the one error table), then raise ``error``."""
-    _ops._abort(op, _error_class_name(error), process_group.group_name)
-    raise error
 
-
-def wrap(raw: torch.Tensor, spec, process_group, requires_grad: bool) -> ShardedTensor:
-    """The ShardedTensor over an impl returned by a C++ op."""
-    from .api import ShardedTensor
-
-    st = torch.Tensor._make_subclass(ShardedTensor, raw, requires_grad)
+def wrap(cls: type, raw: torch.Tensor, spec, process_group, requires_grad: bool) -> torch.Tensor:
+    """A ``cls`` (the ShardedTensor class: this module sits below it) over an impl returned by a C++ op."""
+    st = torch.Tensor._make_subclass(cls, raw, requires_grad)
     st._init_python_state(process_group)
     _state.set_spec(st, spec)
     return st
 
 
-def scatter(tensor: torch.Tensor, spec: ShardingSpec, src_rank: int, process_group) -> ShardedTensor:
-    """Shard ``tensor`` (its data read on group rank ``src_rank`` only) by ``spec``: one C++ call.
+def scatter(cls: type, tensor: torch.Tensor, spec: ShardingSpec, src_rank: int, process_group) -> torch.Tensor:
+    """Shard ``tensor`` (its data read on group rank ``src_rank`` only) by ``spec`` into a ``cls`` (a
+    ShardedTensor class): one C++ call.
 
     Every rank passes a tensor of the same size and dtype (checked before any data moves); each rank
     receives only its own shards.
@@ -70,10 +59,10 @@ def scatter(tensor: torch.Tensor, spec: ShardingSpec, src_rank: int, process_gro
         tensor.requires_grad,
         pg.group_name,
     )
-    return wrap(raw, spec, pg, tensor.requires_grad)
+    return wrap(cls, raw, spec, pg, tensor.requires_grad)
 
 
-def gather(st: ShardedTensor, dst: int, out: torch.Tensor | None, enforce_dtype: bool, dtype) -> None:
+def gather(st: torch.Tensor, dst: int, out: torch.Tensor | None, enforce_dtype: bool, dtype) -> None:
     """Assemble ``st`` into ``out`` on group rank ``dst``: one C++ call."""
     if enforce_dtype:
         warnings.warn("`enforce_dtype` is deprecated. Please use `dtype` instead.", FutureWarning, stacklevel=3)
@@ -97,11 +86,9 @@ class UnsupportedReshardError(NotImplementedError, ValueError):
     """
 
 
-def _check_reshard_upstream_cases(st: ShardedTensor, spec) -> None:
+def _check_reshard_upstream_cases(st: torch.Tensor, spec) -> None:
     """The two reshards upstream refused outright, checked before anything else when they are invalid
     for torch_shard too (see UnsupportedReshardError)."""
-    from ..sharding_spec import EnumerableShardingSpec
-
     if isinstance(spec, EnumerableShardingSpec):
         try:
             _native.validate_shards(spec.shards, st.size())
@@ -119,13 +106,11 @@ def _check_reshard_upstream_cases(st: ShardedTensor, spec) -> None:
         )
 
 
-def reshard(st: ShardedTensor, spec: ShardingSpec) -> ShardedTensor:
+def reshard(st: torch.Tensor, spec: ShardingSpec) -> torch.Tensor:
     """Move ``st`` to the layout of ``spec`` in place (one C++ call); returns ``st``."""
-    from ..sharding_spec import ShardingSpec as _Spec
-
     pg = st._process_group
     try:
-        if not isinstance(spec, _Spec):
+        if not isinstance(spec, ShardingSpec):
             raise TypeError(f"reshard expects a ShardingSpec, but got {type(spec).__name__}")
         _check_reshard_upstream_cases(st, spec)
         args = _native.layout_args_for_spec(

@@ -12,6 +12,7 @@ import torch
 
 from .. import _C
 from ..metadata import ShardMetadata
+from . import _state
 
 PackedShards = tuple  # (count, ndim, offsets bytes, sizes bytes, placements, which bytes)
 
@@ -27,7 +28,6 @@ def pack_shards(shards: list[ShardMetadata]) -> PackedShards:
 def pack_layout_of(st) -> PackedShards:
     """The layout of ``st``'s impl in the encoding of :func:`pack_shards`, read from the impl's buffers
     (no ShardMetadata objects)."""
-    from . import _state
 
     with _state._plain():
         offsets, sizes, index, names, _owners, _chunk_dim = torch.ops.torch_shard._layout(st)

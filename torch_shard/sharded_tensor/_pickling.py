@@ -10,6 +10,7 @@ must match on load (each rank's file holds only its own shards).
 from __future__ import annotations
 
 import copy
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -17,9 +18,12 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d
 from torch.distributed.remote_device import _remote_device
 
+from .._native import LayoutArgs
+from .._placement import _PlacementResolver
+from .._tensor_metadata import TensorProperties
 from . import _packing, _state
+from ._construction import build
 from ._converted import pinned_leaf_copy
-from .metadata import TensorProperties
 from .shard import Shard
 
 
@@ -31,6 +35,30 @@ class ProcessGroupState:
     global_rank: int
     local_world_size: int
     global_world_size: int
+
+
+# The group ShardedTensors unpickled inside load_with_process_group join (torch_shard.api exports both).
+_CURRENT_PROCESS_GROUP = None
+
+
+@contextmanager
+def load_with_process_group(process_group):
+    """Context manager: ShardedTensors unpickled inside it join ``process_group``."""
+    global _CURRENT_PROCESS_GROUP
+    if _CURRENT_PROCESS_GROUP is not None:
+        raise RuntimeError('ProcessGroup already set by previous "load_with_process_group" context manager')
+    _CURRENT_PROCESS_GROUP = process_group
+    try:
+        yield process_group
+    finally:
+        _CURRENT_PROCESS_GROUP = None
+
+
+def _get_current_process_group():
+    """The group set by :func:`load_with_process_group`, else the default group."""
+    if _CURRENT_PROCESS_GROUP is None:
+        return distributed_c10d._get_default_group()
+    return _CURRENT_PROCESS_GROUP
 
 
 def _rebuild_sharded_tensor(
@@ -46,14 +74,12 @@ def _rebuild_sharded_tensor(
 ):
     """Unpickle a ShardedTensor: the same ranks must load what they saved. The process group is the
     one set by ``load_with_process_group``, else the default group."""
-    from ..api import _get_current_process_group as current_process_group
-
     if not distributed_c10d.is_initialized():
         raise RuntimeError(
             'Need to initialize default process group using "init_process_group" before loading '
             "ShardedTensor"
         )
-    pg = current_process_group()
+    pg = _get_current_process_group()
     now = ProcessGroupState(dist.get_rank(pg), dist.get_rank(), dist.get_world_size(pg), dist.get_world_size())
     for field, label in (
         ("local_rank", "Local rank"),
@@ -64,9 +90,6 @@ def _rebuild_sharded_tensor(
         saved, current = getattr(pg_state, field), getattr(now, field)
         if saved != current:
             raise RuntimeError(f"{label} at save time was {saved}, but at load time was {current}")
-    from .._native import LayoutArgs
-    from ._construction import build
-    from .utils import _PlacementResolver
 
     # The layout goes to the impl as buffers (validated there); ShardMetadata objects are made for
     # the local shards only (metadata() builds the rest from the impl when asked).

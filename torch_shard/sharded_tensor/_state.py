@@ -15,9 +15,11 @@ import weakref
 import torch
 from torch.distributed.remote_device import _remote_device
 
+from .._native import LayoutArgs
+from .._tensor_metadata import ShardedTensorMetadata, TensorProperties
 from ..metadata import ShardMetadata
+from ..sharding_spec._infer import _infer_sharding_spec_from_shards_metadata
 from ._shard_checks import SIZE, shard_mismatch
-from .metadata import ShardedTensorMetadata, TensorProperties
 from .shard import Shard
 
 _ops = torch.ops.torch_shard
@@ -200,7 +202,6 @@ def sharding_spec(st):
     otherwise (the layout was changed by a direct C++ op call) the spec inferred from the layout."""
     view = read_state(st)
     if st._sharding_spec is None or st._spec_layout_serial != view.layout_serial:
-        from ..sharding_spec.api import _infer_sharding_spec_from_shards_metadata
 
         st._sharding_spec = _infer_sharding_spec_from_shards_metadata(metadata(st).shards_metadata)
         st._spec_layout_serial = view.layout_serial
@@ -215,7 +216,6 @@ def set_spec(st, spec) -> None:
 
 def layout_args(st):
     """``st``'s layout as the op schemas' argument group, read from the impl (no packing)."""
-    from .._native import LayoutArgs
 
     with _plain():
         offsets, sizes, index, names, owners, _chunk_dim = _ops._layout(st)

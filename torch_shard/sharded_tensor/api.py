@@ -20,9 +20,11 @@ import torch
 from torch.utils import _pytree as pytree
 
 from .. import _C  # noqa: F401  (registers torch.ops.torch_shard)
+from .._tensor_metadata import ShardedTensorMetadata, TensorProperties
+from ..common_op_utils import _register_sharded_type
 from ..metadata import ShardMetadata  # noqa: F401  (upstream's api module exports it)
-from ..sharding_spec.api import ShardingSpec, _dispatch_custom_op, _has_custom_op
-from . import _compile, _construction, _movement, _state
+from ..sharding_spec.api import ShardingSpec, _dispatch_custom_op, _has_custom_op, _register_scatter
+from . import _compile, _construction, _from_local, _movement, _state
 from ._checkpoint import (
     _DCPCheckpointable,
     _GroupHandle,
@@ -34,7 +36,6 @@ from ._construction import _create_tensor_from_params, _flatten_tensor_size  # n
 from ._device import _DeviceMoves
 from ._pickling import ProcessGroupState, _Pickling, _rebuild_sharded_tensor  # noqa: F401
 from ._rpc import _register_remote_shards, _RemoteShards, _sharded_tensor_map  # noqa: F401
-from .metadata import ShardedTensorMetadata, TensorProperties
 from .shard import Shard
 
 __all__ = ["ShardedTensor", "ShardedTensorBase"]
@@ -259,6 +260,10 @@ def _first_sharded_tensor(args, kwargs):
     return None
 
 
+# The op tables' argument checks count these as distributed tensors (common_op_utils).
+_register_sharded_type(ShardedTensorBase)
+
+
 class ShardedTensor(_RemoteShards, _Pickling, _DeviceMoves, _DCPCheckpointable, ShardedTensorBase):
     """A tensor sharded across the ranks of a process group (``torch.distributed._shard``'s API).
 
@@ -349,7 +354,6 @@ class ShardedTensor(_RemoteShards, _Pickling, _DeviceMoves, _DCPCheckpointable, 
 
     @classmethod
     def _build_all(cls, local_shards, global_sizes, pg, init_rrefs, many):
-        from . import _from_local
 
         built = _from_local.gather_global_metadata_many(local_shards, global_sizes, pg, name_tensor=many)
         tensors = []
@@ -441,6 +445,12 @@ class ShardedTensor(_RemoteShards, _Pickling, _DeviceMoves, _DCPCheckpointable, 
         """
         return _movement.reshard(self, resharding_spec)
 
+    @classmethod
+    def _scatter(cls, tensor: torch.Tensor, spec: ShardingSpec, src_rank: int, process_group) -> ShardedTensor:
+        """``tensor`` (read on group rank ``src_rank``) sharded by ``spec`` into a ``cls``: one C++ call
+        (what ``ChunkShardingSpec.shard`` and ``_shard_tensor`` do). Collective over ``process_group``."""
+        return _movement.scatter(cls, tensor, spec, src_rank, process_group)
+
     def _with_local_shards(self, local_shards: list[Shard], metadata: ShardedTensorMetadata, init_rrefs: bool):
         """A new ShardedTensor with this tensor's layout, group and spec over ``local_shards`` (one per
         local shard of this tensor, in the same order) and ``metadata`` (the same shards, possibly other
@@ -458,3 +468,7 @@ class ShardedTensor(_RemoteShards, _Pickling, _DeviceMoves, _DCPCheckpointable, 
         )
         st._post_init(init_rrefs)
         return st
+
+
+# ChunkShardingSpec.shard returns a ShardedTensor: the specs sit below this class, which registers how.
+_register_scatter(ShardedTensor._scatter)

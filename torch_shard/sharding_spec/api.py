@@ -12,13 +12,14 @@ import torch
 from torch.distributed.remote_device import _remote_device
 
 from .. import _native
+from .._tensor_metadata import ShardedTensorMetadata, TensorProperties
 from ..metadata import ShardMetadata
 from ..op_registry_utils import _decorator_func
 from ._internals import check_tensor
 
 if TYPE_CHECKING:
-    from ..sharded_tensor import ShardedTensor
-    from ..sharded_tensor.metadata import ShardedTensorMetadata, TensorProperties
+    from .._native import LayoutArgs
+    from .._placement import _PlacementResolver
 
 __all__ = [
     "DevicePlacementSpec",
@@ -64,8 +65,31 @@ class ShardingSpec(abc.ABC):
         """Metadata of a tensor of ``tensor_sizes`` sharded by this spec."""
 
     @abc.abstractmethod
-    def shard(self, tensor: torch.Tensor, src_rank: int = 0, process_group=None) -> ShardedTensor:
+    def shard(self, tensor: torch.Tensor, src_rank: int = 0, process_group=None) -> torch.Tensor:
         """Scatter ``tensor`` held on ``src_rank`` into a ShardedTensor laid out by this spec."""
+
+    def _is_chunk_layout(self) -> bool:
+        """Whether this spec lays tensors out as the standard chunk split (``ChunkShardingSpec``'s,
+        not overridden): the data ops then send it as its dim and placements."""
+        return False
+
+    def _layout_args(self, size, properties, resolve: _PlacementResolver | None) -> LayoutArgs:
+        """The layout this spec gives a tensor of ``size``, as the C++ ops take it (see
+        ``_native.layout_args_for_spec``); any spec: the shards of its :meth:`build_metadata`
+        (``properties``: the TensorProperties, or a callable returning them)."""
+        return _native.layout_args_for_metadata_of(self, size, properties, resolve)
+
+
+# How ShardingSpec.shard builds its ShardedTensor: the ShardedTensor class registers its scatter here
+# when it is defined (torch_shard/sharded_tensor/api.py). The ShardedTensor is built on the specs, so
+# the specs do not import it (upstream's ChunkShardingSpec.shard imports it lazily instead).
+_scatter: Callable | None = None
+
+
+def _register_scatter(scatter: Callable) -> None:
+    """``scatter(tensor, spec, src_rank, process_group)`` is how specs shard a tensor."""
+    global _scatter
+    _scatter = scatter
 
 
 # Per-spec-class op tables: {spec class: {torch function: implementation}}. Keyed by the class object
@@ -124,50 +148,17 @@ class EnumerableShardingSpec(ShardingSpec):
     def build_metadata(
         self, tensor_sizes: torch.Size, tensor_properties: TensorProperties
     ) -> ShardedTensorMetadata:
-        from ..sharded_tensor.metadata import ShardedTensorMetadata
-
         check_tensor(self.shards, tensor_sizes)
         return ShardedTensorMetadata(self.shards, tensor_sizes, tensor_properties)
 
-    def shard(self, tensor: torch.Tensor, src_rank: int = 0, process_group=None) -> ShardedTensor:
+    def _layout_args(self, size, properties, resolve: _PlacementResolver | None) -> LayoutArgs:
+        # The shard list as it is (C++ checks it tiles the tensor), unless a subclass lays out otherwise.
+        if type(self).build_metadata is EnumerableShardingSpec.build_metadata:
+            return _native.layout_args_for_shards(self.shards, resolve)
+        return super()._layout_args(size, properties, resolve)
+
+    def shard(self, tensor: torch.Tensor, src_rank: int = 0, process_group=None) -> torch.Tensor:
         # Upstream's exact refusal, which callers and upstream's tests match on. The C++ op
         # torch.ops.torch_shard.shard scatters any layout, enumerable ones included; from Python, shard
         # by chunks and reshard, or call the op.
         raise NotImplementedError("EnumerableShardingSpec.shard not implemented yet!")
-
-
-def _infer_sharding_spec_from_shards_metadata(shards_metadata: list[ShardMetadata]) -> ShardingSpec:
-    """The spec a list of shards follows: a ChunkShardingSpec when the shards are exactly the
-    torch.chunk layout along one dim (in some placement order), else an EnumerableShardingSpec.
-    """
-    chunk_spec = _as_chunk_spec(shards_metadata)
-    if chunk_spec is not None:
-        return chunk_spec
-    return EnumerableShardingSpec(shards_metadata)
-
-
-def _as_chunk_spec(shards: list[ShardMetadata]):
-    from .chunk_sharding_spec import ChunkShardingSpec
-
-    if not shards or any(s.placement is None for s in shards):
-        return None
-    ndim = len(shards[0].shard_sizes)
-    if any(len(s.shard_sizes) != ndim for s in shards):
-        return None
-    # The sharded dim is the only dim where any shard has a non-zero offset.
-    dims = {d for s in shards for d, off in enumerate(s.shard_offsets) if off != 0}
-    if len(dims) != 1:
-        return None
-    (dim,) = dims
-    # Every other dim must be whole and identical across shards.
-    others = [d for d in range(ndim) if d != dim]
-    first = shards[0]
-    if any(s.shard_sizes[d] != first.shard_sizes[d] for s in shards for d in others):
-        return None
-    order = sorted(range(len(shards)), key=lambda i: shards[i].shard_offsets[dim])
-    dim_size = sum(s.shard_sizes[dim] for s in shards)
-    offsets, lengths = _native.chunk_layout(dim_size, len(shards))
-    for pos, i in enumerate(order):
-        if shards[i].shard_offsets[dim] != offsets[pos] or shards[i].shard_sizes[dim] != lengths[pos]:
-            return None
-    return ChunkShardingSpec(dim=dim, placements=[shards[i].placement for i in order])

@@ -9,12 +9,14 @@ import torch
 from torch.distributed.remote_device import _remote_device
 
 from .. import _native
+from .._tensor_metadata import ShardedTensorMetadata, TensorProperties
 from ..metadata import ShardMetadata
+from . import api
 from .api import ShardingSpec
 
 if TYPE_CHECKING:
-    from ..sharded_tensor import ShardedTensor
-    from ..sharded_tensor.metadata import ShardedTensorMetadata, TensorProperties
+    from .._native import LayoutArgs
+    from .._placement import _PlacementResolver
 
 __all__ = ["ChunkShardingSpec"]
 
@@ -55,8 +57,6 @@ class ChunkShardingSpec(ShardingSpec):
     def build_metadata(
         self, tensor_sizes: torch.Size, tensor_properties: TensorProperties
     ) -> ShardedTensorMetadata:
-        from ..sharded_tensor.metadata import ShardedTensorMetadata
-
         self._verify_dim(self.dim)
         # The N-D boxes come from C++ (which also raises "Invalid sharding dim" for a bad dim).
         offsets, sizes = _native.chunk_boxes(tensor_sizes, self.dim, len(self.placements))
@@ -66,12 +66,20 @@ class ChunkShardingSpec(ShardingSpec):
         ]
         return ShardedTensorMetadata(shards, tensor_sizes, tensor_properties)
 
-    def shard(self, tensor: torch.Tensor, src_rank: int = 0, process_group=None) -> ShardedTensor:
+    def _is_chunk_layout(self) -> bool:
+        return type(self).build_metadata is ChunkShardingSpec.build_metadata
+
+    def _layout_args(self, size, properties, resolve: _PlacementResolver | None) -> LayoutArgs:
+        # The standard split travels as its dim and placements: C++ computes and checks the boxes.
+        if self._is_chunk_layout():
+            self._verify_dim(self.dim)
+            return _native.layout_args_for_chunks(self.dim, self.placements, resolve)
+        return super()._layout_args(size, properties, resolve)
+
+    def shard(self, tensor: torch.Tensor, src_rank: int = 0, process_group=None) -> torch.Tensor:
         """Scatter ``tensor`` from group rank ``src_rank``: each rank receives only its own chunks.
 
         Collective over ``process_group`` (default group if None). Every rank passes a tensor of the
         same size and dtype; only ``src_rank``'s data is read.
         """
-        from ..sharded_tensor._movement import scatter
-
-        return scatter(tensor, self, src_rank, process_group)
+        return api._scatter(tensor, self, src_rank, process_group)

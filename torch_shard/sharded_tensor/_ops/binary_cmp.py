@@ -6,6 +6,7 @@ import torch
 from torch.distributed import distributed_c10d
 
 from .. import _sharded_op_impl
+from ..api import ShardedTensor
 
 
 def _communicate_result(local_result: bool, pg) -> bool:
@@ -14,7 +15,6 @@ def _communicate_result(local_result: bool, pg) -> bool:
 
 
 def _binary_cmp(cmp_fun, types, args, kwargs=None, process_group=None) -> bool:
-    from ..api import ShardedTensor
 
     if len(args) != 2:
         raise ValueError(f"Expected two arguments for torch.{cmp_fun.__name__}")

@@ -29,9 +29,8 @@ from math import prod
 import torch
 import torch.distributed as dist
 
-from ..._agreement import _class_code
+from ..._agreement import _class_code, abort_and_raise
 from ...sharded_tensor import _state
-from ...sharded_tensor._movement import abort_and_raise
 from ...sharded_tensor.utils import _PlacementResolver
 from ..chunk_sharding_spec import ChunkShardingSpec
 
