@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-import torch
+import shutil
+import tempfile
 
-from torch_shard import _shard_tensor
+import torch
+import torch.distributed as dist
+
+from torch_shard import _shard_tensor, sharded_tensor
 from torch_shard.sharding_spec import ChunkShardingSpec, EnumerableShardingSpec, ShardMetadata
 from torch_shard.testing import placement
 
@@ -38,3 +42,35 @@ def shard_slice(weight, full: torch.Tensor) -> torch.Tensor:
         md.shard_offsets[0] : md.shard_offsets[0] + md.shard_sizes[0],
         md.shard_offsets[1] : md.shard_offsets[1] + md.shard_sizes[1],
     ]
+
+
+def chunks(dim: int, ranks=range(4)) -> ChunkShardingSpec:
+    """ChunkShardingSpec along ``dim``, chunk i on ``ranks[i]`` (the test device's placements)."""
+    return ChunkShardingSpec(dim=dim, placements=[placement(r) for r in ranks])
+
+
+def box_slice(full: torch.Tensor, md: ShardMetadata) -> torch.Tensor:
+    """The part of ``full`` a shard's box covers (clipped to the tensor, so empty boxes past the end work)."""
+    index = []
+    for offset, size, extent in zip(md.shard_offsets, md.shard_sizes, full.shape):
+        start = min(offset, extent)
+        index.append(slice(start, min(start + size, extent)))
+    return full[tuple(index)]
+
+
+def filled(full: torch.Tensor, spec, process_group=None):
+    """A ShardedTensor with layout ``spec`` holding ``full``'s values (no communication)."""
+    st = sharded_tensor.empty(spec, *full.shape, dtype=full.dtype, process_group=process_group)
+    for shard in st.local_shards():
+        shard.tensor.copy_(box_slice(full, shard.metadata))
+    return st
+
+
+def shared_tmp_dir(case, prefix: str = "torch_shard_test_") -> str:
+    """A temporary directory every rank of ``case`` names alike (made by rank 0, which removes it once
+    the test, with_comms' last barrier included, is over)."""
+    holder = [tempfile.mkdtemp(prefix=prefix) if case.rank == 0 else None]
+    dist.broadcast_object_list(holder, src=0)
+    if case.rank == 0:
+        case.addCleanup(shutil.rmtree, holder[0], True)
+    return holder[0]

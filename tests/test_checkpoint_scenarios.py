@@ -22,15 +22,13 @@ TestByteRangeReader checks that it reads only the bytes a rank needs.
 
 import itertools
 import math
-import shutil
-import tempfile
 import warnings
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from _shared import grid_spec
+from _shared import box_slice, chunks, filled, grid_spec, shared_tmp_dir
 from torch import nn
 from torch.distributed._shard import shard_parameter as up_shard_parameter
 from torch.distributed._shard import sharded_tensor as up_sharded_tensor
@@ -53,27 +51,6 @@ from torch_shard import shard_parameter, sharded_tensor
 from torch_shard.checkpoint import ByteRangeFileSystemReader, ChecksumFileSystemWriter
 from torch_shard.sharding_spec import ChunkShardingSpec, EnumerableShardingSpec, ShardMetadata
 from torch_shard.testing import ShardedTensorTestBase, placement, run_tests, with_comms
-
-
-def _box_slice(full: torch.Tensor, md: ShardMetadata):
-    """The part of ``full`` a shard's box covers (clipped to the tensor, so empty boxes past the end work)."""
-    index = []
-    for offset, size, extent in zip(md.shard_offsets, md.shard_sizes, full.shape):
-        start = min(offset, extent)
-        index.append(slice(start, min(start + size, extent)))
-    return full[tuple(index)]
-
-
-def _make(full: torch.Tensor, spec, process_group=None):
-    """A ShardedTensor with layout ``spec`` holding ``full``'s values (no communication)."""
-    st = sharded_tensor.empty(spec, *full.shape, dtype=full.dtype, process_group=process_group)
-    for shard in st.local_shards():
-        shard.tensor.copy_(_box_slice(full, shard.metadata))
-    return st
-
-
-def _chunks(dim: int, ranks):
-    return ChunkShardingSpec(dim=dim, placements=[placement(r) for r in ranks])
 
 
 def _rows_plan(plan, ncols: int = 1):
@@ -126,17 +103,12 @@ class TestCheckpointScenarios(ShardedTensorTestBase):
         dcp.load(state_dict, storage_reader=reader, process_group=process_group)
 
     def _tmp_dir(self) -> str:
-        holder = [tempfile.mkdtemp(prefix="torch_shard_dcp_") if self.rank == 0 else None]
-        dist.broadcast_object_list(holder, src=0)
-        if self.rank == 0:
-            # Runs after the test method, i.e. after with_comms' final barrier.
-            self.addCleanup(shutil.rmtree, holder[0], True)
-        return holder[0]
+        return shared_tmp_dir(self, "torch_shard_dcp_")
 
     def _assert_holds(self, st, full: torch.Tensor, msg: str = "") -> None:
         """Every local shard of ``st`` equals its box of ``full``, dtype and device included."""
         for shard in st.local_shards():
-            expected = _box_slice(full, shard.metadata)
+            expected = box_slice(full, shard.metadata)
             self.assertEqual(shard.tensor.dtype, full.dtype, msg)
             self.assertEqual(shard.tensor.device, full.device, msg)
             self.assertTrue(torch.equal(shard.tensor, expected), f"{msg}: shard {shard.metadata}")
@@ -161,7 +133,7 @@ class TestCheckpointScenarios(ShardedTensorTestBase):
         outside ``load_pg``)."""
         path = self._tmp_dir()
         if save_pg is None or self.rank in dist.get_process_group_ranks(save_pg):
-            dcp.save({"w": _make(full, save_spec, save_pg)}, checkpoint_id=path, process_group=save_pg)
+            dcp.save({"w": filled(full, save_spec, save_pg)}, checkpoint_id=path, process_group=save_pg)
         dist.barrier()
         if load_pg is not None and self.rank not in dist.get_process_group_ranks(load_pg):
             return None
@@ -173,10 +145,10 @@ class TestCheckpointScenarios(ShardedTensorTestBase):
     @with_comms(init_rpc=False)
     def test_1d_placement_change(self):
         specs = {
-            "rows": _chunks(0, range(4)),
-            "cols": _chunks(1, range(4)),
-            "rows_permuted": _chunks(0, (3, 1, 0, 2)),
-            "cols_permuted": _chunks(1, (2, 0, 3, 1)),
+            "rows": chunks(0, range(4)),
+            "cols": chunks(1, range(4)),
+            "rows_permuted": chunks(0, (3, 1, 0, 2)),
+            "cols_permuted": chunks(1, (2, 0, 3, 1)),
         }
         values = {
             "arange_4x4": torch.arange(16, dtype=torch.float, device=self.device).view(4, 4),
@@ -187,7 +159,7 @@ class TestCheckpointScenarios(ShardedTensorTestBase):
             # Upstream's test also saves through a storage extension; every other save here is plain.
             extensions = [Rot13Example()] if sname == "rows_permuted" else None
             path = self._tmp_dir()
-            saved = _make(full, save_spec)
+            saved = filled(full, save_spec)
             dcp.save({"w": saved}, storage_writer=dcp.FileSystemWriter(path, _extensions=extensions))
             for lname, load_spec in specs.items():
                 if lname == sname:
@@ -207,17 +179,17 @@ class TestCheckpointScenarios(ShardedTensorTestBase):
         full = torch.arange(9 * 6, dtype=torch.float64, device=self.device).view(9, 6) / 7
         sub = dist.new_group([1, 3])
         # 4 ranks -> the 2-rank group {1, 3} (only its ranks load), by rows and by columns.
-        for load_spec in (_chunks(0, (3, 1)), _chunks(1, (1, 3))):
-            self._save_load(full, _chunks(0, range(4)), load_spec, "4 ranks -> group {1, 3}", load_pg=sub)
+        for load_spec in (chunks(0, (3, 1)), chunks(1, (1, 3))):
+            self._save_load(full, chunks(0, range(4)), load_spec, "4 ranks -> group {1, 3}", load_pg=sub)
         # The group {1, 3} saves; all 4 ranks load, into rows and into a 2 x 2 grid.
-        for load_spec in (_chunks(0, range(4)), grid_spec(9, 6)):
-            self._save_load(full, _chunks(1, (3, 1)), load_spec, "group {1, 3} -> 4 ranks", save_pg=sub)
+        for load_spec in (chunks(0, range(4)), grid_spec(9, 6)):
+            self._save_load(full, chunks(1, (3, 1)), load_spec, "group {1, 3} -> 4 ranks", save_pg=sub)
         # A subset of the default group's ranks (0 and 2) holds the tensor; 1 and 3 hold nothing.
-        subset = _chunks(0, (2, 0))
-        self._save_load(full, _chunks(1, range(4)), subset, "4 ranks -> ranks {0, 2}")
-        self._save_load(full, subset, _chunks(1, (3, 2, 1, 0)), "ranks {0, 2} -> 4 ranks")
+        subset = chunks(0, (2, 0))
+        self._save_load(full, chunks(1, range(4)), subset, "4 ranks -> ranks {0, 2}")
+        self._save_load(full, subset, chunks(1, (3, 2, 1, 0)), "ranks {0, 2} -> 4 ranks")
         # Round trip through the sub-group: save there, load there.
-        self._save_load(full, _chunks(0, (1, 3)), _chunks(1, (3, 1)), "{1, 3}", save_pg=sub, load_pg=sub)
+        self._save_load(full, chunks(0, (1, 3)), chunks(1, (3, 1)), "{1, 3}", save_pg=sub, load_pg=sub)
 
     @with_comms(init_rpc=False)
     def test_2d_grid_to_rows_and_cols(self):
@@ -225,8 +197,8 @@ class TestCheckpointScenarios(ShardedTensorTestBase):
         specs = {
             "grid": grid_spec(7, 5),
             "grid_transposed": grid_spec(7, 5, order=(0, 2, 1, 3)),
-            "rows": _chunks(0, range(4)),
-            "cols": _chunks(1, (1, 2, 3, 0)),
+            "rows": chunks(0, range(4)),
+            "cols": chunks(1, (1, 2, 3, 0)),
         }
         for (sname, save_spec), (lname, load_spec) in itertools.product(specs.items(), repeat=2):
             if sname != lname and ("grid" in sname or "grid" in lname):
@@ -241,7 +213,7 @@ class TestCheckpointScenarios(ShardedTensorTestBase):
         # 14 rows in 4 + 4 + 4 + 2, loaded into a plain tensor on every rank.
         full = torch.arange(14, dtype=torch.float, device=self.device).view(14, 1)
         path = self._tmp_dir()
-        dcp.save({"uneven": _make(full, _chunks(0, range(4)))}, checkpoint_id=path)
+        dcp.save({"uneven": filled(full, chunks(0, range(4)))}, checkpoint_id=path)
         plain = {"uneven": torch.rand(14, 1).to(self.device)}
         self._load(plain, path)
         self.assertTrue(torch.equal(plain["uneven"], full))
@@ -255,21 +227,21 @@ class TestCheckpointScenarios(ShardedTensorTestBase):
             [ShardMetadata([0], [1], placement(0))]
             + [ShardMetadata([1], [0], placement(r)) for r in (1, 2, 3)]
         )
-        self._save_load(one, _chunks(0, range(4)), nested, "1 element")
-        self._save_load(one, nested, _chunks(0, (3, 2, 1, 0)), "1 element, back")
+        self._save_load(one, chunks(0, range(4)), nested, "1 element")
+        self._save_load(one, nested, chunks(0, (3, 2, 1, 0)), "1 element, back")
 
         # 7 x 5 by columns over 4 ranks: the last chunk is empty and starts past the end (offset 6).
         full = torch.arange(35, dtype=torch.int64, device=self.device).view(7, 5) * 3
         path = self._tmp_dir()
-        dcp.save({"w": _make(full, _chunks(1, range(4)))}, checkpoint_id=path)
+        dcp.save({"w": filled(full, chunks(1, range(4)))}, checkpoint_id=path)
         self._assert_metadata_in_bounds(path, "w", [7, 5])
         target = sharded_tensor.zeros(grid_spec(7, 5), 7, 5, dtype=torch.int64)
         self._load({"w": target}, path)
         self._assert_holds(target, full, "trailing empty chunk")
         # ... and loaded into a layout with trailing empty chunks (3 rows over 4 ranks, 6 over 4).
-        self._save_load(full, grid_spec(7, 5), _chunks(1, (3, 2, 1, 0)), "load into empty chunks")
+        self._save_load(full, grid_spec(7, 5), chunks(1, (3, 2, 1, 0)), "load into empty chunks")
         short = full[:3]
-        self._save_load(short, _chunks(1, range(4)), _chunks(0, range(4)), "empty chunks both sides")
+        self._save_load(short, chunks(1, range(4)), chunks(0, range(4)), "empty chunks both sides")
 
         # Empty shards anywhere: inside another shard's range, past the end in every dim, several on
         # one rank (two with the same box).
@@ -284,9 +256,9 @@ class TestCheckpointScenarios(ShardedTensorTestBase):
             ]
         )
         path = self._tmp_dir()
-        dcp.save({"w": _make(full, anywhere)}, checkpoint_id=path)
+        dcp.save({"w": filled(full, anywhere)}, checkpoint_id=path)
         self._assert_metadata_in_bounds(path, "w", [7, 5])
-        for load_spec in (_chunks(0, range(4)), anywhere):
+        for load_spec in (chunks(0, range(4)), anywhere):
             target = sharded_tensor.zeros(load_spec, 7, 5, dtype=torch.int64)
             self._load({"w": target}, path)
             self._assert_holds(target, full, "empty shards anywhere")
@@ -295,9 +267,9 @@ class TestCheckpointScenarios(ShardedTensorTestBase):
         for size, dim in (((0, 5), 0), ((4, 0), 1), ((0, 0), 0)):
             empty = torch.zeros(size, dtype=torch.bfloat16, device=self.device)
             path = self._tmp_dir()
-            dcp.save({"e": _make(empty, _chunks(dim, range(4)))}, checkpoint_id=path)
+            dcp.save({"e": filled(empty, chunks(dim, range(4)))}, checkpoint_id=path)
             self._assert_metadata_in_bounds(path, "e", list(size))
-            target = sharded_tensor.zeros(_chunks(1 - dim, (2, 3)), *size, dtype=torch.bfloat16)
+            target = sharded_tensor.zeros(chunks(1 - dim, (2, 3)), *size, dtype=torch.bfloat16)
             self._load({"e": target}, path)
             self._assert_holds(target, empty, f"{size}")
             plain = {"e": torch.ones(size, dtype=torch.bfloat16, device=self.device)}
@@ -311,17 +283,17 @@ class TestCheckpointScenarios(ShardedTensorTestBase):
         saving = _rows_plan([(0, 4), (4, 3), (7, 4), (11, 5)])
         loading = _rows_plan([(0, 2), (2, 4), (6, 6), (12, 4)])
         path = self._tmp_dir()
-        saved = CheckpointableShardedTensor(_make(full, saving))
+        saved = CheckpointableShardedTensor(filled(full, saving))
         dcp.save({"checkpointable_tensor": saved}, checkpoint_id=path)
         target = sharded_tensor.full(loading, (16, 1), -1.0)
         self._load({"checkpointable_tensor": CheckpointableShardedTensor(target)}, path)
         self._assert_holds(target, full, "wrapper -> wrapper")
         # The wrapper's checkpoint loads into a bare ShardedTensor, and a bare one's into a wrapper.
-        bare = sharded_tensor.zeros(_chunks(1, (0,)), 16, 1)
+        bare = sharded_tensor.zeros(chunks(1, (0,)), 16, 1)
         self._load({"checkpointable_tensor": bare}, path)
         self._assert_holds(bare, full, "wrapper -> ShardedTensor")
         path = self._tmp_dir()
-        dcp.save({"t": _make(full, _chunks(0, (3, 1, 2, 0)))}, checkpoint_id=path)
+        dcp.save({"t": filled(full, chunks(0, (3, 1, 2, 0)))}, checkpoint_id=path)
         target = sharded_tensor.zeros(loading, 16, 1)
         self._load({"t": CheckpointableShardedTensor(target)}, path)
         self._assert_holds(target, full, "ShardedTensor -> wrapper")
@@ -356,7 +328,7 @@ class TestCrossLibraryCheckpoints(ShardedTensorTestBase):
     def _assert_upstream_holds(self, st, full, msg):
         for shard in st.local_shards():
             self.assertEqual(shard.tensor.dtype, full.dtype, msg)
-            self.assertTrue(torch.equal(shard.tensor, _box_slice(full, shard.metadata)), msg)
+            self.assertTrue(torch.equal(shard.tensor, box_slice(full, shard.metadata)), msg)
 
     @with_comms(init_rpc=False)
     def test_dtensor_and_torch_shard(self):
@@ -372,8 +344,8 @@ class TestCrossLibraryCheckpoints(ShardedTensorTestBase):
             (mesh2, [DShard(1), DShard(1)]),
         ]
         ours = {
-            "rows_permuted": _chunks(0, (2, 0, 3, 1)),
-            "cols": _chunks(1, range(4)),  # trailing empty chunk past the end
+            "rows_permuted": chunks(0, (2, 0, 3, 1)),
+            "cols": chunks(1, range(4)),  # trailing empty chunk past the end
             "grid": grid_spec(7, 5),
         }
         for mesh, placements in dtensor_layouts:
@@ -389,7 +361,7 @@ class TestCrossLibraryCheckpoints(ShardedTensorTestBase):
             for name, spec in ours.items():
                 msg = f"torch_shard {name} -> DTensor {placements}"
                 path = self._tmp_dir()
-                dcp.save({"w": _make(full, spec)}, checkpoint_id=path)
+                dcp.save({"w": filled(full, spec)}, checkpoint_id=path)
                 target = dtensor_zeros([7, 5], dtype=torch.float64, device_mesh=mesh, placements=placements)
                 self._load({"w": target}, path)
                 self.assertTrue(torch.equal(target.full_tensor(), full), msg)
@@ -403,8 +375,8 @@ class TestCrossLibraryCheckpoints(ShardedTensorTestBase):
             "grid": _upstream_grid(7, 5),
         }
         ours = {
-            "rows": _chunks(0, range(4)),
-            "cols": _chunks(1, (1, 0, 3, 2)),  # trailing empty chunk past the end
+            "rows": chunks(0, range(4)),
+            "cols": chunks(1, (1, 0, 3, 2)),  # trailing empty chunk past the end
             "grid_transposed": grid_spec(7, 5, order=(0, 2, 1, 3)),
         }
         for up_name, up_spec in theirs.items():
@@ -412,7 +384,7 @@ class TestCrossLibraryCheckpoints(ShardedTensorTestBase):
             path = self._tmp_dir()
             saved = up_sharded_tensor.empty(up_spec, 7, 5, dtype=torch.int64)
             for shard in saved.local_shards():
-                shard.tensor.copy_(_box_slice(full, shard.metadata))
+                shard.tensor.copy_(box_slice(full, shard.metadata))
             dcp.save({"w": saved}, checkpoint_id=path)
             for name, spec in ours.items():
                 target = sharded_tensor.zeros(spec, 7, 5, dtype=torch.int64)
@@ -421,7 +393,7 @@ class TestCrossLibraryCheckpoints(ShardedTensorTestBase):
             # torch_shard saves, upstream loads.
             for name, spec in ours.items():
                 path = self._tmp_dir()
-                dcp.save({"w": _make(full, spec)}, checkpoint_id=path)
+                dcp.save({"w": filled(full, spec)}, checkpoint_id=path)
                 target = up_sharded_tensor.zeros(up_spec, 7, 5, dtype=torch.int64)
                 self._load({"w": target}, path)
                 self._assert_upstream_holds(target, full, f"torch_shard {name} -> upstream {up_name}")
@@ -439,7 +411,7 @@ class TestCrossLibraryCheckpoints(ShardedTensorTestBase):
             if isinstance(spec, ChunkShardingSpec):
                 shard_parameter(model, "weight", spec)
             else:  # scatter by rows, then move to the enumerable layout
-                shard_parameter(model, "weight", _chunks(0, range(4)))
+                shard_parameter(model, "weight", chunks(0, range(4)))
                 model.weight.reshard(spec)
             return model
 
@@ -462,15 +434,15 @@ class TestCrossLibraryCheckpoints(ShardedTensorTestBase):
                 self.assertTrue(torch.equal(state["bias"].full_tensor(), bias), msg)
                 return
             for shard in w.local_shards():
-                self.assertTrue(torch.equal(shard.tensor, _box_slice(weight, shard.metadata)), msg)
+                self.assertTrue(torch.equal(shard.tensor, box_slice(weight, shard.metadata)), msg)
             self.assertTrue(torch.equal(state["bias"], bias), msg)
 
         up_rows = UpChunkShardingSpec(dim=0, placements=[placement(r) for r in range(4)])
         pairs = [
-            ("torch_shard -> DTensor", ours(1, _chunks(0, (3, 2, 1, 0))), dtensor(2, [DShard(1)])),
+            ("torch_shard -> DTensor", ours(1, chunks(0, (3, 2, 1, 0))), dtensor(2, [DShard(1)])),
             ("DTensor -> torch_shard", dtensor(1, [DShard(0)]), ours(2, grid_spec(10, 12))),
             ("torch_shard -> upstream", ours(1, grid_spec(10, 12)), upstream(2, up_rows)),
-            ("upstream -> torch_shard", upstream(1, up_rows), ours(2, _chunks(1, (1, 3, 0, 2)))),
+            ("upstream -> torch_shard", upstream(1, up_rows), ours(2, chunks(1, (1, 3, 0, 2)))),
         ]
         for msg, source, target in pairs:
             check(source, f"{msg}: source")
@@ -508,7 +480,7 @@ class TestByteRangeReader(ShardedTensorTestBase):
         dcp.load({"w": target, "step": 0}, storage_reader=reader_cls(path, **reader_kwargs))
         read = _bytes_read_by_this_process() - before
         for shard in target.local_shards():
-            self.assertTrue(torch.equal(shard.tensor, _box_slice(full, shard.metadata)))
+            self.assertTrue(torch.equal(shard.tensor, box_slice(full, shard.metadata)))
         return read
 
     @with_comms(init_rpc=False)
@@ -517,8 +489,8 @@ class TestByteRangeReader(ShardedTensorTestBase):
         full = torch.rand(512, 512).to(self.device)
         nbytes = full.numel() * full.element_size()
         path = self._tmp_dir()
-        dcp.save({"w": _make(full, _chunks(0, range(4))), "step": 3}, checkpoint_id=path)
-        cols = _chunks(1, range(4))
+        dcp.save({"w": filled(full, chunks(0, range(4))), "step": 3}, checkpoint_id=path)
+        cols = chunks(1, range(4))
         unchecked = {"verify": False}
         # Warm-up (lazy imports); checked loads warn below, once per checkpoint.
         self._load_counting(dcp.FileSystemReader, path, cols, full)
@@ -540,7 +512,7 @@ class TestByteRangeReader(ShardedTensorTestBase):
             warnings.simplefilter("error")
             self._load_counting(ByteRangeFileSystemReader, path, cols, full)
         # Rows into the same rows: both read one chunk, checked or not.
-        rows = _chunks(0, range(4))
+        rows = chunks(0, range(4))
         for kwargs in (unchecked, {}):
             same_layout = self._load_counting(ByteRangeFileSystemReader, path, rows, full, **kwargs)
             self.assertLess(same_layout, nbytes // 4 + 64 * 1024)
@@ -548,7 +520,7 @@ class TestByteRangeReader(ShardedTensorTestBase):
         # sixteenth of a row: a 512-column float32 quarter is 4 of the 128-byte tiles of each 2 KiB
         # row, so it reads exactly what the unchecked load reads, no warning.
         path = self._tmp_dir()
-        dcp.save({"w": _make(full, _chunks(0, range(4))), "step": 3}, storage_writer=ChecksumFileSystemWriter(path))
+        dcp.save({"w": filled(full, chunks(0, range(4))), "step": 3}, storage_writer=ChecksumFileSystemWriter(path))
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             tiled = self._load_counting(ByteRangeFileSystemReader, path, cols, full)
@@ -560,13 +532,13 @@ class TestByteRangeReader(ShardedTensorTestBase):
         full = torch.arange(64 * 8, dtype=torch.int64, device=self.device).view(64, 8)
         path = self._tmp_dir()
         writer = dcp.FileSystemWriter(path, _extensions=[Rot13Example()])
-        dcp.save({"w": _make(full, _chunks(0, range(4))), "note": {"epoch": 5}}, storage_writer=writer)
-        target = sharded_tensor.zeros(_chunks(1, (3, 2, 1, 0)), 64, 8, dtype=torch.int64)
+        dcp.save({"w": filled(full, chunks(0, range(4))), "note": {"epoch": 5}}, storage_writer=writer)
+        target = sharded_tensor.zeros(chunks(1, (3, 2, 1, 0)), 64, 8, dtype=torch.int64)
         state = {"w": target, "note": {"epoch": 0}}
         reader = ByteRangeFileSystemReader(path, _extension_registry=get_test_extension_registry())
         dcp.load(state, storage_reader=reader)
         for shard in target.local_shards():
-            self.assertTrue(torch.equal(shard.tensor, _box_slice(full, shard.metadata)))
+            self.assertTrue(torch.equal(shard.tensor, box_slice(full, shard.metadata)))
         self.assertEqual(state["note"], {"epoch": 5})
 
     @with_comms(init_rpc=False)
@@ -574,12 +546,12 @@ class TestByteRangeReader(ShardedTensorTestBase):
         # DCP's reader copies saved values into the loading tensor's dtype; so does this one.
         full = torch.arange(16.0, device=self.device).view(4, 4) / 3
         path = self._tmp_dir()
-        dcp.save({"w": _make(full, _chunks(0, range(4)))}, checkpoint_id=path)
+        dcp.save({"w": filled(full, chunks(0, range(4)))}, checkpoint_id=path)
         for reader_cls in (dcp.FileSystemReader, ByteRangeFileSystemReader):
-            target = sharded_tensor.zeros(_chunks(1, range(4)), 4, 4, dtype=torch.float64)
+            target = sharded_tensor.zeros(chunks(1, range(4)), 4, 4, dtype=torch.float64)
             dcp.load({"w": target}, storage_reader=reader_cls(path))
             for shard in target.local_shards():
-                expected = _box_slice(full, shard.metadata).double()
+                expected = box_slice(full, shard.metadata).double()
                 self.assertTrue(torch.equal(shard.tensor, expected), reader_cls)
 
 if __name__ == "__main__":

@@ -25,13 +25,13 @@ import random
 import shutil
 import subprocess
 import sys
-import tempfile
 import types
 import warnings
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from _shared import box_slice, chunks, filled, shared_tmp_dir
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
 
@@ -47,26 +47,10 @@ from torch_shard.checkpoint import (
     verify_checkpoint,
 )
 from torch_shard.checkpoint._archive import BytesSource, read_archive
-from torch_shard.sharding_spec import ChunkShardingSpec
-from torch_shard.testing import ShardedTensorTestBase, placement, run_tests, with_comms
+from torch_shard.testing import ShardedTensorTestBase, run_tests, with_comms
 
 ROWS, COLS = 64, 640
 FILL = -7.0
-
-
-def _chunks(dim):
-    return ChunkShardingSpec(dim=dim, placements=[placement(r) for r in range(4)])
-
-
-def _box(full, md):
-    return full[tuple(slice(o, o + s) for o, s in zip(md.shard_offsets, md.shard_sizes))]
-
-
-def _make(full, spec):
-    st = sharded_tensor.empty(spec, *full.shape, dtype=full.dtype)
-    for shard in st.local_shards():
-        shard.tensor.copy_(_box(full, shard.metadata))
-    return st
 
 
 def _values(seed):
@@ -84,12 +68,8 @@ def _storage(path):
 
 
 class TestCheckpointTrust(ShardedTensorTestBase):
-    def _tmp_dir(self):
-        holder = [tempfile.mkdtemp(prefix="torch_shard_trust_") if self.rank == 0 else None]
-        dist.broadcast_object_list(holder, src=0)
-        if self.rank == 0:
-            self.addCleanup(shutil.rmtree, holder[0], True)
-        return holder[0]
+    def _tmp_dir(self) -> str:
+        return shared_tmp_dir(self, "torch_shard_trust_")
 
     def _on_rank0(self, fn):
         """Run ``fn`` on rank 0 only (it changes the checkpoint's files), then let every rank go on."""
@@ -99,7 +79,7 @@ class TestCheckpointTrust(ShardedTensorTestBase):
         dist.barrier()
 
     def _targets(self):
-        return {dim: sharded_tensor.full(_chunks(dim), (ROWS, COLS), FILL) for dim in (0, 1)}
+        return {dim: sharded_tensor.full(chunks(dim), (ROWS, COLS), FILL) for dim in (0, 1)}
 
     def _assert_untouched(self, st, msg):
         for shard in st.local_shards():
@@ -107,7 +87,7 @@ class TestCheckpointTrust(ShardedTensorTestBase):
 
     def _assert_holds(self, st, full, msg):
         for shard in st.local_shards():
-            self.assertTrue(torch.equal(shard.tensor, _box(full, shard.metadata)), msg)
+            self.assertTrue(torch.equal(shard.tensor, box_slice(full, shard.metadata)), msg)
 
     def _assert_refused(self, path, error=CheckpointCorruptionError, msg="", state=None, **reader_kwargs):
         """Every rank raises ``error`` loading ``path`` into rows and into columns, nothing written;
@@ -131,9 +111,9 @@ class TestCheckpointTrust(ShardedTensorTestBase):
         for how in ("file", "chunk", "swap"):
             older, path = self._tmp_dir(), self._tmp_dir()
             # Two tensors, so each .distcp file holds two chunks and "chunk" replaces one of them.
-            dcp.save({"w": _make(old, _chunks(0)), "v": _make(old, _chunks(0))},
+            dcp.save({"w": filled(old, chunks(0)), "v": filled(old, chunks(0))},
                      storage_writer=ChecksumFileSystemWriter(older))
-            dcp.save({"w": _make(new, _chunks(0)), "v": _make(new, _chunks(0))},
+            dcp.save({"w": filled(new, chunks(0)), "v": filled(new, chunks(0))},
                      storage_writer=ChecksumFileSystemWriter(path))
 
             def damage(how=how, older=older, path=path):
@@ -157,9 +137,9 @@ class TestCheckpointTrust(ShardedTensorTestBase):
             caught = self._assert_refused(path, msg=how)
             self.assertTrue(all(c.fqn in ("w", "v") for c in caught[0].corruptions), caught[0])
             # Unchecked, the damage loads silently: the probe hits data a load uses.
-            target = sharded_tensor.full(_chunks(0), (ROWS, COLS), FILL)
+            target = sharded_tensor.full(chunks(0), (ROWS, COLS), FILL)
             dcp.load({"w": target}, storage_reader=ByteRangeFileSystemReader(path, verify=False))
-            wrong = torch.tensor([int(not torch.equal(s.tensor, _box(new, s.metadata))) for s in target.local_shards()])
+            wrong = torch.tensor([int(not torch.equal(s.tensor, box_slice(new, s.metadata))) for s in target.local_shards()])
             dist.all_reduce(wrong)
             self.assertGreater(int(wrong), 0, how)
             if self.rank == 0:
@@ -182,7 +162,7 @@ class TestCheckpointTrust(ShardedTensorTestBase):
             sys.modules[gone.__name__] = gone
             try:
                 # Keys after "w" in every order DCP may take: the tensor is planned before the item.
-                state = {"w": _make(full, _chunks(0)), "z_item": Gone(), "a_item": "epoch 4"}
+                state = {"w": filled(full, chunks(0)), "z_item": Gone(), "a_item": "epoch 4"}
                 dcp.save(state, storage_writer=dcp.FileSystemWriter(path))
             finally:
                 del sys.modules[gone.__name__]
@@ -212,7 +192,7 @@ class TestCheckpointTrust(ShardedTensorTestBase):
         for writer_cls in (ChecksumFileSystemWriter, dcp.FileSystemWriter):
             for how in ("moved", "swapped"):
                 path = self._tmp_dir()
-                dcp.save({"w": _make(full, _chunks(0))}, storage_writer=writer_cls(path))
+                dcp.save({"w": filled(full, chunks(0))}, storage_writer=writer_cls(path))
 
                 def damage(path=path, how=how):
                     file = os.path.join(path, ".metadata")
@@ -252,7 +232,7 @@ class TestCheckpointTrust(ShardedTensorTestBase):
         rng = random.Random(32)
         for writer_cls in (ChecksumFileSystemWriter, dcp.FileSystemWriter):
             path = self._tmp_dir()
-            dcp.save({"w": _make(full, _chunks(0)), "step": 7}, storage_writer=writer_cls(path))
+            dcp.save({"w": filled(full, chunks(0)), "step": 7}, storage_writer=writer_cls(path))
             size = os.path.getsize(os.path.join(path, ".metadata"))
             with open(os.path.join(path, ".metadata"), "rb") as f:
                 original = f.read()
@@ -267,7 +247,7 @@ class TestCheckpointTrust(ShardedTensorTestBase):
 
                 self._on_rank0(damage)
                 msg = f"{writer_cls.__name__}: byte {at} bit {bit:#x} of {size}"
-                target = sharded_tensor.full(_chunks(1), (ROWS, COLS), FILL)
+                target = sharded_tensor.full(chunks(1), (ROWS, COLS), FILL)
                 state = {"w": target, "step": 0}
                 try:
                     load(state, path)
@@ -301,7 +281,7 @@ class TestCheckpointTrust(ShardedTensorTestBase):
         full = _values(6)
         for how in ("truncated", "digit", "another save"):
             path = self._tmp_dir()
-            dcp.save({"w": _make(full, _chunks(0))}, storage_writer=ChecksumFileSystemWriter(path))
+            dcp.save({"w": filled(full, chunks(0))}, storage_writer=ChecksumFileSystemWriter(path))
             sums = os.path.join(path, ".checksums")
 
             def damage(how=how, path=path, sums=sums):
@@ -325,7 +305,7 @@ class TestCheckpointTrust(ShardedTensorTestBase):
             if how != "another save":
                 self.assertIn("checksums=False", str(caught))
                 # The data are intact: checked against their zip CRC-32s alone, they load.
-                target = sharded_tensor.zeros(_chunks(1), ROWS, COLS)
+                target = sharded_tensor.zeros(chunks(1), ROWS, COLS)
                 load({"w": target}, path, checksums=False)
                 self._assert_holds(target, full, how)
             if self.rank == 0:
@@ -340,7 +320,7 @@ class TestCheckpointTrust(ShardedTensorTestBase):
         for writer_cls in (ChecksumFileSystemWriter, dcp.FileSystemWriter):
             for how in ("deleted", "truncated"):
                 path = self._tmp_dir()
-                dcp.save({"w": _make(full, _chunks(0))}, storage_writer=writer_cls(path))
+                dcp.save({"w": filled(full, chunks(0))}, storage_writer=writer_cls(path))
 
                 def damage(how=how, path=path):
                     file = os.path.join(path, "__2_0.distcp")
@@ -363,8 +343,8 @@ class TestCheckpointTrust(ShardedTensorTestBase):
     @with_comms(init_rpc=False)
     def test_other_load_failures_are_exceptions_on_every_rank(self):
         path = self._tmp_dir()
-        dcp.save({"w": _make(_values(8), _chunks(0))}, storage_writer=ChecksumFileSystemWriter(path))
-        target = sharded_tensor.full(_chunks(1), (ROWS, COLS), FILL)
+        dcp.save({"w": filled(_values(8), chunks(0))}, storage_writer=ChecksumFileSystemWriter(path))
+        target = sharded_tensor.full(chunks(1), (ROWS, COLS), FILL)
         with self.assertRaises(CheckpointLoadError) as cm:
             load({"w": target, "missing": torch.zeros(3)}, path)
         self.assertNotIsInstance(cm.exception, CheckpointCorruptionError)

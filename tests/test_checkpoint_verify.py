@@ -14,14 +14,13 @@ test_box_reads_*: single process, the block-checked box reads against slicing, o
 import io
 import os
 import random
-import shutil
 import subprocess
 import sys
-import tempfile
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from _shared import box_slice, chunks, filled, shared_tmp_dir
 from torch.distributed.checkpoint.api import CheckpointException
 
 from torch_shard import sharded_tensor
@@ -35,25 +34,9 @@ from torch_shard.checkpoint import (
 from torch_shard.checkpoint._archive import BytesSource, read_archive
 from torch_shard.checkpoint._checksums import ItemChecksums, tensor_tile_crcs
 from torch_shard.checkpoint._chunk import ItemPlace, read_box_by_tiles
-from torch_shard.sharding_spec import ChunkShardingSpec
-from torch_shard.testing import ShardedTensorTestBase, placement, run_tests, with_comms
+from torch_shard.testing import ShardedTensorTestBase, run_tests, with_comms
 
 ROWS, COLS = 64, 640  # 4 saved row chunks of 16 x 640; a column load reads a part of each
-
-
-def _box(full, md):
-    return full[tuple(slice(o, o + s) for o, s in zip(md.shard_offsets, md.shard_sizes))]
-
-
-def _chunks(dim):
-    return ChunkShardingSpec(dim=dim, placements=[placement(r) for r in range(4)])
-
-
-def _make(full, spec):
-    st = sharded_tensor.empty(spec, *full.shape, dtype=full.dtype)
-    for shard in st.local_shards():
-        shard.tensor.copy_(_box(full, shard.metadata))
-    return st
 
 
 def _values(dtype):
@@ -81,12 +64,8 @@ def _flip(path, fqn, chunk_row, element):
 
 
 class TestVerifiedLoads(ShardedTensorTestBase):
-    def _tmp_dir(self):
-        holder = [tempfile.mkdtemp(prefix="torch_shard_verify_") if self.rank == 0 else None]
-        dist.broadcast_object_list(holder, src=0)
-        if self.rank == 0:
-            self.addCleanup(shutil.rmtree, holder[0], True)
-        return holder[0]
+    def _tmp_dir(self) -> str:
+        return shared_tmp_dir(self, "torch_shard_verify_")
 
     def _assert_untouched(self, target, fill, msg):
         for shard in target.local_shards():
@@ -106,7 +85,7 @@ class TestVerifiedLoads(ShardedTensorTestBase):
             for dtype, chunk_row, element in cases:
                 full = _values(dtype)
                 path = self._tmp_dir()
-                dcp.save({"model.w": _make(full, _chunks(0)), "step": 3}, storage_writer=writer_cls(path))
+                dcp.save({"model.w": filled(full, chunks(0)), "step": 3}, storage_writer=writer_cls(path))
                 dist.barrier()
                 if self.rank == 0:
                     where = _flip(path, "model.w", chunk_row, element)
@@ -117,7 +96,7 @@ class TestVerifiedLoads(ShardedTensorTestBase):
                 for load_dim in (0, 1):  # the saved layout (whole chunks), columns (a part of each)
                     msg = f"{writer_cls.__name__} {dtype} chunk {chunk_row} element {element} load dim {load_dim}"
                     fill = -7
-                    target = sharded_tensor.full(_chunks(load_dim), (ROWS, COLS), fill, dtype=dtype)
+                    target = sharded_tensor.full(chunks(load_dim), (ROWS, COLS), fill, dtype=dtype)
                     with self.assertRaises(CheckpointCorruptionError, msg=msg) as caught:
                         load({"model.w": target, "step": 0}, path)
                     self._assert_untouched(target, fill, msg)
@@ -141,7 +120,7 @@ class TestVerifiedLoads(ShardedTensorTestBase):
                     for shard in target.local_shards():
                         md = shard.metadata
                         inside = all(o <= i < o + s for i, o, s in zip((row, col), md.shard_offsets, md.shard_sizes))
-                        expected = _box(full, md).clone()
+                        expected = box_slice(full, md).clone()
                         if inside:
                             self.assertFalse(torch.equal(shard.tensor, expected), f"{msg}: flip not loaded")
                             expected[row - md.shard_offsets[0], col - md.shard_offsets[1]] = shard.tensor[
@@ -154,13 +133,13 @@ class TestVerifiedLoads(ShardedTensorTestBase):
         full = _values(torch.float32)
         for writer_cls in (ChecksumFileSystemWriter, dcp.FileSystemWriter):
             path = self._tmp_dir()
-            dcp.save({"w": _make(full, _chunks(0)), "note": {"epoch": 2}}, storage_writer=writer_cls(path))
+            dcp.save({"w": filled(full, chunks(0)), "note": {"epoch": 2}}, storage_writer=writer_cls(path))
             for load_dim in (0, 1):
-                target = sharded_tensor.zeros(_chunks(load_dim), ROWS, COLS)
+                target = sharded_tensor.zeros(chunks(load_dim), ROWS, COLS)
                 state = {"w": target, "note": {"epoch": 0}}
                 load(state, path)
                 for shard in target.local_shards():
-                    self.assertTrue(torch.equal(shard.tensor, _box(full, shard.metadata)))
+                    self.assertTrue(torch.equal(shard.tensor, box_slice(full, shard.metadata)))
                 self.assertEqual(state["note"], {"epoch": 2})
             dist.barrier()
             if self.rank == 0:
@@ -172,7 +151,7 @@ class TestVerifiedLoads(ShardedTensorTestBase):
     @with_comms(init_rpc=False)
     def test_async_save_with_sharded_tensors_verifies(self):
         full = _values(torch.float32)
-        st = _make(full, _chunks(0))
+        st = filled(full, chunks(0))
         path = self._tmp_dir()
         state = {"w": st, "bias": torch.arange(5.0), "step": 11}
         future = dcp.async_save(state, storage_writer=ChecksumFileSystemWriter(path))
@@ -182,11 +161,11 @@ class TestVerifiedLoads(ShardedTensorTestBase):
         dist.barrier()
         if self.rank == 0:
             self.assertTrue(verify_checkpoint(path, progress=False).ok)
-        target = sharded_tensor.zeros(_chunks(1), ROWS, COLS)
+        target = sharded_tensor.zeros(chunks(1), ROWS, COLS)
         loaded = {"w": target, "bias": torch.zeros(5), "step": 0}
         load(loaded, path)
         for shard in target.local_shards():
-            self.assertTrue(torch.equal(shard.tensor, _box(full, shard.metadata)))
+            self.assertTrue(torch.equal(shard.tensor, box_slice(full, shard.metadata)))
         self.assertTrue(torch.equal(loaded["bias"], torch.arange(5.0)))
         self.assertEqual(loaded["step"], 11)
 
@@ -195,8 +174,8 @@ class TestVerifiedLoads(ShardedTensorTestBase):
         # No writer or stager given: DCP's own DefaultStager copies the ShardedTensors (NOTE [ Staging
         # a ShardedTensor with DCP's default stager ]) and FileSystemWriter saves them.
         full = _values(torch.float32)
-        st = _make(full, _chunks(0))
-        doubles = _make(full.double(), _chunks(1))
+        st = filled(full, chunks(0))
+        doubles = filled(full.double(), chunks(1))
         group = st._process_group
         self.assertEqual(st.data_ptr(), 0)  # no storage of its own: DCP's stager copies its __dict__
         empty = st.new_empty(st.size(), device="cpu")
@@ -216,26 +195,26 @@ class TestVerifiedLoads(ShardedTensorTestBase):
         if self.rank == 0:
             report = verify_checkpoint(path, progress=False)
             self.assertTrue(report.ok, report)
-        target = sharded_tensor.zeros(_chunks(1), ROWS, COLS)
-        other = sharded_tensor.zeros(_chunks(0), ROWS, COLS, dtype=torch.float64)
+        target = sharded_tensor.zeros(chunks(1), ROWS, COLS)
+        other = sharded_tensor.zeros(chunks(0), ROWS, COLS, dtype=torch.float64)
         loaded = {"w": target, "d": other, "bias": torch.zeros(5), "step": 0}
         load(loaded, path)
         for shard in target.local_shards():
-            self.assertTrue(torch.equal(shard.tensor, _box(full, shard.metadata)))
+            self.assertTrue(torch.equal(shard.tensor, box_slice(full, shard.metadata)))
         for shard in other.local_shards():
-            self.assertTrue(torch.equal(shard.tensor, _box(full.double(), shard.metadata)))
+            self.assertTrue(torch.equal(shard.tensor, box_slice(full.double(), shard.metadata)))
         self.assertTrue(torch.equal(loaded["bias"], torch.arange(5.0)))
         self.assertEqual(loaded["step"], 11)
         # The original is untouched by staging: same layout, its own (changed) shards, same group.
         for shard in st.local_shards():
-            self.assertTrue(torch.equal(shard.tensor, _box(full, shard.metadata) + 1))
+            self.assertTrue(torch.equal(shard.tensor, box_slice(full, shard.metadata) + 1))
         self.assertIs(st._process_group, group)
 
     @with_comms(init_rpc=False)
     def test_verify_command_line(self):
         full = _values(torch.float32)
         path = self._tmp_dir()
-        dcp.save({"layer.weight": _make(full, _chunks(0)), "other": _make(full, _chunks(1))},
+        dcp.save({"layer.weight": filled(full, chunks(0)), "other": filled(full, chunks(1))},
                  storage_writer=ChecksumFileSystemWriter(path))
         dist.barrier()
         if self.rank == 0:

@@ -9,7 +9,7 @@ from unittest import mock
 
 import torch
 import torch.distributed as dist
-from _shared import grid_spec
+from _shared import box_slice, chunks, filled, grid_spec
 from torch.distributed._shard import sharded_tensor as up_sharded_tensor
 from torch.distributed._shard.sharding_spec import (
     ChunkShardingSpec as UpChunkShardingSpec,
@@ -27,29 +27,10 @@ from torch.distributed.tensor._shards_wrapper import LocalShardsWrapper
 from torch.distributed.tensor.placement_types import _StridedShard
 
 import torch_shard
-from torch_shard import interop, sharded_tensor
+from torch_shard import interop
 from torch_shard.interop import from_dtensor, from_upstream, to_dtensor, to_upstream
-from torch_shard.sharding_spec import ChunkShardingSpec, EnumerableShardingSpec, ShardMetadata
+from torch_shard.sharding_spec import EnumerableShardingSpec, ShardMetadata
 from torch_shard.testing import ShardedTensorTestBase, placement, run_tests, with_comms
-
-
-def _chunks(dim, ranks):
-    return ChunkShardingSpec(dim=dim, placements=[placement(r) for r in ranks])
-
-
-def _box(full, md):
-    index = []
-    for offset, size, extent in zip(md.shard_offsets, md.shard_sizes, full.shape):
-        start = min(offset, extent)
-        index.append(slice(start, min(start + size, extent)))
-    return full[tuple(index)]
-
-
-def _make(full, spec, process_group=None):
-    st = sharded_tensor.empty(spec, *full.shape, dtype=full.dtype, process_group=process_group)
-    for shard in st.local_shards():
-        shard.tensor.copy_(_box(full, shard.metadata))
-    return st
 
 
 def _layout(st):
@@ -85,7 +66,7 @@ class TestToDTensor(ShardedTensorTestBase):
         for full, dim in cases:
             full = full.to(self.device)
             msg = f"{list(full.shape)} {full.dtype} dim {dim}"
-            st = _make(full, _chunks(dim, range(4)))
+            st = filled(full, chunks(dim, range(4)))
             shards_before = [s.tensor for s in st.local_shards()]
             dt = to_dtensor(st, mesh, [DShard(dim)])
             self._assert_dtensor(dt, full, [DShard(dim)], msg)
@@ -108,15 +89,15 @@ class TestToDTensor(ShardedTensorTestBase):
             (grid_spec(7, 5, order=(0, 2, 1, 3)), [DShard(1), DShard(0)]),
             # A nested split of one dim is 4 chunks when the sizes line up (7 -> 4 + 3 -> 2 + 2 + 2 + 1;
             # not in general: 5 -> 3 + 2 -> 2 + 1 + 1 + 1 where torch.chunk gives 2 + 2 + 1 + 0).
-            (_chunks(0, range(4)), [DShard(0), DShard(0)]),
+            (chunks(0, range(4)), [DShard(0), DShard(0)]),
         ]
         # ... with an empty trailing chunk: 3 columns -> 2 + 1 -> 1 + 1 + 1 + 0.
         narrow = full[:, :3].contiguous()
-        cases = [(*case, full) for case in cases] + [(_chunks(1, range(4)), [DShard(1), DShard(1)], narrow)]
+        cases = [(*case, full) for case in cases] + [(chunks(1, range(4)), [DShard(1), DShard(1)], narrow)]
         for spec, placements, values in cases:
             msg = f"{spec} as {placements}"
             full = values
-            st = _make(full, spec)
+            st = filled(full, spec)
             dt = to_dtensor(st, mesh, placements)
             self._assert_dtensor(dt, full, placements, msg)
             for shard in _nonempty(st):
@@ -128,18 +109,18 @@ class TestToDTensor(ShardedTensorTestBase):
         mesh1 = init_device_mesh(self.device_type, (4,))
         mesh2 = init_device_mesh(self.device_type, (2, 2))
         cases = [
-            (_chunks(0, (3, 1, 0, 2)), mesh1, [DShard(0)]),  # permuted placements
-            (_chunks(0, range(4)), mesh1, [DShard(1)]),  # rows -> columns
+            (chunks(0, (3, 1, 0, 2)), mesh1, [DShard(0)]),  # permuted placements
+            (chunks(0, range(4)), mesh1, [DShard(1)]),  # rows -> columns
             (grid_spec(9, 6), mesh1, [DShard(0)]),
-            (_chunks(0, range(4)), mesh2, [DShard(0), DShard(1)]),
-            (_chunks(1, (2, 3)), mesh2, [DShard(1), DShard(0)]),  # two ranks hold nothing
-            (_chunks(0, range(4)), mesh1, [Replicate()]),
+            (chunks(0, range(4)), mesh2, [DShard(0), DShard(1)]),
+            (chunks(1, (2, 3)), mesh2, [DShard(1), DShard(0)]),  # two ranks hold nothing
+            (chunks(0, range(4)), mesh1, [Replicate()]),
             (grid_spec(9, 6), mesh2, [DShard(0), Replicate()]),
-            (_chunks(1, range(4)), mesh2, [Replicate(), Replicate()]),
+            (chunks(1, range(4)), mesh2, [Replicate(), Replicate()]),
         ]
         for spec, mesh, placements in cases:
             msg = f"{spec} -> {placements}"
-            st = _make(full, spec)
+            st = filled(full, spec)
             layout, local = _layout(st), [(s.tensor, s.tensor.clone()) for s in st.local_shards()]
             dt = to_dtensor(st, mesh, placements)
             self._assert_dtensor(dt, full, placements, msg)
@@ -158,7 +139,7 @@ class TestToDTensor(ShardedTensorTestBase):
         mesh = DeviceMesh.from_group(sub, self.device_type)
         full = torch.arange(5 * 4, dtype=torch.float64, device=self.device).view(5, 4)
         for ranks, zero_copy in (((1, 3), True), ((3, 1), False)):
-            st = _make(full, _chunks(0, ranks), process_group=sub)
+            st = filled(full, chunks(0, ranks), process_group=sub)
             dt = to_dtensor(st, mesh, [DShard(0)])
             self._assert_dtensor(dt, full, [DShard(0)], f"{ranks}")
             shard_ptr = st.local_shards()[0].tensor.data_ptr()
@@ -167,7 +148,7 @@ class TestToDTensor(ShardedTensorTestBase):
     @with_comms(init_rpc=False)
     def test_errors(self):
         mesh = init_device_mesh(self.device_type, (4,))
-        st = _make(torch.arange(8.0, device=self.device).view(4, 2), _chunks(0, range(4)))
+        st = filled(torch.arange(8.0, device=self.device).view(4, 2), chunks(0, range(4)))
         with self.assertRaisesRegex(TypeError, "expected a torch_shard ShardedTensor"):
             to_dtensor(torch.ones(4, 2, device=self.device), mesh, [DShard(0)])
         with self.assertRaisesRegex(ValueError, r"one placement per mesh dim \(1\), but got 2"):
@@ -192,7 +173,7 @@ class TestFromDTensor(ShardedTensorTestBase):
         self.assertEqual(total, full.numel(), msg)
         for shard in st.local_shards():
             self.assertEqual(shard.tensor.dtype, full.dtype, msg)
-            self.assertTrue(torch.equal(shard.tensor, _box(full, shard.metadata)), msg)
+            self.assertTrue(torch.equal(shard.tensor, box_slice(full, shard.metadata)), msg)
         out = torch.zeros_like(full) if self.rank == 0 else None
         st.gather(0, out)
         if self.rank == 0:
@@ -216,7 +197,7 @@ class TestFromDTensor(ShardedTensorTestBase):
             self._assert_sharded(st, full, msg)
             if placements[0].is_shard():
                 dim = placements[0].dim
-                self.assertEqual(st.sharding_spec(), _chunks(dim, range(4)), msg)
+                self.assertEqual(st.sharding_spec(), chunks(dim, range(4)), msg)
                 (shard,) = st.local_shards()
                 self.assertIs(shard.tensor, dt._local_tensor, msg)
                 if shard.tensor.numel() > 0:
@@ -393,7 +374,7 @@ class TestUpstream(ShardedTensorTestBase):
             msg = type(up_spec).__name__
             theirs = up_sharded_tensor.empty(up_spec, 7, 5)
             for shard in theirs.local_shards():
-                shard.tensor.copy_(_box(full, shard.metadata))
+                shard.tensor.copy_(box_slice(full, shard.metadata))
             ours = from_upstream(theirs)
             self.assertIsInstance(ours, torch_shard.sharded_tensor.ShardedTensor)
             self._assert_same(ours, theirs, msg)
@@ -404,7 +385,7 @@ class TestUpstream(ShardedTensorTestBase):
                 self.assertTrue(torch.equal(out, full), msg)
             # Resharding the converted tensor leaves upstream's shards alone.
             before = [s.tensor.clone() for s in theirs.local_shards()]
-            ours.reshard(_chunks(1, range(4)))
+            ours.reshard(chunks(1, range(4)))
             for shard, copy in zip(theirs.local_shards(), before):
                 self.assertTrue(torch.equal(shard.tensor, copy), msg)
 
@@ -412,10 +393,10 @@ class TestUpstream(ShardedTensorTestBase):
     def test_to_upstream(self):
         full = torch.arange(7 * 5, dtype=torch.int64, device=self.device).view(7, 5) + 2**40
         cases = {
-            "rows": _chunks(0, (1, 0, 3, 2)),
+            "rows": chunks(0, (1, 0, 3, 2)),
             "grid": grid_spec(7, 5),
             # The last chunk is empty at offset 6 (past the end): upstream keeps it at offset 5.
-            "cols_trailing_empty": _chunks(1, range(4)),
+            "cols_trailing_empty": chunks(1, range(4)),
             "empty_inside": EnumerableShardingSpec(
                 [
                     ShardMetadata([0, 0], [7, 3], placement(0)),
@@ -426,7 +407,7 @@ class TestUpstream(ShardedTensorTestBase):
             ),
         }
         for name, spec in cases.items():
-            ours = _make(full, spec)
+            ours = filled(full, spec)
             theirs = to_upstream(ours)
             self.assertIsInstance(theirs, up_sharded_tensor.ShardedTensor, name)
             self._assert_same(ours, theirs, name)
@@ -448,7 +429,7 @@ class TestUpstream(ShardedTensorTestBase):
 
     @with_comms(init_rpc=False)
     def test_types_and_identity(self):
-        ours = _make(torch.arange(8.0, device=self.device).view(4, 2), _chunks(0, range(4)))
+        ours = filled(torch.arange(8.0, device=self.device).view(4, 2), chunks(0, range(4)))
         self.assertIs(from_upstream(ours), ours)
         with self.assertRaisesRegex(TypeError, "expected a torch.distributed._shard ShardedTensor"):
             from_upstream(torch.ones(2))

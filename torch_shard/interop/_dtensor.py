@@ -321,13 +321,7 @@ def from_dtensor(dt, *, process_group=None, run_check: bool = False) -> ShardedT
     device = local.device
     known = {me: device}
     layout = _mesh_layout(size, mesh, placements)
-    properties = TensorProperties(
-        dtype=dt.dtype,
-        layout=torch.strided,
-        requires_grad=local.requires_grad,
-        memory_format=torch.contiguous_format,
-        pin_memory=local.is_pinned(),
-    )
+    properties = TensorProperties.create_from_tensor(local)
     spec = None
     if mesh.ndim == 1 and isinstance(placements[0], DShard):
         spec = ChunkShardingSpec(

@@ -102,13 +102,7 @@ def build_metadata_from_local_shards(
             REQUIRES_GRAD: (tensor.requires_grad, first.requires_grad, "requires_grad"),
         }[code]
         _raise_if_mismatch(expected, actual, name, current_rank)
-    properties = TensorProperties(
-        dtype=first.dtype,
-        layout=first.layout,
-        requires_grad=first.requires_grad,
-        memory_format=torch.contiguous_format,
-        pin_memory=first.is_pinned(),
-    )
+    properties = TensorProperties.create_from_tensor(first)
     return ShardedTensorMetadata([s.metadata for s in local_shards], global_size, properties)
 
 
