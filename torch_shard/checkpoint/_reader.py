@@ -201,8 +201,9 @@ class ByteRangeFileSystemReader(FileSystemReader):
                 str(self.path),
                 f"torch_shard.checkpoint: loading '{self.path}' failed, so nothing was loaded: {'; '.join(failed)}",
             ) from failure
-        # Every rank read, checked and decoded everything: now write the destinations.
-        for item, value in staged:
+        # Every rank read, checked and decoded everything: now write the destinations, the last read
+        # first (its bytes are the likeliest to be still in the cache; the regions do not overlap).
+        for item, value in reversed(staged):
             if isinstance(value, io.BytesIO):
                 planner.load_bytes(item, value)
             else:
