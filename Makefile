@@ -73,11 +73,12 @@ $(STAMP_BUILD): $(STAMP_DEPS) $(CSRC)
 build: $(STAMP_BUILD)
 
 # A wheel for .venv's torch in dist/: torch_shard-0.1.0+pt213cpu-...whl, requiring torch==2.13.*
-# (setup.py). It reuses the objects of `make build` (same build folder and flags), so after a build
-# it only links and packs.
+# (setup.py). Built as `pip install .` builds, with pip's build isolation: the in-tree backend
+# (build_backend/) must find .venv's torch, which scripts/wheel_check.sh checks. It reuses the objects
+# of `make build` (same build folder and flags), so after a build it only links and packs.
 wheel: $(STAMP_DEPS)
 	rm -rf build/wheel-out
-	@$(call timed,wheel,$(PIP) wheel --quiet --no-build-isolation --no-deps -w build/wheel-out .)
+	@$(call timed,wheel,$(PIP) wheel --quiet --no-deps -w build/wheel-out .)
 	mkdir -p dist
 	mv build/wheel-out/*.whl dist/
 	@ls -t dist/torch_shard-*.whl | head -1
@@ -86,7 +87,7 @@ wheel: $(STAMP_DEPS)
 # the single-process tests run there (scripts/wheel_check.sh).
 test-wheel: wheel
 	@$(call timed,wheel installed in a fresh venv: demo + single-process tests,\
-	  bash scripts/wheel_check.sh "$$(ls -t dist/torch_shard-*.whl | head -1)" $(PYTHON))
+	  bash scripts/wheel_check.sh "$$(ls -t dist/torch_shard-*.whl | head -1)" $(TORCH_VERSION) $(PYTHON))
 
 # The pins in $(TORCHREC_REQUIREMENTS) are for torch 2.13.0; with another TORCH_VERSION nothing is
 # installed and tests/test_torchrec.py skips, saying so.
