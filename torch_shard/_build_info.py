@@ -213,7 +213,9 @@ def fix_command(recorded: dict[str, str] | None, running: dict[str, str]) -> str
     rebuildable = unsupported(running) is None
     root = _source_tree()
     if rebuildable and root is not None:
-        return f"{python} -m pip install --no-build-isolation -e {shlex.quote(root)}"
+        # Build isolation is fine (the in-tree backend builds against the installed torch) and needs
+        # nothing of the environment but pip.
+        return f"{python} -m pip install -e {shlex.quote(root)}"
     folder = _installed_from_directory()
     if rebuildable and folder is not None:
         return f"{python} -m pip install {shlex.quote(folder)}"
@@ -230,7 +232,7 @@ def check(library: str | None = None) -> dict[str, str]:
         if spec is None or not spec.origin:
             raise ImportError(
                 "torch_shard's C++ library (torch_shard._C) is not built; build it with: "
-                f"{shlex.quote(sys.executable)} -m pip install --no-build-isolation -e "
+                f"{shlex.quote(sys.executable)} -m pip install -e "
                 f"{shlex.quote(_source_tree() or '<the torch_shard source folder>')}"
             )
         library = spec.origin
