@@ -34,10 +34,11 @@ export PATH := $(CURDIR)/$(VENV)/compilers:$(CURDIR)/$(VENV)/bin:$(PATH)
 # from the environment.
 RUN_ENV = OMP_NUM_THREADS=$(or $(OMP_NUM_THREADS),1) GLOO_SOCKET_IFNAME=$(or $(GLOO_SOCKET_IFNAME),lo)
 
-# $(call timed,LABEL,COMMAND): run COMMAND, then print how long it took; .ci/run collects these lines
-# (TORCH_SHARD_TIMES) into the summary it prints at the end. No commas in COMMAND.
+# $(call timed,LABEL,COMMAND): run COMMAND, then print how long it took and the load average at the end
+# (1, 5, 15 min: the machine is shared); .ci/run collects these lines (TORCH_SHARD_TIMES) into the
+# summary it prints at the end. No commas in COMMAND.
 TORCH_SHARD_TIMES ?= /dev/null
-timed = start=$$(date +%s); $(2); status=$$?; echo "[time] $(1): $$(($$(date +%s) - start)) s" | tee -a $(TORCH_SHARD_TIMES); exit $$status
+timed = start=$$(date +%s); $(2); status=$$?; echo "[time] $(1): $$(($$(date +%s) - start)) s (load $$(cut -d' ' -f1-3 /proc/loadavg))" | tee -a $(TORCH_SHARD_TIMES); exit $$status
 
 STAMP_DEPS := $(VENV)/.deps-$(TORCH_VERSION)-6
 STAMP_BUILD := $(VENV)/.build
