@@ -17,6 +17,9 @@ import torch_shard._C
 from torch_shard import _build_info as bi
 
 RUNNING = bi.torch_facts()
+_MAJOR, _MINOR = (int(n) for n in torch.__version__.split(".")[:2])
+# A supported minor release that is not the running one (the torch legs run this file on 2.11 and 2.15).
+OTHER = f"{_MAJOR}.{_MINOR + 1 if _MINOR < bi.SUPPORTED[1][1] else _MINOR - 1}.0+cpu"
 
 
 def record(torch_version: str, cuda: str = "", *, headers: str | None = None, **extra) -> dict[str, str]:
@@ -122,11 +125,11 @@ def fake_library(tmp_path, recorded: dict[str, str] | None):
 def test_check_reads_the_record_from_the_file(tmp_path):
     same = {**record(torch.__version__, torch.version.cuda or ""), "git": RUNNING["git"]}
     assert bi.check(fake_library(tmp_path, same)) == same
-    older = record("2.11.0+cpu")
+    older = record(OTHER)
     with pytest.raises(ImportError) as raised:
         bi.check(fake_library(tmp_path, older))
     message = str(raised.value)
-    assert "built for torch 2.11.0+cpu (CPU, C++11 ABI)" in message
+    assert f"built for torch {OTHER} (CPU, C++11 ABI)" in message
     assert f"this Python has torch {bi.describe(RUNNING)}" in message
     assert "minor releases" in message
     assert message.endswith("To fix it, run:\n    " + bi.fix_command(older, RUNNING))
@@ -137,15 +140,15 @@ def test_check_reads_the_record_from_the_file(tmp_path):
 def test_fix_command():
     python = sys.executable
     source = bi._source_tree()
-    older = record("2.11.0+cpu")
+    older = record(OTHER)
     if source is not None:  # a checkout (editable install, build in the tree): rebuild it
         assert bi.fix_command(older, RUNNING) == f"{python} -m pip install -e {source}"
     # A torch the source cannot be built against: back to the torch the library was built for.
-    assert bi.fix_command(older, facts("2.16.0")) == f"{python} -m pip install 'torch==2.11.*'"
+    assert bi.fix_command(older, facts("2.16.0")) == f"{python} -m pip install 'torch=={OTHER.rsplit(".", 1)[0]}.*'"
 
 
 def test_import_refuses_before_loading_the_library():
-    # In a fresh interpreter, the reader answers a 2.11 record (as a library built for torch 2.11 would)
+    # In a fresh interpreter, the reader answers the record of a library built for another minor release
     # before torch_shard/__init__.py runs; the import must fail with the message, and the library must
     # not have been loaded.
     script = textwrap.dedent(
@@ -154,7 +157,7 @@ def test_import_refuses_before_loading_the_library():
         spec = importlib.util.spec_from_file_location("torch_shard._build_info", {bi.__file__!r})
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        module.read_record = lambda path: {record("2.11.0+cpu")!r}
+        module.read_record = lambda path: {record(OTHER)!r}
         sys.modules["torch_shard._build_info"] = module
         try:
             import torch_shard
@@ -175,7 +178,7 @@ def test_import_refuses_before_loading_the_library():
         env={**os.environ, "PYTHONPATH": package_parent},
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "built for torch 2.11.0+cpu" in result.stdout
+    assert f"built for torch {OTHER}" in result.stdout
     assert f"this Python has torch {torch.__version__}" in result.stdout
     assert "To fix it, run:" in result.stdout
 
