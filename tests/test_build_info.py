@@ -144,7 +144,8 @@ def test_fix_command():
     if source is not None:  # a checkout (editable install, build in the tree): rebuild it
         assert bi.fix_command(older, RUNNING) == f"{python} -m pip install -e {source}"
     # A torch the source cannot be built against: back to the torch the library was built for.
-    assert bi.fix_command(older, facts("2.16.0")) == f"{python} -m pip install 'torch=={OTHER.rsplit(".", 1)[0]}.*'"
+    other_minor = OTHER.rsplit(".", 1)[0]
+    assert bi.fix_command(older, facts("2.16.0")) == f"{python} -m pip install 'torch=={other_minor}.*'"
 
 
 def test_import_refuses_before_loading_the_library():
