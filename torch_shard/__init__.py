@@ -7,24 +7,31 @@ only its imports (``torch.distributed._shard.X`` -> ``torch_shard.X``). The C++ 
 
 import torch  # noqa: F401  (loads libtorch before the extension)
 
-from . import (
+from . import _build_info
+
+# Before the library loads: ImportError, naming both torches and the fix, if it was built for a torch
+# whose C++ ABI differs from the running one's (another minor release, another C++11 ABI flag).
+_build_record = _build_info.check()
+
+from . import (  # noqa: E402
     _C,  # noqa: F401  (registers torch.ops.torch_shard.*)
     _exit,  # noqa: F401  (collects cycles holding destroyed groups at exit: NOTE [ Exit after gloo ])
     _op_registrations,  # noqa: F401  (their fake kernels and autograd)
     sharded_tensor,
     sharding_spec,
 )
-from ._visualize import visualize_sharding
-from .api import _shard_tensor, load_with_process_group, shard_module, shard_parameter
-from .metadata import ShardMetadata
+from ._visualize import visualize_sharding  # noqa: E402
+from .api import _shard_tensor, load_with_process_group, shard_module, shard_parameter  # noqa: E402
+from .metadata import ShardMetadata  # noqa: E402
 
 # The op implementations register themselves into the op tables on import: the built-in ones for every
 # ShardedTensor, and ChunkShardingSpec's embedding / embedding_bag into that spec's table. They sit
 # above the ShardedTensor and the specs, so they are imported here, once both exist.
-from .sharded_tensor import _ops  # noqa: F401  (isort: keep after the packages it registers into)
-from .sharding_spec import chunk_sharding_spec_ops  # noqa: F401
+from .sharded_tensor import _ops  # noqa: E402,F401
+from .sharding_spec import chunk_sharding_spec_ops  # noqa: E402,F401
 
-__version__ = "0.1.0"
+# The version pip records: 0.1.0 and the torch the library was built for (0.1.0+pt213cpu).
+__version__ = _build_info.version(_build_record)
 
 __all__ = [
     "ShardMetadata",
