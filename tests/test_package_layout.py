@@ -7,6 +7,7 @@ extension modules (``_C``, ``_testing_C``) are not Python files and are left out
 """
 
 import ast
+import os
 import pickle
 from pathlib import Path
 
@@ -16,12 +17,18 @@ PACKAGE = Path(torch_shard.__file__).parent
 
 
 def _modules() -> dict[str, Path]:
+    # os.walk follows links: the out-of-tree builds (scripts/build_out_of_tree.sh) make the package
+    # from symbolic links to the source tree's subpackages, which Path.rglob does not enter.
     out = {}
-    for path in PACKAGE.rglob("*.py"):
-        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts.pop()
-        out[".".join(parts)] = path
+    for folder, _, files in os.walk(PACKAGE, followlinks=True):
+        for file in files:
+            if not file.endswith(".py"):
+                continue
+            path = Path(folder, file)
+            parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
     return out
 
 
