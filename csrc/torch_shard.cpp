@@ -91,9 +91,11 @@ TORCH_LIBRARY(torch_shard, m) {
   // Move `self` to the given layout, in place, moving only the elements that change owner.
   m.def("reshard(Tensor(a!) self, int? chunk_dim, Tensor? shard_offsets, Tensor? shard_sizes, "
         "Tensor? placement_index, str[] placements, int[] placement_owners) -> ()");
-  // For a rank whose Python-side preparation of data op `op` failed with an `error_class` exception:
-  // takes part in that op's agreement so every other rank raises too. Returns on this rank.
-  m.def("_abort(str op, str error_class, str group_name) -> ()");
+  // For a rank whose Python-side preparation of data op `op` failed with an `error_class` exception
+  // (`message`: that exception in words, "<its class>: <its message>"): takes part in that op's
+  // agreement so every other rank raises too, carrying `message` (NOTE [ Reasons travel ]). Returns on
+  // this rank.
+  m.def("_abort(str op, str error_class, str group_name, str message=\"\") -> ()");
   // The agreement of `shard` alone (src rank, size, dtype, a fingerprint of the spec), for scatters by
   // specs that shard themselves (their shard() runs after it).
   m.def("_agree_shard(int src, int[] global_size, ScalarType dtype, int spec_fingerprint, "

@@ -100,15 +100,18 @@ struct Agreement {
   Values values{}; // checked by `check` on every rank
   Check check;
   // This rank's local failure: its moves are then ignored, and it rethrows `error` once the others
-  // know. `error_code` overrides the class derived from `error`.
+  // know. `error_code` overrides the class derived from `error`, and `reason` the words the other
+  // ranks are told (NOTE [ Reasons travel ]; by default "<class>: <message>" of `error`).
   std::exception_ptr error;
   ErrorCode error_code = ErrorCode::kNone;
+  std::string reason;
   Notes notes{};
   // Computed on the device without the host reading them first; the host reads them (with the headers
   // of every peer) in the exchange's one copy to the host. See NOTE [ One host read per exchange ].
   //   status: one int64, an ErrorCode of this rank's input found on the device (0: none). A rank
-  //   whose status is not 0 runs raise_status (given that code), which must throw its own error; the
-  //   others raise the same class naming it.
+  //   whose status is not 0 runs raise_status (given that code), which must throw its own error (it
+  //   may read device memory: only a failed op runs it); the others raise the same class, naming it
+  //   and carrying that error's message (NOTE [ Reasons travel ]).
   //   words: [world] int64; words[p] is told to rank p.
   at::Tensor status;
   std::function<void(ErrorCode)> raise_status;

@@ -322,7 +322,8 @@ void agree_shard(int64_t src, c10::IntArrayRef global_size, c10::ScalarType dtyp
 // A rank whose Python-side preparation failed (a bad spec, an unknown placement) still takes part in
 // the agreement round of the op its peers are running, so they raise too instead of waiting for it.
 // It returns normally on this rank, whatever the others did: the caller then raises its own error.
-void abort_op(c10::string_view op, c10::string_view error_class, c10::string_view group_name) {
+void abort_op(c10::string_view op, c10::string_view error_class, c10::string_view group_name,
+              c10::string_view message) {
   check_not_tracing("_abort", kCommunicates);
   const std::optional<comm::OpKind> kind = comm::op_from_name(std::string(op));
   TORCH_CHECK_VALUE(kind.has_value(), "torch_shard._abort: unknown op '", op, "'");
@@ -340,6 +341,8 @@ void abort_op(c10::string_view op, c10::string_view error_class, c10::string_vie
   comm::Agreement failed = agreement(*kind, Values{}, std::make_exception_ptr(AbortedHere{}),
                                      [](const std::vector<Values>&, int64_t) {});
   failed.error_code = code;
+  // What the other ranks are told (NOTE [ Reasons travel ]): the Python exception in words.
+  failed.reason = message.empty() ? std::string(error_class) : std::string(message);
   try {
     comm::exchange(*pg, comm::comm_device(*pg), failed, nullptr);
   } catch (const AbortedHere&) {
