@@ -23,6 +23,7 @@ Every rank calls the op with its own input. The flow is:
 from __future__ import annotations
 
 from collections.abc import Callable
+import math
 from dataclasses import dataclass
 from math import prod
 
@@ -399,14 +400,32 @@ def renorm_rows_(local: torch.Tensor, rows: torch.Tensor, max_norm: float, norm_
             if local.numel():  # NOTE [ Empty shards reach no embedding kernel ]
                 torch.embedding_renorm_(local, rows, max_norm, norm_type)
             return
-        # Column shards: every rank holds a slice of each row; combine |w|^p over all slices (a rank
-        # with an empty chunk adds 0, but joins the sum).
-        part = local.index_select(0, rows).abs().pow(norm_type).sum(dim=1)
+        # Column shards: every rank holds a slice of each row. The row's p-norm combines the slices':
+        # a sum of |w|^p for a finite p (then its p-th root), the largest |w| for p = inf, the
+        # smallest for -inf, a count of non-zeros for p = 0 (torch.norm's meanings). A rank with an
+        # empty chunk contributes the combination's identity, but joins it.
+        pg = weight._process_group
+        magnitudes = local.index_select(0, rows).abs().double()
+        if math.isinf(norm_type):
+            identity = 0.0 if norm_type > 0 else math.inf
+            reduce = torch.amax if norm_type > 0 else torch.amin
+            part = reduce(magnitudes, dim=1) if local.size(1) else magnitudes.new_full((rows.numel(),), identity)
+        elif norm_type == 0:
+            part = (magnitudes != 0).sum(dim=1, dtype=torch.float64)
+        else:
+            part = magnitudes.pow(norm_type).sum(dim=1)
         # Every rank holds the same `rows` (from the same shared inputs) and the agreement checked that
-        # every rank renormalises, so the sum needs no agreement of its own.
-        part = _ops._sum_over_ranks(part, weight._process_group.group_name)
+        # every rank renormalises, so the combination needs no agreement of its own. A max or min over
+        # the ranks: each rank's parts in its own row of a sum.
+        if math.isinf(norm_type):
+            slots = part.new_zeros(dist.get_world_size(pg), part.numel())
+            slots[dist.get_rank(pg)] = part
+            everyone = _ops._sum_over_ranks(slots, pg.group_name)
+            part = everyone.amax(dim=0) if norm_type > 0 else everyone.amin(dim=0)
+        else:
+            part = _ops._sum_over_ranks(part, pg.group_name)
         if not local.numel():
             return
-        norms = part.pow(1.0 / norm_type)
+        norms = part if math.isinf(norm_type) or norm_type == 0 else part.pow(1.0 / norm_type)
         scale = torch.where(norms > max_norm, max_norm / (norms + 1e-7), torch.ones_like(norms))
         local.index_copy_(0, rows, local.index_select(0, rows) * scale.unsqueeze(1).to(local.dtype))
