@@ -65,9 +65,13 @@ namespace {
 
 std::atomic<FaultHook> fault_hook{nullptr};
 
+} // namespace
+
 void set_fault_hook(FaultHook hook) {
   fault_hook.store(hook);
 }
+
+namespace {
 
 // A group whose CPU backend is gloo carries point-to-point messages; a backend written in Python
 // (torch's threaded test group) or NCCL alone gets collectives only.
@@ -309,13 +313,4 @@ Outcome exchange(c10d::ProcessGroup& pg, c10::Device device, const Agreement& ag
 }
 
 } // namespace comm
-
-const TestingHooks& testing_hooks() {
-  static const TestingHooks hooks{
-      kTestingHooksVersion,    &comm::set_fault_hook, &comm::exchange_options, &comm::set_exchange_options,
-      &comm::clear_plan_cache, &comm::round_one_cost, &comm::comm_device_name,
-  };
-  return hooks;
-}
-
 } // namespace torch_shard

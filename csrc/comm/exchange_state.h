@@ -16,7 +16,6 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "comm/exchange.h"
-#include "testing_hooks.h"
 
 namespace torch_shard {
 namespace comm {
@@ -47,10 +46,6 @@ static_assert(kHeaderBytes % 16 == 0, "slots must stay aligned for every dtype")
 inline int64_t padded16(int64_t bytes) {
   return (bytes + 15) / 16 * 16;
 }
-
-// ---- Switches for tests and benchmarks (testing_hooks.h) --------------------------------------------
-ExchangeOptions exchange_options();
-void set_exchange_options(const ExchangeOptions& options);
 
 // The test-only fault hook's two points (testing_hooks.h): as an exchange starts, and after its verdict.
 void fault_point(OpKind op, int64_t me, bool before_agreement);
@@ -136,7 +131,6 @@ std::vector<std::string> exchange_reasons(Exchange& x, const std::string& mine);
 // round_one.cpp: how round 1 runs for this group (sets via_hub, slot_bytes, block_bytes); the
 // all-to-all round 1.
 void plan_round_one(Exchange& x);
-std::vector<int64_t> round_one_cost(int64_t world, bool cpu, bool p2p); // see its definition
 void all_to_all_round_one(Exchange& x);
 
 // hub.cpp: round 1 through the hub; then where each payload that rode in it starts.
