@@ -69,59 +69,29 @@ enum Saved : size_t {
 
 // Step 1's result: what this rank brings to the lookup.
 struct Request {
-  LookupMode mode = LookupMode::kEmbedding;
-  LookupInput input;
-  at::Tensor status;
+  CheckedInput checked;          // the mode, the input as given and its device-side status
   std::vector<at::Tensor> parts; // shared: bag starts (empty for embedding), ids (index dtype), weights
   Blocks columns;
   int64_t fingerprint = 0;
+  LookupMode mode() const { return checked.mode; }
 };
 
-Request prepare(c10d::ProcessGroup& pg, const at::Tensor& local, const at::Tensor& ids,
-                const std::optional<at::Tensor>& offsets, const std::optional<at::Tensor>& per_sample_weights,
-                c10::IntArrayRef block_starts, c10::IntArrayRef block_sizes, int64_t num_embeddings,
-                int64_t padding_idx, c10::string_view mode, bool include_last_offset, int64_t fingerprint) {
+Request prepare(c10d::ProcessGroup& pg, const LookupCall& call) {
   Request req;
-  req.mode = parse_mode(kLookup, mode);
-  const bool bags = is_bags(req.mode);
-  const int64_t me = pg.getRank();
-  const int64_t columns = checked_total(block_sizes);
-  req.columns = checked_blocks(kLookup, block_starts, block_sizes, pg.getSize(), columns);
-  TORCH_CHECK_VALUE(padding_idx >= -1 && padding_idx < num_embeddings, kLookup, ": padding_idx ", padding_idx,
-                    " is not a row (or -1)");
-  TORCH_CHECK_VALUE(local.dim() == 2 && local.size(0) == num_embeddings &&
-                        local.size(1) == req.columns.sizes[me],
-                    kLookup, ": the weight shard of rank ", me, " must be [", num_embeddings, ", ",
-                    req.columns.sizes[me], "] (every row, its block's columns), got ", local.sizes());
-  TORCH_CHECK_TYPE(at::isFloatingType(local.scalar_type()), kLookup,
-                   ": the weight shard must be a floating point tensor, got ", local.scalar_type());
-  TORCH_CHECK_TYPE(ids.scalar_type() == at::kLong && ids.dim() == 1, kLookup, ": ids must be 1-D int64, got ",
-                   ids.dim(), "-D ", ids.scalar_type());
-  TORCH_CHECK_VALUE(ids.device() == local.device(), kLookup, ": ids are on ", ids.device(),
-                    ", the weight shard on ", local.device());
-  TORCH_CHECK_VALUE(bags == offsets.has_value(), kLookup, ": offsets are given exactly for embedding_bag");
-  TORCH_CHECK_VALUE(bags || !include_last_offset, kLookup, ": include_last_offset is for embedding_bag");
-  if (bags) {
-    TORCH_CHECK_VALUE(offsets->scalar_type() == at::kLong && offsets->dim() == 1 &&
-                          offsets->device() == local.device(),
-                      kLookup, ": offsets must be 1-D int64 on the weight shard's device");
-    TORCH_CHECK_VALUE(!include_last_offset || offsets->numel() > 0,
-                      "include_last_offset: number of offset should be at least 1");
+  req.columns = checked_blocks(kLookup, call.block_starts, call.block_sizes, pg.getSize(),
+                               checked_total(call.block_sizes));
+  req.checked = check_input(kLookup, call);
+  const int64_t width = req.columns.sizes[pg.getRank()];
+  TORCH_CHECK_VALUE(call.local.size(0) == call.num_embeddings && call.local.size(1) == width, kLookup,
+                    ": the weight shard of rank ", pg.getRank(), " must be [", call.num_embeddings, ", ",
+                    width, "] (every row, its block's columns), got ", call.local.sizes());
+  const at::Tensor starts = is_bags(req.mode()) ? bag_offsets(req.checked.input) : call.ids.narrow(0, 0, 0);
+  req.parts = {starts, call.ids.to(index_dtype(call.num_embeddings))};
+  if (call.per_sample_weights.has_value()) {
+    req.parts.push_back(*call.per_sample_weights);
   }
-  if (per_sample_weights.has_value()) {
-    TORCH_CHECK_VALUE(
-        req.mode == LookupMode::kSum && per_sample_weights->dim() == 1 &&
-            per_sample_weights->numel() == ids.numel() && per_sample_weights->device() == local.device() &&
-            per_sample_weights->scalar_type() == local.scalar_type(),
-        kLookup, ": per_sample_weights must be 1-D, one per id, with mode sum, of the weight's dtype");
-  }
-  req.input = LookupInput{ids, offsets, include_last_offset, num_embeddings};
-  req.status = input_status(req.input);
-  req.parts = {bags ? bag_offsets(req.input) : ids.narrow(0, 0, 0), ids.to(index_dtype(num_embeddings))};
-  if (per_sample_weights.has_value()) {
-    req.parts.push_back(*per_sample_weights);
-  }
-  req.fingerprint = table_fingerprint(fingerprint, num_embeddings, /*dim=*/1, local, req.columns);
+  req.fingerprint =
+      table_fingerprint(call.fingerprint, call.num_embeddings, /*dim=*/1, call.local, req.columns);
   return req;
 }
 
@@ -138,28 +108,17 @@ colwise_lookup(const at::Tensor& local, const at::Tensor& ids, const std::option
   const int64_t me = pg->getRank(), world = pg->getSize();
   // 1. This rank's request (a failure here is reported in the agreement).
   Request req;
-  std::exception_ptr error;
-  try {
-    req = prepare(*pg, local, ids, offsets, per_sample_weights, block_starts, block_sizes, num_embeddings,
-                  padding_idx, mode, include_last_offset, fingerprint);
-  } catch (...) {
-    error = std::current_exception();
-  }
+  const std::exception_ptr error = prepared(req, [&] {
+    return prepare(*pg, LookupCall{local, ids, offsets, per_sample_weights, block_starts, block_sizes,
+                                   num_embeddings, padding_idx, mode, include_last_offset, fingerprint});
+  });
   // 2. Every rank's bags on every rank.
-  const bool bags = is_bags(req.mode), weighted = per_sample_weights.has_value();
+  const bool bags = is_bags(req.mode()), weighted = per_sample_weights.has_value();
   const std::vector<double> agreed = agreed_arguments(
-      LookupOp::kColwise, arguments, {static_cast<double>(req.mode), static_cast<double>(padding_idx)});
-  ShareRequest request;
+      LookupOp::kColwise, arguments, {static_cast<double>(req.mode()), static_cast<double>(padding_idx)});
+  ShareRequest request = agreement_request(req.checked, req.fingerprint, agreed, local.device(), error);
   request.parts = req.parts;
-  request.fingerprint = req.fingerprint;
   request.flags = weighted ? 1 : 0;
-  request.arguments = agreed;
-  request.device = local.device();
-  request.error = error;
-  if (!error) {
-    request.status = req.status;
-    request.raise_status = [&req](comm::ErrorCode) { raise_input_error(req.input); };
-  }
   const std::vector<at::Tensor> everyone = share_inputs(*pg, request).parts;
   const auto width = static_cast<int64_t>(req.parts.size());
   TORCH_INTERNAL_ASSERT(static_cast<int64_t>(everyone.size()) == world * width);
@@ -214,7 +173,7 @@ colwise_lookup(const at::Tensor& local, const at::Tensor& ids, const std::option
     found = at::embedding(local, group_ids, padding_idx);
   } else if (needs_grad) {
     auto [result, offset2bag, bag_size, max_indices] =
-        at::_embedding_bag(local, group_ids, group_offsets, false, aten_bag_mode(req.mode), false,
+        at::_embedding_bag(local, group_ids, group_offsets, false, aten_bag_mode(req.mode()), false,
                            group_weights, false, padding_idx);
     found = result;
     saved[kOffset2bag] = offset2bag;
@@ -222,8 +181,8 @@ colwise_lookup(const at::Tensor& local, const at::Tensor& ids, const std::option
     saved[kMaxIndices] = max_indices;
   } else {
     found = std::get<0>(at::_embedding_bag_forward_only(local, group_ids, group_offsets, false,
-                                                        aten_bag_mode(req.mode), false, group_weights, false,
-                                                        padding_idx));
+                                                        aten_bag_mode(req.mode()), false, group_weights,
+                                                        false, padding_idx));
   }
   // Requesters with bags but no ids: their bags' rows are the kernel's too (empty bags give 0).
   TORCH_INTERNAL_ASSERT(found.size(0) == total_rows, "the kernel gave ", found.size(0), " rows, expected ",
@@ -316,15 +275,8 @@ at::Tensor colwise_lookup_backward(const at::Tensor& grad, at::TensorList saved,
   } catch (...) {
     error = std::current_exception();
   }
-  // 2. The agreement: every rank's checks, and the gradient's dtype (the bytes that move).
-  ShareRequest request;
-  const std::vector<double> agreed =
-      agreed_arguments(LookupOp::kColwiseBackward, {}, {static_cast<double>(mode)});
-  request.fingerprint = layout::Fingerprint().add(static_cast<int64_t>(grad.scalar_type())).as_int64();
-  request.arguments = agreed;
-  request.device = grad.device();
-  request.error = error;
-  share_inputs(*pg, request);
+  // 2. The agreement: every rank's checks, and the gradient's width and dtype (the bytes that move).
+  agree_backward(*pg, LookupOp::kColwiseBackward, mode, grad, error);
   // 3. Each owner the gradient of its columns (the reverse of the forward's exchange).
   const int64_t total_rows = checked_total(rows_of);
   const int64_t mine = rows_of[me], columns = widths[me];

@@ -2,6 +2,7 @@
 
 #include "ops/lookup_checks.h"
 
+#include <utility>
 #include <vector>
 
 #include <ATen/TensorOperators.h>
@@ -12,6 +13,7 @@
 #include <c10/util/Exception.h>
 
 #include "comm/exchange.h"
+#include "layout/layout.h"
 #include "ops/lookup_common.h"
 
 namespace torch_shard {
@@ -137,6 +139,73 @@ void raise_input_error(const LookupInput& input) {
               [](int64_t, const auto& raise) { raise(); });
   TORCH_CHECK(false,
               "torch_shard: an input check failed on the device but not on the host; please report this");
+}
+
+CheckedInput check_input(const char* op, const LookupCall& call) {
+  const at::Tensor &local = call.local, &ids = call.ids;
+  const std::optional<at::Tensor>&offsets = call.offsets, &per_sample_weights = call.per_sample_weights;
+  const int64_t num_embeddings = call.num_embeddings, padding_idx = call.padding_idx;
+  const bool include_last_offset = call.include_last_offset;
+  CheckedInput checked;
+  checked.mode = parse_mode(op, call.mode);
+  const bool bags = is_bags(checked.mode);
+  TORCH_CHECK_VALUE(padding_idx >= -1 && padding_idx < num_embeddings, op, ": padding_idx ", padding_idx,
+                    " is not a row (or -1)");
+  TORCH_CHECK_VALUE(local.dim() == 2, op, ": the weight shard must be 2-D, got shape ", local.sizes());
+  TORCH_CHECK_TYPE(at::isFloatingType(local.scalar_type()), op,
+                   ": the weight shard must be a floating point tensor, got ", local.scalar_type());
+  TORCH_CHECK_TYPE(ids.scalar_type() == at::kLong && ids.dim() == 1, op, ": ids must be 1-D int64, got ",
+                   ids.dim(), "-D ", ids.scalar_type());
+  TORCH_CHECK_VALUE(ids.device() == local.device(), op, ": ids are on ", ids.device(),
+                    ", the weight shard on ", local.device());
+  TORCH_CHECK_VALUE(bags == offsets.has_value(), op, ": offsets are given exactly for embedding_bag");
+  TORCH_CHECK_VALUE(bags || !include_last_offset, op, ": include_last_offset is for embedding_bag");
+  if (bags) {
+    TORCH_CHECK_VALUE(offsets->scalar_type() == at::kLong && offsets->dim() == 1 &&
+                          offsets->device() == local.device(),
+                      op, ": offsets must be 1-D int64 on the weight shard's device");
+    TORCH_CHECK_VALUE(!include_last_offset || offsets->numel() > 0,
+                      "include_last_offset: number of offset should be at least 1");
+  }
+  if (per_sample_weights.has_value()) {
+    TORCH_CHECK_VALUE(
+        checked.mode == LookupMode::kSum && per_sample_weights->dim() == 1 &&
+            per_sample_weights->numel() == ids.numel() && per_sample_weights->device() == local.device() &&
+            per_sample_weights->scalar_type() == local.scalar_type(),
+        op, ": per_sample_weights must be 1-D, one per id, with mode sum, of the weight's dtype");
+  }
+  checked.input = LookupInput{ids, offsets, include_last_offset, num_embeddings};
+  checked.status = input_status(checked.input);
+  return checked;
+}
+
+ShareRequest agreement_request(const CheckedInput& checked, int64_t fingerprint,
+                               const std::vector<double>& agreed, c10::Device device,
+                               std::exception_ptr error) {
+  ShareRequest request;
+  request.fingerprint = fingerprint;
+  request.arguments = agreed;
+  request.device = device;
+  request.error = std::move(error);
+  if (!request.error) {
+    request.status = checked.status;
+    request.raise_status = [&checked](comm::ErrorCode) { raise_input_error(checked.input); };
+  }
+  return request;
+}
+
+void agree_backward(c10d::ProcessGroup& pg, LookupOp op, LookupMode mode, const at::Tensor& grad,
+                    std::exception_ptr error) {
+  const std::vector<double> agreed = agreed_arguments(op, {}, {static_cast<double>(mode)});
+  ShareRequest request;
+  request.fingerprint = layout::Fingerprint()
+                            .add(grad.dim() == 2 ? grad.size(1) : int64_t{-1})
+                            .add(static_cast<int64_t>(grad.scalar_type()))
+                            .as_int64();
+  request.arguments = agreed;
+  request.device = grad.device();
+  request.error = std::move(error);
+  share_inputs(pg, request);
 }
 
 at::Tensor bag_offsets(const LookupInput& input) {

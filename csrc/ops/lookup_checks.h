@@ -21,9 +21,16 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <optional>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/string_view.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include "ops/lookup_common.h"
+#include "ops/shared_inputs.h"
 
 namespace torch_shard {
 namespace ops {
@@ -44,6 +51,55 @@ at::Tensor input_status(const LookupInput& input);
 
 // The offsets that start bags: without the last one under include_last_offset.
 at::Tensor bag_offsets(const LookupInput& input);
+
+// What every lookup (and max_norm) checks alike on this rank before its agreement (a failure is this
+// rank's, which the caller reports in the agreement): `mode` a LookupMode name; `local` a 2-D floating
+// point shard; ids 1-D int64 on its device; offsets given exactly for bags, 1-D int64 there (not empty
+// under include_last_offset); per-sample weights only with "sum", one per id, of the shard's dtype;
+// padding_idx a row or -1. Returns the mode and the input with its device-side status.
+struct LookupCall { // a lookup op's arguments, as its kernel received them
+  const at::Tensor& local;
+  const at::Tensor& ids;
+  const std::optional<at::Tensor>& offsets;
+  const std::optional<at::Tensor>& per_sample_weights;
+  c10::IntArrayRef block_starts;
+  c10::IntArrayRef block_sizes;
+  int64_t num_embeddings;
+  int64_t padding_idx;
+  c10::string_view mode;
+  bool include_last_offset;
+  int64_t fingerprint;
+};
+struct CheckedInput {
+  LookupMode mode = LookupMode::kEmbedding;
+  LookupInput input;
+  at::Tensor status;
+};
+CheckedInput check_input(const char* op, const LookupCall& call);
+
+// Step 1 of a lookup op: `req = prepare()`. A failure there is this rank's; it is returned, for the
+// agreement to raise on every rank.
+template <typename Request, typename Prepare>
+std::exception_ptr prepared(Request& req, Prepare&& prepare) {
+  try {
+    req = prepare();
+  } catch (...) {
+    return std::current_exception();
+  }
+  return nullptr;
+}
+
+// A lookup op's agreement (NOTE [ Shared inputs ]): `agreed` its scalars (agreed_arguments), `device`
+// where its tensors live, and this rank's failure or, without one, its input's status with the error
+// that words it. `checked` and `agreed` must outlive the request.
+ShareRequest agreement_request(const CheckedInput& checked, int64_t fingerprint,
+                               const std::vector<double>& agreed, c10::Device device,
+                               std::exception_ptr error);
+
+// A backward op's agreement: every rank's checks (`error`: this rank's failure) and the gradient's
+// width and dtype (the bytes that move). Raises on every rank unless all agree.
+void agree_backward(c10d::ProcessGroup& pg, LookupOp op, LookupMode mode, const at::Tensor& grad,
+                    std::exception_ptr error);
 
 } // namespace ops
 } // namespace torch_shard

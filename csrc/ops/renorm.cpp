@@ -58,8 +58,7 @@ constexpr const char* kRenorm = "torch_shard._embedding_renorm_";
 
 // Step 1's result.
 struct Request {
-  LookupInput input;
-  at::Tensor status;
+  CheckedInput checked; // the ids and their range check's device-side status
   Blocks blocks;
   int64_t row_start = 0;
   Bucketed bucketed;             // row-wise
@@ -72,24 +71,19 @@ Request prepare(c10d::ProcessGroup& pg, const at::Tensor& local, const at::Tenso
                 double max_norm, int64_t fingerprint) {
   Request req;
   const int64_t me = pg.getRank();
+  const std::optional<at::Tensor> none;
+  req.checked =
+      check_input(kRenorm, LookupCall{local, ids, none, none, block_starts, block_sizes, num_embeddings,
+                                      /*padding_idx=*/-1, "embedding", false, fingerprint});
   TORCH_CHECK_INDEX(dim == 0 || dim == 1, kRenorm, ": the sharded dim must be 0 (rows) or 1 (columns), got ",
                     dim);
   TORCH_CHECK_VALUE(max_norm > 0, kRenorm, ": max_norm must be larger than zero, got ", max_norm);
   const int64_t dim_size = dim == 0 ? num_embeddings : checked_total(block_sizes);
   req.blocks = checked_blocks(kRenorm, block_starts, block_sizes, pg.getSize(), dim_size);
-  TORCH_CHECK_VALUE(local.dim() == 2 && local.size(dim) == req.blocks.sizes[me] &&
-                        (dim == 0 || local.size(0) == num_embeddings),
+  TORCH_CHECK_VALUE(local.size(dim) == req.blocks.sizes[me] && (dim == 0 || local.size(0) == num_embeddings),
                     kRenorm, ": the weight shard of rank ", me, " must hold its block's ",
                     req.blocks.sizes[me], dim == 0 ? " rows" : " columns of every row", ", got shape ",
                     local.sizes());
-  TORCH_CHECK_TYPE(at::isFloatingType(local.scalar_type()), kRenorm,
-                   ": the weight shard must be a floating point tensor, got ", local.scalar_type());
-  TORCH_CHECK_TYPE(ids.scalar_type() == at::kLong && ids.dim() == 1, kRenorm, ": ids must be 1-D int64, got ",
-                   ids.dim(), "-D ", ids.scalar_type());
-  TORCH_CHECK_VALUE(ids.device() == local.device(), kRenorm, ": ids are on ", ids.device(),
-                    ", the weight shard on ", local.device());
-  req.input = LookupInput{ids, std::nullopt, false, num_embeddings};
-  req.status = input_status(req.input);
   const c10::ScalarType index = index_dtype(num_embeddings);
   if (dim == 0) {
     req.row_start = req.blocks.sizes[me] > 0 ? req.blocks.starts[me] : 0;
@@ -142,27 +136,16 @@ void embedding_renorm(const at::Tensor& local, const at::Tensor& ids, int64_t di
   const auto pg = comm::resolve_group(std::string(group_name), "_embedding_renorm_");
   // 1. This rank's request (a failure here is reported in the agreement).
   Request req;
-  std::exception_ptr error;
-  try {
-    req = prepare(*pg, local, ids, dim, block_starts, block_sizes, num_embeddings, max_norm, fingerprint);
-  } catch (...) {
-    error = std::current_exception();
-  }
+  const std::exception_ptr error = prepared(req, [&] {
+    return prepare(*pg, local, ids, dim, block_starts, block_sizes, num_embeddings, max_norm, fingerprint);
+  });
   // 2. The agreement: row-wise with the words, column-wise sharing every rank's ids.
   const std::vector<double> agreed =
       agreed_arguments(LookupOp::kRenorm, arguments, {static_cast<double>(dim), max_norm, norm_type});
-  ShareRequest request;
+  ShareRequest request = agreement_request(req.checked, req.fingerprint, agreed, local.device(), error);
   request.parts = req.parts;
-  request.fingerprint = req.fingerprint;
-  request.arguments = agreed;
-  request.device = local.device();
-  request.error = error;
-  if (!error) {
-    request.status = req.status;
-    request.raise_status = [&req](comm::ErrorCode) { raise_input_error(req.input); };
-    if (dim == 0) {
-      request.words = req.bucketed.words;
-    }
+  if (!error && dim == 0) {
+    request.words = req.bucketed.words;
   }
   const Shared shared = share_inputs(*pg, request);
   if (dim == 0) {

@@ -63,8 +63,7 @@ constexpr const char* kBackward = "torch_shard._rowwise_lookup_backward";
 
 // Step 1's result: what this rank brings to the lookup.
 struct Request {
-  LookupMode mode = LookupMode::kEmbedding;
-  LookupInput input;                 // the input as given, for its value checks
+  CheckedInput checked;              // the mode, the input as given and its device-side status
   at::Tensor ids;                    // the ids that belong to a bag (all of them for embedding)
   std::optional<at::Tensor> offsets; // bags: their starts
   std::optional<at::Tensor> weights; // per-sample weights of `ids`
@@ -72,62 +71,31 @@ struct Request {
   int64_t row_start = 0; // this rank's first row
   int64_t local_pad = -1;
   Bucketed bucketed;
-  at::Tensor status;
-  int64_t fingerprint = 0; // the layout, the table's size, columns and dtype, every rank's rows
+  int64_t fingerprint = 0; // the table (table_fingerprint)
+  LookupMode mode() const { return checked.mode; }
 };
 
-Request prepare(c10d::ProcessGroup& pg, const at::Tensor& local, const at::Tensor& ids,
-                const std::optional<at::Tensor>& offsets, const std::optional<at::Tensor>& per_sample_weights,
-                c10::IntArrayRef block_starts, c10::IntArrayRef block_sizes, int64_t num_embeddings,
-                int64_t padding_idx, c10::string_view mode, bool include_last_offset, int64_t fingerprint) {
-  Request req;
-  req.mode = parse_mode(kLookup, mode);
-  const bool bags = is_bags(req.mode);
+Request prepare(c10d::ProcessGroup& pg, const LookupCall& call) {
   const int64_t me = pg.getRank();
-  const Blocks rows = checked_blocks(kLookup, block_starts, block_sizes, pg.getSize(), num_embeddings);
-  TORCH_CHECK_VALUE(padding_idx >= -1 && padding_idx < num_embeddings, kLookup, ": padding_idx ", padding_idx,
-                    " is not a row (or -1)");
-  TORCH_CHECK_VALUE(local.dim() == 2 && local.size(0) == rows.sizes[me], kLookup,
-                    ": the weight shard of rank ", me, " must have its block's ", rows.sizes[me],
-                    " rows, got shape ", local.sizes());
-  TORCH_CHECK_TYPE(at::isFloatingType(local.scalar_type()), kLookup,
-                   ": the weight shard must be a floating point tensor, got ", local.scalar_type());
-  TORCH_CHECK_TYPE(ids.scalar_type() == at::kLong && ids.dim() == 1, kLookup, ": ids must be 1-D int64, got ",
-                   ids.dim(), "-D ", ids.scalar_type());
-  TORCH_CHECK_VALUE(ids.device() == local.device(), kLookup, ": ids are on ", ids.device(),
-                    ", the weight shard on ", local.device());
-  TORCH_CHECK_VALUE(bags == offsets.has_value(), kLookup, ": offsets are given exactly for embedding_bag");
-  TORCH_CHECK_VALUE(bags || !include_last_offset, kLookup, ": include_last_offset is for embedding_bag");
-  if (bags) {
-    TORCH_CHECK_VALUE(offsets->scalar_type() == at::kLong && offsets->dim() == 1 &&
-                          offsets->device() == local.device(),
-                      kLookup, ": offsets must be 1-D int64 on the weight shard's device");
-    TORCH_CHECK_VALUE(!include_last_offset || offsets->numel() > 0,
-                      "include_last_offset: number of offset should be at least 1");
-  }
-  const bool weighted = per_sample_weights.has_value();
-  if (weighted) {
-    TORCH_CHECK_VALUE(
-        req.mode == LookupMode::kSum && per_sample_weights->dim() == 1 &&
-            per_sample_weights->numel() == ids.numel() && per_sample_weights->device() == local.device() &&
-            per_sample_weights->scalar_type() == local.scalar_type(),
-        kLookup, ": per_sample_weights must be 1-D, one per id, with mode sum, of the weight's dtype");
-  }
-  req.input = LookupInput{ids, offsets, include_last_offset, num_embeddings};
-  req.status = input_status(req.input);
+  const Blocks rows =
+      checked_blocks(kLookup, call.block_starts, call.block_sizes, pg.getSize(), call.num_embeddings);
+  Request req;
+  req.checked = check_input(kLookup, call);
+  TORCH_CHECK_VALUE(call.local.size(0) == rows.sizes[me], kLookup, ": the weight shard of rank ", me,
+                    " must have its block's ", rows.sizes[me], " rows, got shape ", call.local.sizes());
   req.row_start = rows.sizes[me] > 0 ? rows.starts[me] : 0;
-  req.local_pad = padding_idx >= req.row_start && padding_idx < req.row_start + rows.sizes[me]
-                      ? padding_idx - req.row_start
+  req.local_pad = call.padding_idx >= req.row_start && call.padding_idx < req.row_start + rows.sizes[me]
+                      ? call.padding_idx - req.row_start
                       : -1;
-  if (bags) {
-    req.offsets = bag_offsets(req.input);
+  if (is_bags(req.mode())) {
+    req.offsets = bag_offsets(req.checked.input);
     req.num_bags = req.offsets->numel();
   }
   // Ids that belong to no bag (there are no bags) go nowhere.
-  const bool nowhere = bags && req.num_bags == 0;
-  req.ids = nowhere ? ids.narrow(0, 0, 0) : ids;
-  if (weighted) {
-    req.weights = nowhere ? per_sample_weights->narrow(0, 0, 0) : *per_sample_weights;
+  const bool nowhere = is_bags(req.mode()) && req.num_bags == 0;
+  req.ids = nowhere ? call.ids.narrow(0, 0, 0) : call.ids;
+  if (call.per_sample_weights.has_value()) {
+    req.weights = nowhere ? call.per_sample_weights->narrow(0, 0, 0) : *call.per_sample_weights;
   }
   // A word holds a count below 2**32 and a bag count below 2**31; max mode's winners travel as int32
   // positions among a requester's ids.
@@ -135,9 +103,9 @@ Request prepare(c10d::ProcessGroup& pg, const at::Tensor& local, const at::Tenso
   TORCH_CHECK_VALUE(req.ids.numel() < kLimit && req.num_bags < kLimit, kLookup,
                     ": a row-wise sharded lookup takes fewer than 2**31 ids and 2**31 bags per rank, got ",
                     req.ids.numel(), " ids and ", req.num_bags, " bags");
-  req.bucketed = bucket_ids(req.ids, req.offsets, rows, index_dtype(num_embeddings), padding_idx,
-                            req.mode == LookupMode::kMean);
-  req.fingerprint = table_fingerprint(fingerprint, num_embeddings, /*dim=*/0, local, rows);
+  req.bucketed = bucket_ids(req.ids, req.offsets, rows, index_dtype(call.num_embeddings), call.padding_idx,
+                            req.mode() == LookupMode::kMean);
+  req.fingerprint = table_fingerprint(call.fingerprint, call.num_embeddings, /*dim=*/0, call.local, rows);
   return req;
 }
 
@@ -145,20 +113,14 @@ Request prepare(c10d::ProcessGroup& pg, const at::Tensor& local, const at::Tenso
 Routes agree(c10d::ProcessGroup& pg, const Request& req, std::exception_ptr error, const at::Tensor& local,
              c10::ArrayRef<double> arguments, int64_t padding_idx) {
   const std::vector<double> agreed = agreed_arguments(
-      LookupOp::kRowwise, arguments, {static_cast<double>(req.mode), static_cast<double>(padding_idx)});
-  ShareRequest request;
-  request.fingerprint = req.fingerprint;
+      LookupOp::kRowwise, arguments, {static_cast<double>(req.mode()), static_cast<double>(padding_idx)});
+  ShareRequest request = agreement_request(req.checked, req.fingerprint, agreed, local.device(), error);
   request.flags = req.weights.has_value() ? 1 : 0;
-  request.arguments = agreed;
-  request.device = local.device();
-  request.error = error;
   if (!error) {
-    request.status = req.status;
-    request.raise_status = [&req](comm::ErrorCode) { raise_input_error(req.input); };
     request.words = req.bucketed.words;
   }
   const Shared shared = share_inputs(pg, request);
-  return routes_from(shared.words_in, shared.words_out, is_bags(req.mode), req.num_bags);
+  return routes_from(shared.words_in, shared.words_out, is_bags(req.mode()), req.num_bags);
 }
 
 // Step 3's result: what this rank received as an owner.
@@ -221,7 +183,7 @@ at::Tensor pooled_back(c10d::ProcessGroup& pg, const at::Tensor& local, const Re
   at::Tensor out = senders == 0   ? at::zeros({num_bags, dim}, local.options())
                    : senders == 1 ? back.view({num_bags, dim})
                                   : back.view({senders, num_bags, dim}).sum(0);
-  if (req.mode == LookupMode::kMean && num_bags) {
+  if (req.mode() == LookupMode::kMean && num_bags) {
     out = out / req.bucketed.divisors.unsqueeze(1).to(out.scalar_type());
   }
   return out;
@@ -247,13 +209,10 @@ rowwise_lookup(const at::Tensor& local, const at::Tensor& ids, const std::option
   const auto pg = comm::resolve_group(std::string(group_name), "_rowwise_lookup");
   // 1. This rank's request (a failure here is reported in the agreement).
   Request req;
-  std::exception_ptr error;
-  try {
-    req = prepare(*pg, local, ids, offsets, per_sample_weights, block_starts, block_sizes, num_embeddings,
-                  padding_idx, mode, include_last_offset, fingerprint);
-  } catch (...) {
-    error = std::current_exception();
-  }
+  const std::exception_ptr error = prepared(req, [&] {
+    return prepare(*pg, LookupCall{local, ids, offsets, per_sample_weights, block_starts, block_sizes,
+                                   num_embeddings, padding_idx, mode, include_last_offset, fingerprint});
+  });
   // 2. The agreement, with the words.
   const Routes routes = agree(*pg, req, error, local, arguments, padding_idx);
   // 3. Each owner its ids (with their lengths), then their per-sample weights.
@@ -264,14 +223,14 @@ rowwise_lookup(const at::Tensor& local, const at::Tensor& ids, const std::option
     t = at::empty({0}, ids.options().dtype(at::kLong));
   }
   at::Tensor out;
-  if (req.mode == LookupMode::kEmbedding) {
+  if (req.mode() == LookupMode::kEmbedding) {
     out = rows_back(*pg, local, req, routes, got);
-  } else if (req.mode == LookupMode::kMax) {
+  } else if (req.mode() == LookupMode::kMax) {
     out = max_over_owners(*pg, local, got.ids, got.offsets, req.bucketed.perm, routes, req.local_pad, saved);
   } else {
     out = pooled_back(*pg, local, req, routes, got, needs_grad, saved);
   }
-  if (needs_grad && req.mode != LookupMode::kMax) { // max saved its own (int64, for _embedding_bag_partial)
+  if (needs_grad && req.mode() != LookupMode::kMax) { // max saved its own (int64, for _embedding_bag_partial)
     saved[kRowIds] = got.ids;
     if (got.offsets.defined()) {
       saved[kRowOffsets] = got.offsets;
@@ -280,7 +239,7 @@ rowwise_lookup(const at::Tensor& local, const at::Tensor& ids, const std::option
       saved[kRowWeights] = *got.weights;
     }
     saved[kRowPerm] = req.bucketed.perm;
-    if (req.mode == LookupMode::kMean && req.bucketed.divisors.defined()) {
+    if (req.mode() == LookupMode::kMean && req.bucketed.divisors.defined()) {
       saved[kRowDivisors] = req.bucketed.divisors;
     }
   }
@@ -347,17 +306,7 @@ at::Tensor rowwise_lookup_backward(const at::Tensor& grad, at::TensorList saved,
     error = std::current_exception();
   }
   // 2. The agreement: every rank's checks, and the gradient's columns and dtype (the bytes that move).
-  ShareRequest request;
-  const std::vector<double> agreed =
-      agreed_arguments(LookupOp::kRowwiseBackward, {}, {static_cast<double>(mode)});
-  request.fingerprint = layout::Fingerprint()
-                            .add(grad.dim() == 2 ? grad.size(1) : -1)
-                            .add(static_cast<int64_t>(grad.scalar_type()))
-                            .as_int64();
-  request.arguments = agreed;
-  request.device = grad.device();
-  request.error = error;
-  share_inputs(*pg, request);
+  agree_backward(*pg, LookupOp::kRowwiseBackward, mode, grad, error);
   // 3. The output's gradient to the owners (the reverse of the forward's step 5), 4. the kernel's backward.
   const int64_t dim = grad.size(1);
   const at::Tensor& ids = saved[kRowIds];
