@@ -10,7 +10,6 @@
 
 #include "comm/exchange_state.h"
 #include "comm/process_group.h"
-#include "comm/transfer.h"
 
 namespace torch_shard {
 namespace comm {
