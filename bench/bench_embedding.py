@@ -9,7 +9,9 @@ its own --bags x --ids-per-bag random ids (seeded by rank): ``F.embedding`` on t
 ``F.embedding_bag`` (sum, mean, max) on its rows as bags. The dense op runs the same ids against a
 whole table on each rank. TorchRec's row-wise EmbeddingBagCollection (a fused FBGEMM kernel, ids routed
 to their owners) on the same table size and ids is a column where torchrec is importable
-(``make torchrec``); it is what users of row-wise embedding_bag would pick instead.
+(``make torchrec``); it is what users of row-wise embedding_bag would pick instead. ``--max-norm X``
+passes ``max_norm=X`` to every lookup (each library renormalises the rows it reads, in place, first;
+no TorchRec column).
 
 Per case and library it prints:
 * fwd ms: forward under no_grad; fwd+bwd ms: forward and ``out.sum().backward()`` into the shards.
@@ -84,10 +86,10 @@ def bytes_sent(fn) -> int:
     return torch.ops.torch_shard._comm_stats(True)[0]
 
 
-def lookup(op: str, mode: str | None, ids: torch.Tensor, weight):
+def lookup(op: str, mode: str | None, ids: torch.Tensor, weight, max_norm: float | None = None):
     if op == "embedding":
-        return F.embedding(ids, weight)
-    return F.embedding_bag(ids, weight, mode=mode)
+        return F.embedding(ids, weight, max_norm=max_norm)
+    return F.embedding_bag(ids, weight, mode=mode, max_norm=max_norm)
 
 
 class TorchRec:
@@ -132,6 +134,9 @@ def main() -> None:
     parser.add_argument("--shardings", default="row,col", help="comma-separated: row, col")
     parser.add_argument("--cases", default="embedding,sum,mean,max", help="comma-separated: embedding, sum, mean, max")
     parser.add_argument("--no-backward", action="store_true", help="forward times only")
+    parser.add_argument(
+        "--max-norm", type=float, default=None, help="every lookup renormalises the rows it reads to this norm"
+    )
     args = parser.parse_args()
     cuda = args.device == "cuda"
     dist.init_process_group("nccl" if cuda else "gloo")
@@ -158,8 +163,8 @@ def main() -> None:
         weights["dense"] = dense
         for op, mode in cases:
             libs = dict(weights)
-            forward = {lib: (lambda w=w: lookup(op, mode, ids, w)) for lib, w in libs.items()}
-            if sharding == "row" and op == "embedding_bag" and mode != "max":
+            forward = {lib: (lambda w=w: lookup(op, mode, ids, w, args.max_norm)) for lib, w in libs.items()}
+            if sharding == "row" and op == "embedding_bag" and mode != "max" and args.max_norm is None:
                 try:
                     torchrec = TorchRec(args, mode, device, ids)
                     forward["torchrec"] = torchrec.forward
@@ -211,7 +216,8 @@ def _report(args, world, device, ids, rows) -> None:
     print(
         f"torch {torch.__version__}, {world} {'NCCL' if device.type == 'cuda' else 'gloo'} rank(s) on {device.type}, "
         f"table {args.rows}x{args.dim} float32, {args.bags} bags x {args.ids_per_bag} ids per rank, "
-        f"median of {args.repeats}; ids bound {ids_bound / 1e6:.3f} MB sent per rank"
+        f"median of {args.repeats}{'' if args.max_norm is None else f', max_norm {args.max_norm}'}; "
+        f"ids bound {ids_bound / 1e6:.3f} MB sent per rank"
     )
     header = f"{'sharding':<8} {'case':<10} {'library':<12} {'fwd ms':>9} {'fwd+bwd ms':>11} {'aten ops':>9}"
     print(header + f" {'syncs':>6} {'MB sent':>8} {'fwd/up':>7} {'fwd/dense':>9}")

@@ -2,12 +2,15 @@
 // these hooks as a capsule (torch_shard._C._testing_hooks) and never changes them itself: it injects
 // no faults and cannot end the process; only the testing library, which tests load, can.
 //
-// Plain types only: this header is shared by two extension modules and by bindings.cpp (no ATen).
+// Shared by two extension modules built against the same torch: plain types and at::Tensor only.
+// csrc/testing_hooks.cpp fills them from the product.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include <ATen/core/Tensor.h>
 
 namespace torch_shard {
 
@@ -38,12 +41,28 @@ struct TestingHooks {
   // The communication device (as a string) of the group registered under `group_name` for an op whose
   // tensors live on `tensors_device` ("" for none): NOTE [ Communication device ].
   std::string (*comm_device)(const std::string& group_name, const std::string& tensors_device);
+  // Whether CPU tensors take the fused loops written for them (the product's) or the ATen composition
+  // every other device takes (csrc/ops/lookup_common.h, cpu_loops()).
+  void (*set_cpu_loops)(bool on);
+  bool (*cpu_loops)();
+  // The row-wise requester's bucketing (csrc/ops/routing.h): [what it sends (each owner of some ids:
+  // its ids, then its per-bag lengths), its ids' positions in owner order, its words, mean's divisors]
+  // of `ids` over each rank's rows (`offsets` undefined: no bags), by the path cpu_loops() picks.
+  std::vector<at::Tensor> (*bucket_ids)(const at::Tensor& ids, const at::Tensor& offsets,
+                                        const std::vector<int64_t>& block_starts,
+                                        const std::vector<int64_t>& block_sizes, int64_t num_embeddings,
+                                        int64_t padding_idx);
+  // The owner's unpacking of what its requesters sent: [ids less row_start, bags' offsets].
+  std::vector<at::Tensor> (*unpack_received)(const at::Tensor& received,
+                                             const std::vector<int64_t>& counts_in,
+                                             const std::vector<int64_t>& bags_in, bool bags,
+                                             int64_t row_start);
 };
 
 // Bumped whenever TestingHooks changes; the testing library refuses a product of another version.
-constexpr int64_t kTestingHooksVersion = 3;
+constexpr int64_t kTestingHooksVersion = 4;
 
-// The product's hooks (comm/exchange.cpp).
+// The product's hooks (csrc/testing_hooks.cpp).
 const TestingHooks& testing_hooks();
 
 } // namespace torch_shard

@@ -91,92 +91,77 @@ TORCH_LIBRARY(torch_shard, m) {
   // Move `self` to the given layout, in place, moving only the elements that change owner.
   m.def("reshard(Tensor(a!) self, int? chunk_dim, Tensor? shard_offsets, Tensor? shard_sizes, "
         "Tensor? placement_index, str[] placements, int[] placement_owners) -> ()");
-  // For a rank whose Python-side preparation of data op `op` failed with an `error_class` exception:
-  // takes part in that op's agreement so every other rank raises too. Returns on this rank.
-  m.def("_abort(str op, str error_class, str group_name) -> ()");
+  // For a rank whose Python-side preparation of data op `op` failed with an `error_class` exception
+  // (`message`: that exception in words, "<its class>: <its message>"): takes part in that op's
+  // agreement so every other rank raises too, carrying `message` (NOTE [ Reasons travel ]). Returns on
+  // this rank.
+  m.def("_abort(str op, str error_class, str group_name, str message=\"\") -> ()");
   // The agreement of `shard` alone (src rank, size, dtype, a fingerprint of the spec), for scatters by
   // specs that shard themselves (their shard() runs after it).
   m.def("_agree_shard(int src, int[] global_size, ScalarType dtype, int spec_fingerprint, "
         "str group_name) -> ()");
   // Every rank's `parts` (1-D tensors, at most 3, same count and dtypes everywhere, any lengths) on
-  // every rank, rank-major, after agreeing on `fingerprint`, `flags` and `arguments`. See NOTE [ Shared
-  // inputs ]. The .with_words overload also carries device-side values read with the agreement:
-  // `status` (this rank's input check) and `words` (one per peer); it returns [this rank's status, the
-  // word each rank sent here (W), this rank's words (W)] too, and no parts when that status is not 0.
+  // every rank, rank-major, after agreeing on `fingerprint`, `flags` and `arguments` (csrc/ops/
+  // shared_inputs.cpp, NOTE [ Shared inputs ]).
   m.def("_share_inputs(Tensor[] parts, int fingerprint, int flags, str group_name, float[] arguments=[]) "
         "-> Tensor[]");
-  m.def("_share_inputs.with_words(Tensor[] parts, int fingerprint, int flags, str group_name, "
-        "float[] arguments, Tensor? status, Tensor? words) -> (Tensor[], int[])");
   // True on every rank iff `value` is true on every rank.
   m.def("_all_ranks_true(bool value, str group_name) -> bool");
   // Every rank's `value`, in rank order (one agreement round; op kind "compare").
   m.def("_gather_values(int value, str group_name) -> int[]");
-  // Unchecked all-to-all of a flat tensor (counts in elements; rank r receives send_counts[r] from
-  // this rank). Internal: counts must come from data every rank agreed on. CPU and CUDA kernels; its
-  // autograd (the reverse all-to-all) and a fake kernel that raises are registered in Python.
-  m.def("_all_to_all(Tensor input, int[] send_counts, int[] recv_counts, str group_name) -> Tensor");
-  // Unchecked elementwise sum over the group's ranks (a new tensor on `input`'s device). Internal: every
-  // rank's shape and dtype must come from data every rank agreed on. Kernels and registrations as for
-  // _all_to_all (its backward sums the gradients over the ranks).
-  m.def("_sum_over_ranks(Tensor input, str group_name) -> Tensor");
   // The Python exception class name of each error code a failing rank reports to the others, in code
   // order from 1: the one table of these codes (csrc/comm/exchange.h, ErrorCode).
   m.def("_error_classes() -> str[]");
-  // Row-wise sharded embedding_bag (csrc/ops/embedding_ops.cpp): pool, per bag, the rows of `weight`
+  // Row-wise sharded embedding_bag (csrc/ops/partial_pooling.cpp): pool, per bag, the rows of `weight`
   // (global rows row_start..) that a requester's bags use; mode "sum" or "max". Returns the pooled
   // [num_bags, dim] (0 / -inf where the shard holds none of a bag's ids) and, for max, the position in
-  // ids of the winning id per element (-1 for none; NOTE [ Max ties ]). padding_idx -1 means none.
-  // fused=False takes the ATen composition other devices use, also on CPU (for tests; in the backward
-  // it matters for max only). Bag b holds ids[offsets[b]:offsets[b+1]]
-  // (the last to the end); both kernels check offsets (non-decreasing, within [0, numel(ids)]),
-  // shapes, devices, row_start/rows and argmax, so no call reads or writes out of bounds.
-  // `owned`: how many ids (from offsets[0] on) fall in the shard's rows, when the caller knows it
-  // without reading device memory (the kernels then never read it either); None: counted here.
-  // CPU and CUDA kernels, fake kernels, and the forward's autograd (its backward is the second op).
+  // ids of the winning id per element (-1 for none; NOTE [ Max ties ]). padding_idx -1 means none. Bag
+  // b holds ids[offsets[b]:offsets[b+1]] (the last to the end); both kernels check offsets
+  // (non-decreasing, within [0, numel(ids)]), shapes, devices, row_start/rows and argmax, so no call
+  // reads or writes out of bounds. `owned`: how many ids (from offsets[0] on) fall in the shard's rows,
+  // when the caller knows it without reading device memory (the kernels then never read it either);
+  // None: counted here. CPU and CUDA kernels, fake kernels, and the forward's autograd (its backward is
+  // the second op).
   m.def("_embedding_bag_partial(Tensor weight, Tensor ids, Tensor offsets, Tensor? per_sample_weights, "
-        "int row_start, str mode, int padding_idx, bool fused=True, int? owned=None) -> (Tensor, Tensor)");
+        "int row_start, str mode, int padding_idx, int? owned=None) -> (Tensor, Tensor)");
   m.def("_embedding_bag_partial_backward(Tensor grad, Tensor ids, Tensor offsets, "
         "Tensor? per_sample_weights, Tensor argmax, int row_start, int rows, str mode, "
-        "int padding_idx, int? owned=None, bool fused=True) -> Tensor");
-  // Row-wise requester's preparation in one CPU pass (csrc/ops/embedding_ops.cpp, NOTE [ Requester-side
-  // routing in one op ]): (ids in owner order, each owner's per-bag lengths after its ids, as int32 when
-  // `int32`; the positions in ids of that order; the word told to each owner with the agreement; the
-  // status: range_code when an id is outside [0, num_embeddings), else `status`). row_ranges: the
-  // (first, end) rows of each group rank, flattened. Without offsets: no lengths, words are counts.
-  // Last, mean's divisor per bag: its ids other than padding_idx (-1: none), at least 1.
-  m.def("_bucket_ids(Tensor ids, Tensor? offsets, int[] row_ranges, int num_embeddings, bool int32, "
-        "int range_code, Tensor? status, int padding_idx=-1) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
-  // Owner side: every requester's ids (less row_start) and its bags' offsets, from what _bucket_ids
-  // sent (per requester: counts_in[r] ids, then bags_in[r] lengths). CPU kernel and fake kernel.
-  m.def("_unpack_routed(Tensor received, int[] counts_in, int[] bags_in, int row_start) -> (Tensor, Tensor)");
-  // A whole row-wise sharded lookup on this rank, one call (csrc/ops/rowwise_lookup.cpp, NOTE [ A row-wise
-  // lookup in one call ]): buckets `ids` (1-D int64) by owner, agrees (`status`, `fingerprint`,
-  // `arguments`, as _share_inputs.with_words), routes each id to its owner, looks the owned ids up in
-  // `local` (this rank's rows from `row_start`), and returns this rank's result: [n, dim] for mode -1
-  // (embedding), [bags, dim] for 0 (sum) and 1 (mean, padding ids not counted), with what
-  // _rowwise_lookup_backward needs. `padding_idx` is global (-1: none). When this rank's input failed
-  // its check the result is empty and `saved` holds only the counts, whose first value is the code.
-  // CPU and CUDA kernels; autograd and a fake kernel that raises are registered in Python.
+        "int padding_idx, int? owned=None) -> Tensor");
+  // --- sharded lookups (csrc/ops/): one call per forward and one per backward ---
+  // A lookup's table has `num_embeddings` rows and is sharded along one dim; block_starts and
+  // block_sizes give each group rank's block along it (rows, or columns), which must tile the dim (an
+  // empty block may start anywhere, as ChunkShardingSpec's empty chunks do). `local` is this rank's
+  // shard, `ids` its 1-D int64 ids; `mode` "embedding" (F.embedding: one row per id) or
+  // F.embedding_bag's "sum", "mean", "max", with `offsets` the bags' starts as the caller gave them
+  // (with the input's length last under include_last_offset). padding_idx is global (-1: none).
+  // `fingerprint` (the weight's layout) and `arguments` (the call's scalars) must agree on every rank;
+  // the op adds what it computes with. Every check that can differ between ranks runs inside the op's
+  // agreement, so a bad call on one rank raises on every rank (the others carrying its message). The
+  // backward ops agree too. CPU and CUDA kernels; autograd and fake kernels that raise are registered
+  // in Python. Row-wise (csrc/ops/rowwise_lookup.cpp, NOTE [ A row-wise lookup in one call ]): returns
+  // this rank's result ([n, dim], or [bags, dim]) and what _rowwise_lookup_backward needs.
   m.def("_rowwise_lookup(Tensor local, Tensor ids, Tensor? offsets, Tensor? per_sample_weights, "
-        "Tensor? status, int[] row_ranges, int num_embeddings, int row_start, int padding_idx, int mode, "
-        "bool int32, bool needs_grad, bool loops, int fingerprint, float[] arguments, int range_code, "
-        "str group_name) -> (Tensor, Tensor[])");
+        "int[] block_starts, int[] block_sizes, int num_embeddings, int padding_idx, str mode, "
+        "bool include_last_offset, bool needs_grad, int fingerprint, float[] arguments, str group_name) "
+        "-> (Tensor, Tensor[])");
   // The gradient of `local` from the gradient of _rowwise_lookup's result: one call.
-  m.def("_rowwise_lookup_backward(Tensor grad, Tensor[] saved, int rows, int row_start, int padding_idx, "
-        "int mode, str group_name) -> Tensor");
-  // A whole column-wise sharded lookup on this rank, one call (csrc/ops/colwise_lookup.cpp, NOTE [ A
-  // column-wise lookup in one call ]): agrees and shares every rank's bags, looks them up in `local`
-  // (this rank's columns of every row), and returns this rank's rows with every rank's columns, in
-  // column order (column_starts / column_widths: each group rank's block), with what
-  // _colwise_lookup_backward needs. mode: -1 embedding, 0 sum, 1 mean, 2 max; padding_idx -1: none.
-  // When this rank's input failed its check the result is empty and `saved` holds only the counts.
+  m.def("_rowwise_lookup_backward(Tensor grad, Tensor[] saved, int padding_idx, str mode, str group_name) "
+        "-> Tensor");
+  // Column-wise (csrc/ops/colwise_lookup.cpp, NOTE [ A column-wise lookup in one call ]): this rank's
+  // rows with every rank's columns, in column order, and what _colwise_lookup_backward needs.
   m.def("_colwise_lookup(Tensor local, Tensor ids, Tensor? offsets, Tensor? per_sample_weights, "
-        "Tensor? status, int[] column_starts, int[] column_widths, int num_embeddings, int padding_idx, "
-        "int mode, bool int32, bool needs_grad, int fingerprint, float[] arguments, int range_code, "
-        "str group_name) -> (Tensor, Tensor[])");
+        "int[] block_starts, int[] block_sizes, int num_embeddings, int padding_idx, str mode, "
+        "bool include_last_offset, bool needs_grad, int fingerprint, float[] arguments, str group_name) "
+        "-> (Tensor, Tensor[])");
   // The gradient of `local` from the gradient of _colwise_lookup's result: one call.
-  m.def("_colwise_lookup_backward(Tensor grad, Tensor[] saved, int rows, int padding_idx, int mode, "
-        "str group_name) -> Tensor");
+  m.def("_colwise_lookup_backward(Tensor grad, Tensor[] saved, int padding_idx, str mode, str group_name) "
+        "-> Tensor");
+  // max_norm (csrc/ops/renorm.cpp, NOTE [ max_norm on a sharded weight ]): renormalises `local` (the
+  // table sharded along `dim`, 0 or 1) in place, under no_grad, so that every row any rank's `ids`
+  // look up has a norm_type-norm of at most max_norm, as dense F.embedding's embedding_renorm_ does.
+  m.def("_embedding_renorm_(Tensor(a!) local, Tensor ids, int dim, int[] block_starts, int[] block_sizes, "
+        "int num_embeddings, float max_norm, float norm_type, int fingerprint, float[] arguments, "
+        "str group_name) -> ()");
   // [bytes sent to other ranks, bytes received from other ranks, communication rounds, plan cache
   // hits, plan cache misses, data ops done in a single round] since the last reset.
   m.def("_comm_stats(bool reset=False) -> int[]");

@@ -42,7 +42,7 @@ if [ "$status" -eq 0 ]; then
       "$ROOT"/tests/test_layout.py "$ROOT"/tests/test_properties.py \
       "$ROOT"/tests/test_sharded_tensor_impl.py "$ROOT"/tests/test_reshard_properties.py \
       "$ROOT"/tests/test_embedding_ops.py "$ROOT"/tests/test_embedding_kernels.py "$ROOT"/tests/test_agreement.py \
-      "$ROOT"/tests/test_core.py || status=$?
+      "$ROOT"/tests/test_every_layout.py "$ROOT"/tests/test_core.py || status=$?
 fi
 unset LD_PRELOAD
 cd "$ROOT"

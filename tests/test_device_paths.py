@@ -9,10 +9,11 @@ csrc/); these tests pin down the parts of that construction a CPU run can observ
   device);
 * the sharded embedding forward never asks the host for a value that lives on the device (no
   ``.item()``, ``.tolist()``, ``nonzero``, ``masked_select``, ``unique``, ``repeat_interleave`` without
-  an output size): on a GPU the one host read is the agreement's, inside ``_share_inputs``. (C++
+  an output size): on a GPU the one host read is the agreement's, inside the lookup op. (C++
   kernels read CPU memory directly only on branches taken for CPU tensors, guarded by ``is_cpu()``;
   those do not dispatch, so they are invisible here, as they are to a GPU.);
-* ``_share_inputs`` carries device-side statuses and words with its agreement;
+* a lookup's agreement carries its device-side status and words: a bad input costs one round more (the
+  failing rank's message) and moves no data;
 * ``pin_memory`` is a promise about every CPU shard, checked wherever shards are written.
 """
 
@@ -27,10 +28,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from torch_shard import _shard_tensor, sharded_tensor
 from torch_shard.sharding_spec import ChunkShardingSpec, EnumerableShardingSpec, ShardMetadata
-from torch_shard.sharding_spec.chunk_sharding_spec_ops import _common
 from torch_shard.testing import (
     ShardedTensorTestBase,
     TestCase,
+    cpu_loops,
     placement,
     rank_device,
     requires_cuda,
@@ -206,52 +207,50 @@ class TestDevicePaths(ShardedTensorTestBase):
                 ("bag max 2-D", lambda w: F.embedding_bag(ids, w, mode="max")),
                 ("bag sum last", lambda w: F.embedding_bag(flat, w, torch.tensor([0, 9, 18], device=device), include_last_offset=True, mode="sum")),
             ]
-            # Row-wise on the CPU the requester prepares its ids in one op (NOTE [ Requester-side
+            # On the CPU the lookups check and bucket their ids with loops (NOTE [ Requester-side
             # routing in one op ]); other devices take the composition, checked here on the CPU too.
             for fused in (True, False):
-                _common.FUSED_ROUTING = fused
-                try:
+                with cpu_loops(fused):
                     for name, lookup in cases:
                         with _CountHostReads() as counter:
                             out = lookup(weight)
                         where = f"{name}, dim {spec.dim}, fused {fused}"
                         self.assertEqual(counter.seen, [], f"{where}: host reads of device data")
-                        # Inside the C++ ops too, but for the CPU-only loops of the row-wise requester
-                        # (fused), which read the CPU ids (and the checks' status) by design.
-                        if spec.dim == 1 or not fused:
+                        # Inside the C++ ops too, but for the CPU-only loops, which read the CPU ids by
+                        # design.
+                        if not fused:
                             self.assertEqual(counter.inside, [], f"{where}: host reads inside the ops")
                         self.assertEqual(out, lookup(dense), atol=1e-5, rtol=1e-5, msg=where)
-                finally:
-                    _common.FUSED_ROUTING = True
 
     @with_comms(init_rpc=False)
-    def test_share_inputs_carries_device_status_and_words(self):
-        """_share_inputs: words reach the ranks they are addressed to, and a rank whose device-side
-        status failed gets its status back (no parts) while every other rank raises that class naming it."""
-        group = dist.group.WORLD.group_name
+    def test_a_bad_input_costs_its_message_and_moves_no_data(self):
+        """A lookup whose input fails its device-side check on one rank: the status rides the agreement
+        (NOTE [ Input checks on the device ]), so every rank raises after round 1 and one more round that
+        carries the failing rank's message (NOTE [ Reasons travel ]); no ids, rows or results move. On
+        both paths (the CPU's loops and the composition other devices take)."""
         device = rank_device(self.rank)
-        part = torch.arange(self.rank + 1, dtype=torch.int64, device=device)
-        words = torch.tensor([10 * self.rank + p for p in range(WORLD)], device=device)
-        status = torch.zeros((), dtype=torch.int64, device=device)
-        out, info = torch.ops.torch_shard._share_inputs.with_words([part], 7, 0, group, [], status, words)
-        self.assertEqual(info[0], 0)
-        self.assertEqual(info[1 : 1 + WORLD], [10 * p + self.rank for p in range(WORLD)])
-        self.assertEqual(info[1 + WORLD :], words.tolist())
-        for r in range(WORLD):
-            self.assertEqual(out[r], torch.arange(r + 1, dtype=torch.int64, device=device))
-        # Rank 2's input fails on its device (a ValueError's code).
-        value_error = torch.ops.torch_shard._error_classes().index("ValueError") + 1
-        status = torch.tensor(value_error if self.rank == 2 else 0, device=device)
-        if self.rank == 2:
-            out, info = torch.ops.torch_shard._share_inputs.with_words([part], 7, 0, group, [], status, None)
-            self.assertEqual(out, [])
-            self.assertEqual(info[0], value_error)
-        else:
-            with self.assertRaisesRegex(ValueError, "rank 2 of the process group rejected its arguments"):
-                torch.ops.torch_shard._share_inputs.with_words([part], 7, 0, group, [], status, None)
-        # The group works on.
-        out = torch.ops.torch_shard._share_inputs([part], 7, 0, group, [])
-        self.assertEqual(len(out), WORLD)
+        weight = sharded_tensor.rand(_rows(), 20, 8)
+        for loops in (True, False):
+            with cpu_loops(loops):
+                ids = torch.tensor([1, 2, 25 if self.rank == 2 else 3], device=device)
+                torch.ops.torch_shard._comm_stats(True)
+                with self.assertRaises(ValueError) as caught:
+                    F.embedding(ids, weight)
+                stats = torch.ops.torch_shard._comm_stats(True)
+                if self.rank == 2:
+                    self.assertEqual(str(caught.exception), "Index out of range in Input 1 25 20")
+                else:
+                    self.assertRegex(
+                        str(caught.exception),
+                        r"rank 2 of the process group rejected its arguments \(ValueError: Index out of range in "
+                        r"Input 1 25 20\)",
+                    )
+                if self.gloo_only("round counts of the agreement on gloo"):
+                    self.assertEqual(stats[2], 2, f"rounds, loops={loops}")  # round 1 and the reasons' round
+                self.assertEqual(stats[0], 0, f"bytes sent, loops={loops}")
+                # The group works on, and a good call moves data.
+                ids = torch.tensor([1, 2, 3], device=device)
+                self.assertEqual(F.embedding(ids, weight).shape, (3, 8))
 
     @with_comms(init_rpc=False)
     def test_embedding_bad_ids_raise_on_every_rank_from_the_device_check(self):
@@ -269,18 +268,6 @@ class TestDevicePaths(ShardedTensorTestBase):
         offsets = torch.tensor([0, 2, 1] if self.rank == 3 else [0, 1, 2], device=device)
         with self.assertRaisesRegex(RuntimeError, "non-decreasing" if self.rank == 3 else "rank 3 of the process group"):
             F.embedding_bag(torch.tensor([1, 2, 3], device=device), weight, offsets)
-
-    @with_comms(init_rpc=False)
-    def test_sum_over_ranks_and_all_to_all_stage_through_the_comm_device(self):
-        """The unchecked collectives behind the embedding ops return on the input's device."""
-        group = dist.group.WORLD.group_name
-        device = rank_device(self.rank)
-        total = torch.ops.torch_shard._sum_over_ranks(torch.full((3,), float(self.rank + 1), device=device), group)
-        self.assertEqual(total, torch.full((3,), 10.0, device=device))
-        self.assertEqual(total.device, torch.device(device))
-        send = torch.arange(WORLD, dtype=torch.float32, device=device) + 100 * self.rank
-        got = torch.ops.torch_shard._all_to_all(send, [1] * WORLD, [1] * WORLD, group)
-        self.assertEqual(got, torch.tensor([100.0 * p + self.rank for p in range(WORLD)], device=device))
 
     @with_comms(init_rpc=False)
     def test_pin_memory_is_a_promise_about_every_cpu_shard(self):

@@ -18,11 +18,11 @@ import torch
 import torch.distributed as dist
 
 from torch_shard import shard_parameter
-from torch_shard.sharding_spec.chunk_sharding_spec_ops._common import owner_of_ids
 from torch_shard.testing import (
     TEST_WORLD_SIZE,
     ShardedTensorTestBase,
     TestCase,
+    cpu_loops,
     rank_device,
     run_tests,
     with_comms,
@@ -197,14 +197,21 @@ class TestShardedEmbedding(ShardedTensorTestBase):
 
 
 class TestOwnerTable(TestCase):
-    def test_owner_of_ids_follows_placements_in_any_order_without_warnings(self):
+    def test_owners_follow_placements_in_any_order_without_warnings(self):
         # Row ranges in placement order (not sorted by start), an empty range; the boundaries handed to
-        # bucketize must be contiguous (torch warns and copies otherwise), on every device.
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            ids = torch.tensor([0, 5, 9, 3, 7])
-            self.assertEqual(owner_of_ids(ids, [(8, 10), (0, 4), (4, 8), (10, 10)]), torch.tensor([1, 2, 0, 1, 2]))
-            self.assertEqual(owner_of_ids(ids, [(0, 10)]), torch.zeros(5, dtype=torch.int64))
+        # bucketize must be contiguous (torch warns and copies otherwise), on every device (the ATen
+        # composition of the row-wise bucketing, NOTE [ Requester-side routing in one op ], run on the
+        # CPU), and the CPU's loops agree.
+        ids = torch.tensor([0, 5, 9, 3, 7])
+        for loops in (False, True):
+            with warnings.catch_warnings(), cpu_loops(loops):
+                warnings.simplefilter("error")
+                _, perm, words, _ = torch.ops.torch_shard_testing._bucket_ids(ids, None, [8, 0, 4, 10], [2, 4, 4, 0], 10)
+                # Owners [1, 2, 0, 1, 2]: rank 0 holds id 9, rank 1 ids 0 and 3, rank 2 ids 5 and 7.
+                self.assertEqual(words.tolist(), [1, 2, 2, 0])
+                self.assertEqual(perm.tolist(), [2, 0, 3, 1, 4])
+                _, perm, words, _ = torch.ops.torch_shard_testing._bucket_ids(ids, None, [0], [10], 10)
+                self.assertEqual((words.tolist(), perm.tolist()), ([5], [0, 1, 2, 3, 4]))
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@
   0 x D weight is an illegal memory access that poisons the CUDA context), and an empty shard is a
   normal state: 6 columns over 4 ranks leave one rank a 13 x 0 chunk, 9 rows over 4 ranks a 0 x 5
   one. torch.profiler records the weight shape every ATen embedding kernel receives (forward,
-  backward, renorm; also inside torch_shard's C++ ops) on every rank, so the rule "no empty weight ever reaches one" is checked on the
-  CPU; the results and gradients still equal the dense op's.
+  backward, renorm; also inside torch_shard's C++ ops) on every rank, so the rule "no empty weight
+  ever reaches one" (NOTE [ Empty shards reach no embedding kernel ] in csrc/ops/lookup_common.h) is
+  checked on the CPU; the results and gradients still equal the dense op's.
 * Max ties. When two ids of a bag hold the same maximum (a zero-initialised table ties everywhere),
   the dense op gives the gradient to the first of them in the bag (CPU and CUDA alike); the sharded
   op must give it to the same row, whichever rank owns it, and not split it between the owners.
@@ -22,6 +23,7 @@ from torch_shard import shard_parameter
 from torch_shard.sharding_spec import ChunkShardingSpec
 from torch_shard.testing import (
     ShardedTensorTestBase,
+    cpu_loops,
     placement,
     rank_device,
     run_tests,
@@ -150,9 +152,8 @@ class TestEmbeddingKernels(ShardedTensorTestBase):
     def _check_no_empty_weight(self, rows, cols, dim):
         record = _RecordEmbeddingKernels()
         self._cases(rows, cols, dim, record, modes=("embedding", "sum", "mean", "max"))
-        # Without max_norm every lookup here but row-wise max is one C++ call each way
-        # (torch_shard._rowwise_lookup / _colwise_lookup): the recorder must see the kernels they
-        # call inside, forward and backward, on some rank.
+        # Every lookup here is one C++ call each way (torch_shard._rowwise_lookup / _colwise_lookup):
+        # the recorder must see the kernels they call inside, forward and backward, on some rank.
         seen = [None] * self.world_size
         dist.all_gather_object(seen, sorted({op for op, _ in record.calls}))
         seen = set().union(*seen)
@@ -163,7 +164,8 @@ class TestEmbeddingKernels(ShardedTensorTestBase):
             "aten::_embedding_bag_backward",
         ):
             self.assertIn(kernel, seen)
-        # max_norm renormalises in place through embedding_renorm_ (row-wise) on the looked-up rows.
+        # max_norm renormalises in place first (torch_shard._embedding_renorm_: row-wise through ATen's
+        # embedding_renorm_ on the looked-up rows), never on an empty shard either.
         device = rank_device(self.rank)
         spec = ChunkShardingSpec(dim=dim, placements=[placement(r) for r in range(self.world_size)])
         for module in (nn.Embedding(rows, cols, max_norm=0.5), nn.EmbeddingBag(rows, cols, max_norm=0.5)):
@@ -245,18 +247,14 @@ class TestEmbeddingKernels(ShardedTensorTestBase):
             self.assertEqual(sent(mixed, mode) - base, 4 * foreign + others * 4 * 4 + results, mode)
 
     @with_comms(init_rpc=False)
-    def test_row_wise_composition_path_matches_dense(self):
-        # NOTE [ Requester-side routing in one op ]: on the CPU a row-wise requester prepares its ids
-        # with torch_shard._bucket_ids; every other device takes the ATen composition, run here on the
-        # CPU too (uneven rows with an empty shard, ties, every mode).
-        from torch_shard.sharding_spec.chunk_sharding_spec_ops import _common
-
-        _common.FUSED_ROUTING = False
-        try:
+    def test_composition_path_matches_dense(self):
+        # NOTE [ Requester-side routing in one op ]: on the CPU the lookups check and bucket their ids
+        # with loops; every other device takes the ATen composition, run here on the CPU too (uneven rows
+        # and columns with an empty shard, ties, every mode).
+        with cpu_loops(False):
             self._check_no_empty_weight(9, 5, dim=0)
+            self._check_no_empty_weight(13, 6, dim=1)
             self._cases(13, 7, 0, None, init=lambda rows, cols: torch.zeros(rows, cols), modes=("max",))
-        finally:
-            _common.FUSED_ROUTING = True
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """The C++ kernel behind row-wise sharded embedding_bag, single process, against a Python reference.
 
 ``torch.ops.torch_shard._embedding_bag_partial`` pools, per bag, the rows a weight shard owns; its
-fused CPU loops and the ATen composition other devices use (``fused=False``, also run on CUDA when the
-machine has a GPU) must agree with each other and with a straightforward reference, forward and
+fused CPU loops and the ATen composition other devices use (``cpu_loops(False)``, also run on CUDA when
+the machine has a GPU) must agree with each other and with a straightforward reference, forward and
 backward. The precondition tests are about the CPU op (its raw-pointer loops) and run on the CPU.
 """
 
@@ -11,7 +11,7 @@ import random
 import torch
 
 import torch_shard  # noqa: F401  (registers the ops)
-from torch_shard.testing import TestCase, run_tests
+from torch_shard.testing import TestCase, cpu_loops, run_tests
 
 _ops = torch.ops.torch_shard
 
@@ -56,7 +56,7 @@ class TestEmbeddingBagPartial(TestCase):
         return weight, ids, offsets, psw, row_start, padding_idx
 
     def test_forward_and_backward_match_reference(self):
-        # The fused loops are CPU code; the ATen composition (fused=False) is also what a CUDA weight
+        # The fused loops are CPU code; the ATen composition (cpu_loops(False)) is also what a CUDA weight
         # runs, so on a machine with a GPU it is checked there too.
         paths = [("cpu", True), ("cpu", False)] + ([("cuda", False)] if torch.cuda.is_available() else [])
         rng = random.Random(0)
@@ -69,7 +69,8 @@ class TestEmbeddingBagPartial(TestCase):
                 row_start, pad = case[4:]
                 msg = f"trial {trial} {device} fused={fused}"
                 expected = _reference(weight, ids, offsets, psw, row_start, mode, pad)
-                pooled, argmax = _ops._embedding_bag_partial(weight, ids, offsets, psw, row_start, mode, pad, fused)
+                with cpu_loops(fused):
+                    pooled, argmax = _ops._embedding_bag_partial(weight, ids, offsets, psw, row_start, mode, pad)
                 self.assertEqual(pooled, expected, msg)
                 # Backward: the kernel's gradient equals autograd through the reference.
                 grad = torch.randn_like(pooled)
@@ -80,9 +81,10 @@ class TestEmbeddingBagPartial(TestCase):
                 if loss.requires_grad:  # else no bag used an owned row: the gradient is zero
                     loss.backward()
                 expected_grad = ref_weight.grad if ref_weight.grad is not None else torch.zeros_like(weight)
-                got = _ops._embedding_bag_partial_backward(
-                    grad, ids, offsets, psw, argmax, row_start, weight.size(0), mode, pad, None, fused
-                )
+                with cpu_loops(fused):
+                    got = _ops._embedding_bag_partial_backward(
+                        grad, ids, offsets, psw, argmax, row_start, weight.size(0), mode, pad, None
+                    )
                 self.assertEqual(got, expected_grad, f"{msg} backward")
 
     def test_bfloat16_accumulates_in_float(self):
@@ -100,14 +102,14 @@ class TestEmbeddingBagPartial(TestCase):
         for device, fused in paths:
             weight = torch.zeros(10, 3, device=device)
             weight[2, 1] = -1.0  # in bag 2 (ids 2, 9, 3), column 1's first maximum is id 9's
-            pooled, argmax = _ops._embedding_bag_partial(
-                weight, ids.to(device), offsets.to(device), None, 0, "max", -1, fused
-            )
+            with cpu_loops(fused):
+                pooled, argmax = _ops._embedding_bag_partial(weight, ids.to(device), offsets.to(device), None, 0, "max", -1)
             self.assertEqual(argmax.cpu(), torch.tensor([[0, 0, 0], [-1, -1, -1], [3, 4, 3]]), f"{device} {fused}")
             grad = torch.arange(1.0, 10.0, device=device).view(3, 3)
-            got = _ops._embedding_bag_partial_backward(
-                grad, ids.to(device), offsets.to(device), None, argmax, 0, 10, "max", -1, None, fused
-            )
+            with cpu_loops(fused):
+                got = _ops._embedding_bag_partial_backward(
+                    grad, ids.to(device), offsets.to(device), None, argmax, 0, 10, "max", -1, None
+                )
             dense_weight = weight.clone().requires_grad_(True)
             torch.nn.functional.embedding_bag(
                 ids.to(device), dense_weight, offsets.to(device), mode="max"
@@ -132,11 +134,13 @@ class TestEmbeddingBagPartialPreconditions(TestCase):
     writing outside a tensor (the fused max loop indexes raw pointers with the offsets)."""
 
     def _forward_both(self, *args):
+        def call(fused, mode):
+            with cpu_loops(fused):
+                return _ops._embedding_bag_partial(*args[:5], mode, args[5])
+
         for fused in (True, False):
             for mode in ("sum", "max"):
-                yield fused, mode, lambda fused=fused, mode=mode: _ops._embedding_bag_partial(
-                    *args[:5], mode, args[5], fused
-                )
+                yield fused, mode, lambda fused=fused, mode=mode: call(fused, mode)
 
     def test_bad_offsets_raise_in_every_path(self):
         weight = torch.randn(4, 3)
@@ -207,7 +211,8 @@ class TestEmbeddingBagPartialPreconditions(TestCase):
         with self.assertRaisesRegex(ValueError, r"argmax names a position whose id is outside the shard's rows \[1, 3\)"):
             back(grad, ids, offsets, None, argmax, 1, 2, "max", -1)  # the fused CPU loop
         with self.assertRaisesRegex(ValueError, r"argmax names a position whose id is outside the shard's rows \[1, 3\)"):
-            back(grad, ids, offsets, None, argmax, 1, 2, "max", -1, None, False)  # the ATen composition
+            with cpu_loops(False):  # the ATen composition
+                back(grad, ids, offsets, None, argmax, 1, 2, "max", -1)
         with self.assertRaisesRegex(ValueError, "grad must have one row per bag"):
             back(torch.ones(3, 3), ids, offsets, None, argmax, 0, 4, "sum", -1)
         with self.assertRaisesRegex(ValueError, "row_start and rows must be non-negative"):
@@ -220,21 +225,19 @@ class TestEmbeddingBagPartialPreconditions(TestCase):
         # No bags at all, with ids: nothing to pool (the dense CPU max kernel crashes on this).
         for fused in (True, False):
             for mode in ("sum", "max"):
-                pooled, argmax = _ops._embedding_bag_partial(weight, _ids(0, 1), _ids(), None, 0, mode, -1, fused)
-                self.assertEqual(pooled.shape, (0, 3))
-                grad = _ops._embedding_bag_partial_backward(
-                    pooled, _ids(0, 1), _ids(), None, argmax if mode == "max" else _ids(), 0, 4, mode, -1
-                )
+                with cpu_loops(fused):
+                    pooled, argmax = _ops._embedding_bag_partial(weight, _ids(0, 1), _ids(), None, 0, mode, -1)
+                    self.assertEqual(pooled.shape, (0, 3))
+                    grad = _ops._embedding_bag_partial_backward(
+                        pooled, _ids(0, 1), _ids(), None, argmax if mode == "max" else _ids(), 0, 4, mode, -1
+                    )
                 self.assertEqual(grad, torch.zeros(4, 3, dtype=torch.float64))
         # Offsets equal to the number of ids: trailing empty bags.
         for fused in (True, False):
-            pooled, _ = _ops._embedding_bag_partial(weight, _ids(1, 2), _ids(0, 2, 2), None, 0, "max", -1, fused)
+            with cpu_loops(fused):
+                pooled, _ = _ops._embedding_bag_partial(weight, _ids(1, 2), _ids(0, 2, 2), None, 0, "max", -1)
             self.assertEqual(pooled[0], weight[1:3].amax(0))
             self.assertTrue(torch.isinf(pooled[1:]).all())
-
-
-if __name__ == "__main__":
-    run_tests()
 
 
 class TestLookupOpsOnOneRank(TestCase):
@@ -261,31 +264,27 @@ class TestLookupOpsOnOneRank(TestCase):
         _unregister_process_group(self.group)
         super().tearDown()
 
-    def _check(self, which, mode, int32):
+    def _check(self, which, mode, loops):
         gen = torch.Generator().manual_seed(3)
         rows, dim = 11, 4
         weight = torch.randn(rows, dim, generator=gen, dtype=torch.float64)
         ids = torch.randint(0, rows, (9,), generator=gen)
         offsets = torch.tensor([0, 3, 3, 7])
-        psw = torch.rand(9, generator=gen, dtype=torch.float64) if mode == 0 else None
-        names = {0: "sum", 1: "mean", 2: "max"}
-        common = (rows, 2, mode, int32, True)  # num_embeddings, padding_idx, mode, int32, needs_grad
-        if which == "rows":
-            out, saved = _ops._rowwise_lookup(
-                weight, ids, offsets, psw, None, [0, rows], rows, 0, *common[1:], True, 0, [], 0, self.group
-            )
-            grad_weight = _ops._rowwise_lookup_backward(torch.ones_like(out), saved, rows, 0, 2, mode, self.group)
-        else:
-            out, saved = _ops._colwise_lookup(
-                weight, ids, offsets, psw, None, [0], [dim], *common, 0, [], 0, self.group
-            )
-            grad_weight = _ops._colwise_lookup_backward(torch.ones_like(out), saved, rows, 2, mode, self.group)
+        psw = torch.rand(9, generator=gen, dtype=torch.float64) if mode == "sum" else None
+        # block_starts, block_sizes, num_embeddings, padding_idx, mode, include_last_offset, needs_grad,
+        # fingerprint, arguments
+        common = (rows, 2, mode, False, True, 0, [])
+        with cpu_loops(loops):
+            if which == "rows":
+                out, saved = _ops._rowwise_lookup(weight, ids, offsets, psw, [0], [rows], *common, self.group)
+                grad_weight = _ops._rowwise_lookup_backward(torch.ones_like(out), saved, 2, mode, self.group)
+            else:
+                out, saved = _ops._colwise_lookup(weight, ids, offsets, psw, [0], [dim], *common, self.group)
+                grad_weight = _ops._colwise_lookup_backward(torch.ones_like(out), saved, 2, mode, self.group)
         dense = weight.clone().requires_grad_(True)
-        expected = torch.nn.functional.embedding_bag(
-            ids, dense, offsets, mode=names[mode], per_sample_weights=psw, padding_idx=2
-        )
+        expected = torch.nn.functional.embedding_bag(ids, dense, offsets, mode=mode, per_sample_weights=psw, padding_idx=2)
         expected.sum().backward()
-        where = f"{which} {names[mode]} int32={int32}"
+        where = f"{which} {mode} loops={loops}"
         self.assertEqual(out, expected, msg=where)
         self.assertEqual(grad_weight, dense.grad, msg=where)
         inputs = [t for t in (weight, ids, offsets, psw) if t is not None]
@@ -296,6 +295,10 @@ class TestLookupOpsOnOneRank(TestCase):
 
     def test_results_gradients_and_no_aliases(self):
         for which in ("rows", "columns"):
-            for mode in (0, 1, 2):
-                for int32 in (True, False):
-                    self._check(which, mode, int32)
+            for mode in ("sum", "mean", "max"):
+                for loops in (True, False):
+                    self._check(which, mode, loops)
+
+
+if __name__ == "__main__":
+    run_tests()

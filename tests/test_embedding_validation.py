@@ -61,10 +61,13 @@ class TestEmbeddingInputValidation(ShardedTensorTestBase):
                 with self.assertRaisesRegex(cls, dense_pattern):
                     fn(*bad[0], dense, **bad[1])
         else:
+            # The peers name the bad rank AND say what is wrong there: its exception's class and message
+            # (NOTE [ Reasons travel ] in csrc/comm/reasons.cpp).
             with self.assertRaisesRegex(
-                peer_cls or cls, f"rank {BAD_RANK} of the process group rejected its arguments"
-            ):
+                peer_cls or cls, f"rank {BAD_RANK} of the process group rejected its arguments \\({cls.__name__}: "
+            ) as caught:
                 fn(*good[0], weight, **good[1])
+            self.assertRegex(str(caught.exception), pattern)
 
     def _embedding_bag_cases(self, device):
         ids = _long(1, 2, 3, device=device)

@@ -1,16 +1,15 @@
 """How every torch_shard op is registered: kernels per dispatch key, fake kernels, autograd,
 ``torch.library.opcheck`` over the ops that can be traced, and the error the others raise under
-FakeTensorMode (NOTE [ Ops that cannot be traced ] in csrc/ops/untraceable.h). Single process, except
-the registered autograd of the two collectives (4 ranks).
+FakeTensorMode (NOTE [ Ops that cannot be traced ] in csrc/ops/untraceable.h). Also the row-wise
+routing helpers the test-only library reaches (csrc/testing_hooks.h). Single process.
 """
 
 import torch
-import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import torch_shard
-from torch_shard.testing import TEST_WORLD_SIZE, ShardedTensorTestBase, TestCase, rank_device, run_tests, with_comms
+from torch_shard.testing import TestCase, cpu_loops, run_tests
 
 _ops = torch.ops.torch_shard
 
@@ -21,21 +20,17 @@ TRACEABLE = {
     "_embedding_bag_partial": ("CPU", "CUDA"),
     "_embedding_bag_partial_backward": ("CPU", "CUDA"),
     "chunk_boxes": ("CompositeExplicitAutograd",),
-    # CPU only: other devices route with the Python composition (NOTE [ Requester-side routing in one op ]).
-    "_bucket_ids": ("CPU",),
-    "_unpack_routed": ("CPU",),
 }
 # Not traceable (CompositeImplicitAutograd, raising under FakeTensorMode): they communicate ...
 COMMUNICATE = {
     "shard", "gather", "reshard", "_abort", "_agree_shard", "_share_inputs", "_all_ranks_true",
-    "_gather_values", "_all_to_all", "_sum_over_ranks", "_rowwise_lookup", "_rowwise_lookup_backward",
-    "_colwise_lookup", "_colwise_lookup_backward",
+    "_gather_values", "_rowwise_lookup", "_rowwise_lookup_backward", "_colwise_lookup",
+    "_colwise_lookup_backward", "_embedding_renorm_",
 }
-# Of those, the two collectives on plain tensors have CPU and CUDA kernels, registered autograd and a fake
-# kernel that raises (the others run at the Autograd key, before the Python key of a ShardedTensor).
-COLLECTIVES = {"_all_to_all", "_sum_over_ranks"}
-# So do the whole lookups in one call (NOTE [ A row-wise lookup in one call ], NOTE [ A column-wise
-# lookup in one call ]); their backward ops have no autograd of their own (no double backward).
+# Of those, the whole lookups in one call (NOTE [ A row-wise lookup in one call ], NOTE [ A column-wise
+# lookup in one call ]) take and return plain tensors only: CPU and CUDA kernels, registered autograd and
+# a fake kernel that raises (the others run at the Autograd key, before the Python key of a
+# ShardedTensor). Their backward ops have no autograd of their own (no double backward).
 LOOKUP = {"_rowwise_lookup", "_rowwise_lookup_backward", "_colwise_lookup", "_colwise_lookup_backward"}
 # ... build or read a ShardedTensor's C++ impl ...
 READ_IMPL = {
@@ -74,8 +69,9 @@ def _owned(ids, offsets, row_start, rows):
 
 
 def _partial_samples():
-    """(args) of _embedding_bag_partial: sum and max, with and without per-sample weights, a padding id,
-    `owned` given or not, fused or not, empty bags, no bags, no ids."""
+    """(CPU loops or not, args) of _embedding_bag_partial: sum and max, with and without per-sample
+    weights, a padding id, `owned` given or not, the CPU's loops or the composition, empty bags, no bags,
+    no ids."""
     gen = torch.Generator().manual_seed(0)
     row_start, rows, dim = 10, 5, 3
     ids = _long(10, 12, 3, 14, 11, 10, 20, 13)
@@ -91,13 +87,13 @@ def _partial_samples():
                     for owned in (None, _owned(ids, offsets, row_start, rows)):
                         weight = torch.randn(rows, dim, generator=gen, dtype=torch.float64, requires_grad=True)
                         samples.append(
-                            (weight, ids, offsets, psw if weighted else None, row_start, mode, padding_idx, fused, owned)
+                            (fused, (weight, ids, offsets, psw if weighted else None, row_start, mode, padding_idx, owned))
                         )
     for mode in ("sum", "max"):
         weight = torch.randn(rows, dim, generator=gen, requires_grad=True)
-        samples.append((weight, ids, _long(), None, row_start, mode, -1, True, 0))  # no bags
-        samples.append((weight, _long(), _long(0, 0), None, row_start, mode, -1, False, None))  # no ids
-        samples.append((weight, _long(1, 2), _long(0), None, row_start, mode, -1, True, None))  # none owned
+        samples.append((True, (weight, ids, _long(), None, row_start, mode, -1, 0)))  # no bags
+        samples.append((False, (weight, _long(), _long(0, 0), None, row_start, mode, -1, None)))  # no ids
+        samples.append((True, (weight, _long(1, 2), _long(0), None, row_start, mode, -1, None)))  # none owned
     return samples
 
 
@@ -124,12 +120,6 @@ class TestRegistrations(TestCase):
         # Python autograd.Function around it; the backward op has none (no double backward).
         self.assertTrue(_has_kernel("_embedding_bag_partial", "Autograd"))
         self.assertFalse(_has_kernel("_embedding_bag_partial_backward", "Autograd"))
-        for name in COLLECTIVES:
-            with self.subTest(op=name):
-                for key in ("CPU", "CUDA", "Autograd"):
-                    self.assertTrue(_has_kernel(name, key), f"{name} has no {key} kernel")
-                self.assertFalse(_has_kernel(name, "CompositeImplicitAutograd"))
-                self.assertTrue(_has_fake_kernel(name))  # it raises: TestUntraceableOps
         for name in LOOKUP:
             with self.subTest(op=name):
                 for key in ("CPU", "CUDA"):
@@ -138,7 +128,7 @@ class TestRegistrations(TestCase):
                 self.assertFalse(_has_kernel(name, "CompositeImplicitAutograd"))
                 self.assertTrue(_has_fake_kernel(name))  # it raises: TestUntraceableOps
         # The others run at the Autograd key, before the Python key of a wrapped ShardedTensor.
-        for name in (COMMUNICATE - COLLECTIVES - LOOKUP) | READ_IMPL | READ_VALUES | PLAIN:
+        for name in (COMMUNICATE - LOOKUP) | READ_IMPL | READ_VALUES | PLAIN:
             with self.subTest(op=name):
                 self.assertTrue(_has_kernel(name, "CompositeImplicitAutograd"))
                 self.assertFalse(_has_fake_kernel(name))
@@ -147,65 +137,76 @@ class TestRegistrations(TestCase):
         # Schema (no undeclared mutation or aliasing), autograd registration, fake kernel against the
         # real one (shapes, dtypes, strides, devices), and AOTAutograd with dynamic shapes (outputs and
         # gradients against eager).
-        for sample in _partial_samples():
-            with self.subTest(mode=sample[5], weighted=sample[3] is not None, pad=sample[6], fused=sample[7], owned=sample[8], ids=sample[1].numel(), bags=sample[2].numel()):
-                torch.library.opcheck(_ops._embedding_bag_partial.default, sample)
+        for fused, sample in _partial_samples():
+            with self.subTest(mode=sample[5], weighted=sample[3] is not None, pad=sample[6], fused=fused, owned=sample[7], ids=sample[1].numel(), bags=sample[2].numel()):
+                with cpu_loops(fused):
+                    torch.library.opcheck(_ops._embedding_bag_partial.default, sample)
 
-    def test_bucket_ids_and_unpack_routed(self):
-        # NOTE [ Requester-side routing in one op ]: rows [0, 4) on rank 1, [4, 8) on rank 2, none on
-        # rank 0, [8, 10) on rank 3; bags [0, 2), [2, 2) (empty), [2, 5).
-        ids, offsets, ranges = _long(9, 1, 5, 0, 8), _long(0, 2, 2), [0, 0, 0, 4, 4, 8, 8, 10]
-        for int32 in (False, True):
-            with self.subTest(int32=int32):
-                send, perm, words, status, divisors = _ops._bucket_ids(ids, offsets, ranges, 10, int32, 7, None, 1)
-                self.assertEqual(send.dtype, torch.int32 if int32 else torch.int64)
-                # per owner: its ids, then its lengths of the 3 bags
-                expected = [0, 0, 0, 1, 0, 1, 0, 1, 5, 0, 0, 1, 9, 8, 1, 0, 1]
-                self.assertEqual(send.tolist(), expected)
-                self.assertEqual(perm.tolist(), [1, 3, 2, 0, 4])
-                self.assertEqual(words.tolist(), [c + (3 << 32) for c in (0, 2, 1, 2)])
-                self.assertEqual(int(status), 0)
-                self.assertEqual(divisors.tolist(), [1, 1, 3])  # id 1 pads; an empty bag divides by 1
-                # Rank 3 receives from two requesters that sent it the same block, rows from 8.
-                block = send[-5:]
-                got_ids, got_offsets = _ops._unpack_routed(torch.cat([block, block]), [2, 2], [3, 3], 8)
-                self.assertEqual(got_ids.tolist(), [1, 0, 1, 0])
-                self.assertEqual(got_offsets.tolist(), [0, 1, 1, 2, 3, 3])
-                torch.library.opcheck(_ops._bucket_ids.default, (ids, offsets, ranges, 10, int32, 7, None, 1))
-                torch.library.opcheck(_ops._bucket_ids.default, (ids, None, ranges, 10, int32, 7, _long(3)[0]))
-                torch.library.opcheck(_ops._unpack_routed.default, (torch.cat([block, block]), [2, 2], [3, 3], 8))
-        # An id out of range: the status says so (before any other check's), every index stays in bounds.
-        for bad in (-3, 10, 2**40):
-            _, _, words, status, _ = _ops._bucket_ids(_long(bad, 1), _long(0), ranges, 10, True, 7, _long(5)[0])
-            self.assertEqual((int(status), int(words.sum()) & 0xFFFFFFFF), (7, 2))
-        _, _, _, status, _ = _ops._bucket_ids(_long(3, 1), _long(0), ranges, 10, True, 7, _long(5)[0])
-        self.assertEqual(int(status), 5)
-        # Ill-formed offsets (the agreement raises on them) and no ids at all stay in bounds too.
-        send, perm, words, _, _ = _ops._bucket_ids(_long(3, 1, 9), _long(2, 0, 7), ranges, 10, False, 7, None)
-        self.assertEqual((send.numel(), sorted(perm.tolist())), (3 + 4 * 3, [0, 1, 2]))
-        send, perm, words, _, _ = _ops._bucket_ids(_long(), _long(), ranges, 10, False, 7, None)
-        self.assertEqual((send.numel(), perm.numel(), words.tolist()), (0, 0, [0] * 4))
-        with self.assertRaisesRegex(ValueError, "lengths do not add up"):
-            _ops._unpack_routed(_long(8, 9, 3), [2], [1], 8)
+    def test_bucket_ids_and_unpack_received(self):
+        # NOTE [ Requester-side routing in one op ], through the test-only library (the helpers are C++,
+        # not ops): rows [0, 4) on rank 1, [4, 8) on rank 2, none on rank 0, [8, 10) on rank 3; bags
+        # [0, 2), [2, 2) (empty), [2, 5). The CPU's loops and the composition other devices take give the
+        # same, with int32 ids (10 rows) and int64 ones (a table of 2**31 rows or more).
+        testing = torch.ops.torch_shard_testing
+        ids, offsets = _long(9, 1, 5, 0, 8), _long(0, 2, 2)
+        for rows, dtype in ((10, torch.int32), (2**40, torch.int64)):
+            starts, sizes = [0, 0, 4, 8], [0, 4, 4, rows - 8]
+            for loops in (True, False):
+                with self.subTest(rows=rows, loops=loops), cpu_loops(loops):
+                    send, perm, words, divisors = testing._bucket_ids(ids, offsets, starts, sizes, rows, 1)
+                    self.assertEqual(send.dtype, dtype)
+                    # per owner holding ids: its ids, then its lengths of the 3 bags (rank 0 holds none,
+                    # so it gets no lengths either: NOTE [ Idle owners ])
+                    self.assertEqual(send.tolist(), [1, 0, 1, 0, 1, 5, 0, 0, 1, 9, 8, 1, 0, 1])
+                    self.assertEqual(perm.tolist(), [1, 3, 2, 0, 4])
+                    self.assertEqual(words.tolist(), [c + (3 << 32) for c in (0, 2, 1, 2)])
+                    self.assertEqual(divisors.tolist(), [1, 1, 3])  # id 1 pads; an empty bag divides by 1
+                    # Without bags: ids only, words are counts.
+                    send, perm, words, _ = testing._bucket_ids(ids, None, starts, sizes, rows, -1)
+                    self.assertEqual((send.tolist(), words.tolist()), ([1, 0, 5, 9, 8], [0, 2, 1, 2]))
+                    # Rank 3 receives from two requesters that sent it the same block, rows from 8.
+                    block = _long(9, 8, 1, 0, 1).to(dtype)
+                    got_ids, got_offsets = testing._unpack_received(torch.cat([block, block]), [2, 2], [3, 3], True, 8)
+                    self.assertEqual(got_ids.tolist(), [1, 0, 1, 0])
+                    self.assertEqual(got_offsets.tolist(), [0, 1, 1, 2, 3, 3])
+                    # Ids out of range and ill-formed offsets (the agreement raises on them) and no ids
+                    # at all stay in bounds: every id goes to some owner, every index is in its tensor.
+                    for bad in (-3, 10, 2**41):
+                        send, perm, words, _ = testing._bucket_ids(_long(bad, 1), _long(0), starts, sizes, rows, -1)
+                        self.assertEqual((sorted(perm.tolist()), sum(w & 0xFFFFFFFF for w in words.tolist())), ([0, 1], 2))
+                    send, perm, words, _ = testing._bucket_ids(_long(3, 1, 9), _long(2, 0, 7), starts, sizes, rows, -1)
+                    self.assertEqual(sorted(perm.tolist()), [0, 1, 2])
+                    self.assertEqual(send.numel(), 3 + 3 * sum(1 for w in words.tolist() if w & 0xFFFFFFFF))
+                    send, perm, words, _ = testing._bucket_ids(_long(), _long(), starts, sizes, rows, -1)
+                    self.assertEqual((send.numel(), perm.numel(), words.tolist()), (0, 0, [0] * 4))
+        # Lengths that do not add up to the ids are a bug, never input (checked requesters send them).
+        with self.assertRaisesRegex(RuntimeError, "lengths do not add up"):
+            testing._unpack_received(_long(8, 9, 3), [2], [1], True, 8)
         with self.assertRaisesRegex(ValueError, "received holds 2 values"):
-            _ops._unpack_routed(_long(8, 9), [2], [1], 8)
-        with self.assertRaisesRegex(ValueError, "not within"):
-            _ops._bucket_ids(_long(1), None, [0, 11], 10, False, 7, None)
+            testing._unpack_received(_long(8, 9), [2], [1], True, 8)
+        # The ranks' rows must tile the table: a row without an owner, or with two, raises.
+        with self.assertRaisesRegex(ValueError, "do not tile \\[0, 10\\): index 4 has no owner"):
+            testing._bucket_ids(_long(1), None, [0, 6], [4, 4], 10, -1)
+        with self.assertRaisesRegex(ValueError, "do not tile \\[0, 10\\): index 3 has two owners"):
+            testing._bucket_ids(_long(1), None, [0, 3], [4, 7], 10, -1)
+        with self.assertRaisesRegex(ValueError, "is not within"):
+            testing._bucket_ids(_long(1), None, [0, 10], [10, 1], 10, -1)
 
     def test_opcheck_embedding_bag_partial_backward(self):
-        for weight, ids, offsets, psw, row_start, mode, pad, fused, owned in _partial_samples():
+        for fused, (weight, ids, offsets, psw, row_start, mode, pad, owned) in _partial_samples():
             with self.subTest(mode=mode, weighted=psw is not None, pad=pad, owned=owned, bags=offsets.numel()):
-                with torch.no_grad():
-                    pooled, argmax = _ops._embedding_bag_partial(weight, ids, offsets, psw, row_start, mode, pad, fused, owned)
-                grad = torch.randn_like(pooled)
-                args = (grad, ids, offsets, psw, argmax, row_start, weight.size(0), mode, pad, owned)
-                torch.library.opcheck(_ops._embedding_bag_partial_backward.default, args)
+                with cpu_loops(fused):
+                    with torch.no_grad():
+                        pooled, argmax = _ops._embedding_bag_partial(weight, ids, offsets, psw, row_start, mode, pad, owned)
+                    grad = torch.randn_like(pooled)
+                    args = (grad, ids, offsets, psw, argmax, row_start, weight.size(0), mode, pad, owned)
+                    torch.library.opcheck(_ops._embedding_bag_partial_backward.default, args)
 
     def test_registered_autograd_matches_the_backward_op(self):
-        weight, ids, offsets, psw, row_start, _, pad, _, owned = _partial_samples()[4]
+        weight, ids, offsets, psw, row_start, _, pad, owned = _partial_samples()[4][1]
         for mode in ("sum", "max"):
             w = weight.detach().clone().requires_grad_(True)
-            pooled, argmax = _ops._embedding_bag_partial(w, ids, offsets, psw if mode == "sum" else None, row_start, mode, pad, True, owned)
+            pooled, argmax = _ops._embedding_bag_partial(w, ids, offsets, psw if mode == "sum" else None, row_start, mode, pad, owned)
             self.assertFalse(argmax.requires_grad)
             grad = torch.randn_like(pooled)
             finite = torch.isfinite(pooled)
@@ -269,39 +270,31 @@ class TestUntraceableOps(TestCase):
             "_share_inputs": lambda: _ops._share_inputs([torch.empty(2)], 0, 0, group),
             "_all_ranks_true": lambda: _ops._all_ranks_true(True, group),
             "_gather_values": lambda: _ops._gather_values(1, group),
-            "_all_to_all": lambda: _ops._all_to_all(torch.empty(2), [2], [2], group),
-            "_sum_over_ranks": lambda: _ops._sum_over_ranks(torch.empty(2), group),
             "_rowwise_lookup": lambda: _ops._rowwise_lookup(
-                torch.empty(4, 2), _long(1), None, None, None, [0, 4], 4, 0, -1, -1, True, False, True, 0, [], 0, group
+                torch.empty(4, 2), _long(1), None, None, [0], [4], 4, -1, "embedding", False, False, 0, [], group
             ),
             "_rowwise_lookup_backward": lambda: _ops._rowwise_lookup_backward(
-                torch.empty(1, 2), [_long()] * 10, 4, 0, -1, -1, group
+                torch.empty(1, 2), [_long()] * 10, -1, "embedding", group
             ),
             "_colwise_lookup": lambda: _ops._colwise_lookup(
-                torch.empty(4, 2), _long(1), None, None, None, [0], [2], 4, -1, -1, True, False, 0, [], 0, group
+                torch.empty(4, 2), _long(1), None, None, [0], [2], 4, -1, "embedding", False, False, 0, [], group
             ),
             "_colwise_lookup_backward": lambda: _ops._colwise_lookup_backward(
-                torch.empty(1, 2), [_long()] * 7, 4, -1, -1, group
+                torch.empty(1, 2), [_long()] * 7, -1, "embedding", group
+            ),
+            "_embedding_renorm_": lambda: _ops._embedding_renorm_(
+                torch.empty(4, 2), _long(1), 0, [0], [4], 4, 1.0, 2.0, 0, [], group
             ),
         }
         self.assertEqual(set(calls), COMMUNICATE)
         for name, call in calls.items():
             self._raises(name, why, call)
-        # make_fx without fake tensors reaches the collectives through ProxyTorchDispatchMode instead.
-        for name in COLLECTIVES:
-            with self.subTest(op=name, tracing_mode="real"):
-                if name == "_all_to_all":
-                    def traced(x):
-                        return _ops._all_to_all(x, [2], [2], group)
-                else:
-                    def traced(x):
-                        return _ops._sum_over_ranks(x, group)
-                with self.assertRaisesRegex(RuntimeError, rf"^torch_shard\.{name} {why}, so it cannot be traced"):
-                    make_fx(traced)(torch.ones(2))
-        # .with_words too.
-        self._raises(
-            "_share_inputs", why, lambda: _ops._share_inputs.with_words([torch.empty(2)], 0, 0, group, [], None, None)
-        )
+        # make_fx without fake tensors reaches the lookups through ProxyTorchDispatchMode instead.
+        def traced(local, ids):
+            return _ops._rowwise_lookup(local, ids, None, None, [0], [4], 4, -1, "embedding", False, False, 0, [], group)
+
+        with self.assertRaisesRegex(RuntimeError, rf"^torch_shard\._rowwise_lookup {why}, so it cannot be traced"):
+            make_fx(traced)(torch.ones(4, 2), _long(1))
 
     def test_impl_ops(self):
         why = "builds, reads or writes a ShardedTensor's C\\+\\+ impl"
@@ -352,50 +345,6 @@ class TestUntraceableOps(TestCase):
             meta = torch.zeros(2, 2, dtype=torch.int64, device="meta")
             _ops.validate_shards(meta, meta)
         self.assertEqual(_ops._find_overlap(_long(0, 1).view(2, 1), _long(2, 2).view(2, 1)), [0, 1])
-
-
-class TestCollectivesAutograd(ShardedTensorTestBase):
-    """The registered autograd of _all_to_all and _sum_over_ranks, 4 ranks (gradients on every rank)."""
-
-    @with_comms(init_rpc=False)
-    def test_all_to_all_backward_is_the_reverse_all_to_all(self):
-        group, device, me, world = dist.group.WORLD.group_name, rank_device(self.rank), self.rank, TEST_WORLD_SIZE
-
-        def count(src, dst):  # elements rank src sends to rank dst (uneven, and 0 from rank 0 to rank 1)
-            return 0 if (src, dst) == (0, 1) else src + 2 * dst + 1
-
-        send_counts = [count(me, p) for p in range(world)]
-        recv_counts = [count(p, me) for p in range(world)]
-
-        def sent_by(rank):  # what rank `rank` sends (its input), the same formula on every rank
-            return torch.arange(sum(count(rank, p) for p in range(world)), dtype=torch.float64) + 100 * rank
-
-        def piece(flat, counts, p):
-            start = sum(counts[:p])
-            return flat[start : start + counts[p]]
-
-        x = sent_by(me).to(device).requires_grad_(True)
-        out = torch.ops.torch_shard._all_to_all(x, send_counts, recv_counts, group)
-        for p in range(world):  # the piece from p is what p sent here
-            self.assertEqual(piece(out, recv_counts, p), piece(sent_by(p), [count(p, q) for q in range(world)], me).to(device))
-        # Loss weights: on rank r, received element i weighs 1000 * r + i.
-        def weights(rank):
-            return torch.arange(sum(count(p, rank) for p in range(world)), dtype=torch.float64) + 1000 * rank
-
-        (out * weights(me).to(device)).sum().backward()
-        # What this rank sent to p was p's piece from this rank: its gradient is p's weights there.
-        expected = torch.cat([piece(weights(p), [count(q, p) for q in range(world)], me) for p in range(world)])
-        self.assertEqual(x.grad, expected.to(device))
-
-    @with_comms(init_rpc=False)
-    def test_sum_over_ranks_backward_sums_the_gradients(self):
-        group, device, world = dist.group.WORLD.group_name, rank_device(self.rank), TEST_WORLD_SIZE
-        x = torch.full((3,), float(self.rank + 1), dtype=torch.float64, device=device, requires_grad=True)
-        total = torch.ops.torch_shard._sum_over_ranks(x, group)
-        self.assertEqual(total, torch.full((3,), world * (world + 1) / 2, dtype=torch.float64, device=device))
-        (total * (self.rank + 1)).sum().backward()
-        # d(sum over ranks r of (r + 1) * total_r) / dx = sum over ranks of (r + 1).
-        self.assertEqual(x.grad, torch.full((3,), world * (world + 1) / 2, dtype=torch.float64, device=device))
 
 
 if __name__ == "__main__":

@@ -55,6 +55,9 @@ def _error_class_name(error: BaseException) -> str:
 
 def abort_and_raise(op: str, error: BaseException, process_group) -> None:
     """Tell the other ranks of ``process_group``, which are running data op ``op``, that this rank's
-    arguments failed (so they raise the same class, from the one error table), then raise ``error``."""
-    torch.ops.torch_shard._abort(op, _error_class_name(error), process_group.group_name)
+    arguments failed (so they raise the same class, from the one error table, carrying this error's
+    class and message: NOTE [ Reasons travel ] in csrc/comm/reasons.cpp), then raise ``error``."""
+    torch.ops.torch_shard._abort(
+        op, _error_class_name(error), process_group.group_name, f"{type(error).__name__}: {error}"
+    )
     raise error

@@ -8,10 +8,9 @@ What is written in Python lives here, imported once with the extension:
   ``_embedding_bag_partial``, ``_embedding_bag_partial_backward`` and ``chunk_boxes``;
 * the autograd of ``_embedding_bag_partial`` (``torch.library.register_autograd``): its backward is
   the op ``_embedding_bag_partial_backward``;
-* the autograd of the two collectives on plain tensors, ``_all_to_all`` (the reverse all-to-all) and
-  ``_sum_over_ranks``, and their fake kernels and make_fx rules, which raise: they communicate;
-* the same for ``_rowwise_lookup`` and ``_colwise_lookup`` (a whole sharded lookup in one call; each
-  backward is the op of the same name with ``_backward``).
+* the autograd of ``_rowwise_lookup`` and ``_colwise_lookup`` (a whole sharded lookup in one call; each
+  backward is the op of the same name with ``_backward``), and their fake kernels and make_fx rules,
+  which raise: they communicate.
 
 The other ops taking or returning tensors cannot be traced either and raise a RuntimeError under
 FakeTensorMode / make_fx (NOTE [ Ops that cannot be traced ] in csrc/ops/untraceable.h): the
@@ -64,9 +63,7 @@ def _check_mode(op: str, mode: str) -> None:
 
 
 @torch.library.register_fake(_PARTIAL)
-def _embedding_bag_partial_fake(
-    weight, ids, offsets, per_sample_weights, row_start, mode, padding_idx, fused=True, owned=None
-):
+def _embedding_bag_partial_fake(weight, ids, offsets, per_sample_weights, row_start, mode, padding_idx, owned=None):
     """[num_bags, dim] of the weight's dtype, and the winners' positions in ids: int64 [num_bags, dim]
     for "max", else empty; both on the weight's device."""
     op = "torch_shard._embedding_bag_partial"
@@ -79,7 +76,7 @@ def _embedding_bag_partial_fake(
 
 @torch.library.register_fake(_PARTIAL_BACKWARD)
 def _embedding_bag_partial_backward_fake(
-    grad, ids, offsets, per_sample_weights, argmax, row_start, rows, mode, padding_idx, owned=None, fused=True
+    grad, ids, offsets, per_sample_weights, argmax, row_start, rows, mode, padding_idx, owned=None
 ):
     """The weight shard's gradient: [rows, dim] of the gradient's dtype, on its device."""
     op = "torch_shard._embedding_bag_partial_backward"
@@ -96,26 +93,25 @@ def _embedding_bag_partial_backward_fake(
 
 
 def _partial_setup_context(ctx, inputs, output) -> None:
-    weight, ids, offsets, per_sample_weights, row_start, mode, padding_idx, fused, owned = inputs
+    weight, ids, offsets, per_sample_weights, row_start, mode, padding_idx, owned = inputs
     if per_sample_weights is not None and per_sample_weights.requires_grad:
         raise NotImplementedError(
             "torch_shard._embedding_bag_partial: gradients with respect to per_sample_weights are not supported"
         )
     _, argmax = output
     ctx.save_for_backward(ids, offsets, per_sample_weights, argmax)
-    ctx.arguments = (row_start, weight.shape[0], mode, padding_idx, owned, fused)
+    ctx.arguments = (row_start, weight.shape[0], mode, padding_idx, owned)
 
 
 def _partial_backward(ctx, grad_pooled, _grad_argmax):
     ids, offsets, per_sample_weights, argmax = ctx.saved_tensors
-    row_start, rows, mode, padding_idx, owned, fused = ctx.arguments
+    row_start, rows, mode, padding_idx, owned = ctx.arguments
     grad_weight = torch.ops.torch_shard._embedding_bag_partial_backward(
-        grad_pooled.contiguous(), ids, offsets, per_sample_weights, argmax, row_start, rows, mode, padding_idx, owned,
-        fused,
+        grad_pooled.contiguous(), ids, offsets, per_sample_weights, argmax, row_start, rows, mode, padding_idx, owned
     )
     # Only the weight is differentiable: ids, offsets and argmax are integers, and per_sample_weights
     # never requires grad here (checked in the forward).
-    return grad_weight, None, None, None, None, None, None, None, None
+    return grad_weight, None, None, None, None, None, None, None
 
 
 torch.library.register_autograd(_PARTIAL, _partial_backward, setup_context=_partial_setup_context)
@@ -130,39 +126,6 @@ def _chunk_boxes_fake(global_size, dim, num_chunks):
     return torch.empty(offsets.shape, dtype=torch.int64), torch.empty(offsets.shape, dtype=torch.int64)
 
 
-@torch.library.register_fake("torch_shard::_bucket_ids")
-def _bucket_ids_fake(ids, offsets, row_ranges, num_embeddings, int32, range_code, status, padding_idx=-1):
-    """(send, perm, words, status, divisors): sizes from the shapes (NOTE [ Requester-side routing in one op ] in
-    csrc/ops/embedding_ops.cpp)."""
-    op = "torch_shard._bucket_ids"
-    if ids.dtype != torch.int64 or ids.dim() != 1:
-        raise TypeError(f"{op}: ids must be 1-D int64, got {ids.dim()}-D {ids.dtype}")
-    if not row_ranges or len(row_ranges) % 2:
-        raise ValueError(f"{op}: row_ranges must hold a (first, end) pair per rank, got {len(row_ranges)} values")
-    world = len(row_ranges) // 2
-    lengths = world * offsets.numel() if offsets is not None else 0
-    send = ids.new_empty(ids.numel() + lengths, dtype=torch.int32 if int32 else torch.int64)
-    bags = offsets.numel() if offsets is not None else 0
-    return send, ids.new_empty(ids.numel()), ids.new_empty(world), ids.new_empty(()), ids.new_empty(bags)
-
-
-@torch.library.register_fake("torch_shard::_unpack_routed")
-def _unpack_routed_fake(received, counts_in, bags_in, row_start):
-    """(ids, offsets) of sum(counts_in) and sum(bags_in) values, in ``received``'s dtype."""
-    if received.numel() != sum(counts_in) + sum(bags_in):
-        raise ValueError(
-            f"torch_shard._unpack_routed: received holds {received.numel()} values, the counts say "
-            f"{sum(counts_in)} ids and {sum(bags_in)} lengths"
-        )
-    return received.new_empty(sum(counts_in)), received.new_empty(sum(bags_in))
-
-
-# The two collectives on plain tensors (NOTE [ Why not torch's functional collectives ] in
-# csrc/ops/data_ops.cpp): CPU and CUDA kernels, their autograd here, and fake kernels that raise.
-_ALL_TO_ALL = "torch_shard::_all_to_all"
-_SUM_OVER_RANKS = "torch_shard::_sum_over_ranks"
-
-
 def _cannot_trace(op: str) -> RuntimeError:
     """The error of the C++ check_not_tracing (csrc/ops/untraceable.h), word for word."""
     return RuntimeError(
@@ -172,59 +135,16 @@ def _cannot_trace(op: str) -> RuntimeError:
     )
 
 
-@torch.library.register_fake(_ALL_TO_ALL)
-def _all_to_all_fake(input, send_counts, recv_counts, group_name):
-    """Raises: run under FakeTensorMode, the op would exchange nothing (NOTE [ Ops that cannot be
-    traced ])."""
-    raise _cannot_trace("_all_to_all")
-
-
-@torch.library.register_fake(_SUM_OVER_RANKS)
-def _sum_over_ranks_fake(input, group_name):
-    """Raises, as :func:`_all_to_all_fake`."""
-    raise _cannot_trace("_sum_over_ranks")
-
-
 def _refuse_proxy(mode, func, types, args, kwargs):
     """make_fx without fake tensors (tracing_mode="real") reaches ProxyTorchDispatchMode, not the fake
     kernel: it would record the op and run it once, communicating at trace time."""
     raise _cannot_trace(func._schema.name.split("::", 1)[1])
 
 
-torch.library.register_torch_dispatch(_ALL_TO_ALL, ProxyTorchDispatchMode, _refuse_proxy)
-torch.library.register_torch_dispatch(_SUM_OVER_RANKS, ProxyTorchDispatchMode, _refuse_proxy)
-
-
-def _all_to_all_setup_context(ctx, inputs, output) -> None:
-    _, send_counts, recv_counts, group_name = inputs
-    ctx.counts = (send_counts, recv_counts, group_name)
-
-
-def _all_to_all_backward(ctx, grad):
-    # What this rank sent to rank p came back from p as p's received piece: the reverse all-to-all
-    # (counts swapped) returns each piece's gradient to the rank that sent it.
-    send_counts, recv_counts, group_name = ctx.counts
-    return torch.ops.torch_shard._all_to_all(grad.contiguous(), recv_counts, send_counts, group_name), None, None, None
-
-
-def _sum_over_ranks_backward(ctx, grad):
-    # Every rank's output is the sum of every rank's input: an input's gradient is the sum of the
-    # outputs' gradients over the ranks.
-    return torch.ops.torch_shard._sum_over_ranks(grad, ctx.group_name), None
-
-
-def _sum_over_ranks_setup_context(ctx, inputs, output) -> None:
-    ctx.group_name = inputs[1]
-
-
-torch.library.register_autograd(_ALL_TO_ALL, _all_to_all_backward, setup_context=_all_to_all_setup_context)
-torch.library.register_autograd(_SUM_OVER_RANKS, _sum_over_ranks_backward, setup_context=_sum_over_ranks_setup_context)
-
-
 # A whole sharded lookup in one call, row-wise or column-wise (NOTE [ A row-wise lookup in one call ]
 # in csrc/ops/rowwise_lookup.cpp, NOTE [ A column-wise lookup in one call ] in
 # csrc/ops/colwise_lookup.cpp): CPU and CUDA kernels; their autograd here (each backward is the second
-# op, also one call), and fake kernels that raise, as for the collectives: these ops communicate.
+# op, also one call), and fake kernels that raise: these ops communicate.
 _ROWWISE = "torch_shard::_rowwise_lookup"
 _COLWISE = "torch_shard::_colwise_lookup"
 LOOKUP_OPS = (_ROWWISE, _ROWWISE + "_backward", _COLWISE, _COLWISE + "_backward")
@@ -234,7 +154,7 @@ def _raising_fake(name: str):
     def fake(*args, **kwargs):
         raise _cannot_trace(name)
 
-    fake.__doc__ = f"Raises, as :func:`_all_to_all_fake`: torch_shard.{name} communicates."
+    fake.__doc__ = f"Raises: run under FakeTensorMode, torch_shard.{name} would exchange nothing (NOTE [ Ops that cannot be traced ])."
     return fake
 
 
@@ -243,33 +163,29 @@ for _op in LOOKUP_OPS:
     torch.library.register_torch_dispatch(_op, ProxyTorchDispatchMode, _refuse_proxy)
 
 
-def _rowwise_lookup_setup_context(ctx, inputs, output) -> None:
-    local, row_start, padding_idx, mode, group_name = inputs[0], inputs[7], inputs[8], inputs[9], inputs[16]
-    ctx.lookup = (local.size(0), row_start, padding_idx, mode, group_name)
+# Both forward schemas: (local, ids, offsets, per_sample_weights, block_starts, block_sizes, num_embeddings,
+# padding_idx, mode, include_last_offset, needs_grad, fingerprint, arguments, group_name); what the backward
+# needs besides these is in the forward's second output.
+_FORWARD_INPUTS = 14
+
+
+def _lookup_setup_context(ctx, inputs, output) -> None:
+    ctx.lookup = (inputs[7], inputs[8], inputs[13])  # padding_idx, mode, group_name
     ctx.save_for_backward(*output[1])
 
 
-def _rowwise_lookup_backward(ctx, grad, *unused):
-    rows, row_start, padding_idx, mode, group_name = ctx.lookup
-    grad_local = torch.ops.torch_shard._rowwise_lookup_backward(
-        grad.contiguous(), list(ctx.saved_tensors), rows, row_start, padding_idx, mode, group_name
-    )
-    return (grad_local,) + (None,) * 16
+def _backward_of(op):
+    def backward(ctx, grad, *unused):
+        padding_idx, mode, group_name = ctx.lookup
+        grad_local = op(grad.contiguous(), list(ctx.saved_tensors), padding_idx, mode, group_name)
+        return (grad_local,) + (None,) * (_FORWARD_INPUTS - 1)
+
+    return backward
 
 
-def _colwise_lookup_setup_context(ctx, inputs, output) -> None:
-    local, padding_idx, mode, group_name = inputs[0], inputs[8], inputs[9], inputs[15]
-    ctx.lookup = (local.size(0), padding_idx, mode, group_name)
-    ctx.save_for_backward(*output[1])
-
-
-def _colwise_lookup_backward(ctx, grad, *unused):
-    rows, padding_idx, mode, group_name = ctx.lookup
-    grad_local = torch.ops.torch_shard._colwise_lookup_backward(
-        grad.contiguous(), list(ctx.saved_tensors), rows, padding_idx, mode, group_name
-    )
-    return (grad_local,) + (None,) * 15
-
-
-torch.library.register_autograd(_ROWWISE, _rowwise_lookup_backward, setup_context=_rowwise_lookup_setup_context)
-torch.library.register_autograd(_COLWISE, _colwise_lookup_backward, setup_context=_colwise_lookup_setup_context)
+torch.library.register_autograd(
+    _ROWWISE, _backward_of(torch.ops.torch_shard._rowwise_lookup_backward), setup_context=_lookup_setup_context
+)
+torch.library.register_autograd(
+    _COLWISE, _backward_of(torch.ops.torch_shard._colwise_lookup_backward), setup_context=_lookup_setup_context
+)

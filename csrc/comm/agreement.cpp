@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <sstream>
 #include <utility>
 
 #include <ATen/ops/cat.h>
@@ -14,8 +13,6 @@
 
 namespace torch_shard {
 namespace comm {
-
-namespace {
 
 const char* error_class_name(ErrorCode code) {
   switch (code) {
@@ -37,8 +34,6 @@ const char* error_class_name(ErrorCode code) {
   }
   return "error";
 }
-
-} // namespace
 
 namespace {
 
@@ -95,33 +90,6 @@ ErrorCode classify(std::exception_ptr error) {
     return ErrorCode::kRuntimeError;
   } catch (...) {
     return ErrorCode::kOther;
-  }
-}
-
-[[noreturn]] void raise_peer_failure(OpKind op, ErrorCode code, int64_t rank) {
-  std::ostringstream msg;
-  if (code == ErrorCode::kLost) {
-    msg << "torch_shard." << op_name(op) << ": rank " << rank
-        << " of the process group did not take part in the agreement round (its message to the hub, "
-           "group rank 0, failed: the process ended, its connection broke or the group's timeout "
-           "passed); every rank stops here instead of waiting for it";
-    C10_THROW_ERROR(DistBackendError, msg.str());
-  }
-  msg << "torch_shard." << op_name(op) << ": rank " << rank
-      << " of the process group rejected its arguments; every rank stops here instead of waiting "
-         "for it (see the "
-      << error_class_name(code) << " raised on rank " << rank << ")";
-  switch (code) {
-    case ErrorCode::kValueError:
-      C10_THROW_ERROR(ValueError, msg.str());
-    case ErrorCode::kTypeError:
-      C10_THROW_ERROR(TypeError, msg.str());
-    case ErrorCode::kIndexError:
-      C10_THROW_ERROR(IndexError, msg.str());
-    case ErrorCode::kNotImplementedError:
-      C10_THROW_ERROR(NotImplementedError, msg.str());
-    default:
-      C10_THROW_ERROR(Error, msg.str());
   }
 }
 

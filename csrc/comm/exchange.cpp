@@ -10,7 +10,6 @@
 
 #include "comm/exchange_state.h"
 #include "comm/process_group.h"
-#include "comm/transfer.h"
 
 namespace torch_shard {
 namespace comm {
@@ -65,9 +64,13 @@ namespace {
 
 std::atomic<FaultHook> fault_hook{nullptr};
 
+} // namespace
+
 void set_fault_hook(FaultHook hook) {
   fault_hook.store(hook);
 }
+
+namespace {
 
 // A group whose CPU backend is gloo carries point-to-point messages; a backend written in Python
 // (torch's threaded test group) or NCCL alone gets collectives only.
@@ -168,19 +171,47 @@ void describe_moves(Exchange& x) {
   }
 }
 
-// Raises on every rank unless every rank agreed (the same table everywhere: the same verdict).
-void verdict(Exchange& x, Outcome& outcome) {
-  if (x.failed) {
-    std::rethrow_exception(x.agreement.error);
-  }
-  if (x.field(x.me, kError) != 0) {
-    raise_own_status(x.agreement, x.op, x.field(x.me, kError)); // its input failed a check on its device
-  }
+// Raises on every rank when a rank failed: a failed rank its own error, the others the same class
+// naming the first failed rank and carrying its message (NOTE [ Reasons travel ]).
+void raise_failures(Exchange& x) {
+  int64_t first = -1, failures = 0;
+  bool lost = false;
   for (int64_t r = 0; r < x.world; ++r) {
-    if (x.field(r, kError) != 0) {
-      raise_peer_failure(x.op, static_cast<ErrorCode>(x.field(r, kError)), r);
+    const int64_t code = x.field(r, kError);
+    if (code != 0) {
+      first = first < 0 ? r : first;
+      failures += 1;
+      lost = lost || code == static_cast<int64_t>(ErrorCode::kLost);
     }
   }
+  if (failures == 0) {
+    return;
+  }
+  std::exception_ptr own = x.failed ? x.agreement.error : nullptr;
+  ErrorCode own_code = x.error_code;
+  if (!own && x.field(x.me, kError) != 0) {
+    // Its input failed a check on its device: the op words its error now.
+    own_code = static_cast<ErrorCode>(x.field(x.me, kError));
+    try {
+      raise_own_status(x.agreement, x.op, x.field(x.me, kError));
+    } catch (...) {
+      own = std::current_exception();
+    }
+  }
+  std::vector<std::string> reasons;
+  if (!lost) {
+    reasons = exchange_reasons(x, own ? describe_failure(x.agreement, own, own_code) : std::string());
+  }
+  if (own) {
+    std::rethrow_exception(own);
+  }
+  raise_peer_failure(x.op, static_cast<ErrorCode>(x.field(first, kError)), first,
+                     reasons.empty() ? std::string() : reasons[first], failures - 1);
+}
+
+// Raises on every rank unless every rank agreed (the same table everywhere: the same verdict).
+void verdict(Exchange& x, Outcome& outcome) {
+  raise_failures(x);
   for (int64_t r = 0; r < x.world; ++r) {
     TORCH_CHECK(x.field(r, kOp) == static_cast<int64_t>(x.op), "torch_shard.", op_name(x.op), ": rank ", r,
                 " is running torch_shard.", op_name(static_cast<OpKind>(x.field(r, kOp))),
@@ -281,13 +312,4 @@ Outcome exchange(c10d::ProcessGroup& pg, c10::Device device, const Agreement& ag
 }
 
 } // namespace comm
-
-const TestingHooks& testing_hooks() {
-  static const TestingHooks hooks{
-      kTestingHooksVersion,    &comm::set_fault_hook, &comm::exchange_options, &comm::set_exchange_options,
-      &comm::clear_plan_cache, &comm::round_one_cost, &comm::comm_device_name,
-  };
-  return hooks;
-}
-
 } // namespace torch_shard

@@ -13,6 +13,8 @@
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include "testing_hooks.h"
+
 namespace torch_shard {
 namespace comm {
 
@@ -100,15 +102,18 @@ struct Agreement {
   Values values{}; // checked by `check` on every rank
   Check check;
   // This rank's local failure: its moves are then ignored, and it rethrows `error` once the others
-  // know. `error_code` overrides the class derived from `error`.
+  // know. `error_code` overrides the class derived from `error`, and `reason` the words the other
+  // ranks are told (NOTE [ Reasons travel ]; by default "<class>: <message>" of `error`).
   std::exception_ptr error;
   ErrorCode error_code = ErrorCode::kNone;
+  std::string reason;
   Notes notes{};
   // Computed on the device without the host reading them first; the host reads them (with the headers
   // of every peer) in the exchange's one copy to the host. See NOTE [ One host read per exchange ].
   //   status: one int64, an ErrorCode of this rank's input found on the device (0: none). A rank
-  //   whose status is not 0 runs raise_status (given that code), which must throw its own error; the
-  //   others raise the same class naming it.
+  //   whose status is not 0 runs raise_status (given that code), which must throw its own error (it
+  //   may read device memory: only a failed op runs it); the others raise the same class, naming it
+  //   and carrying that error's message (NOTE [ Reasons travel ]).
   //   words: [world] int64; words[p] is told to rank p.
   at::Tensor status;
   std::function<void(ErrorCode)> raise_status;
@@ -122,6 +127,13 @@ struct Outcome {
   std::vector<int64_t> words_in;  // words[me] of each rank (0 from a rank without words)
   std::vector<int64_t> words_out; // this rank's words, as sent (empty without words)
 };
+
+// For the test-only library (csrc/testing_hooks.h; the product never calls these): the fault hook, round
+// 1's mechanisms, and what one round 1 costs among `world` ranks.
+void set_fault_hook(FaultHook hook);
+ExchangeOptions exchange_options();
+void set_exchange_options(const ExchangeOptions& options);
+std::vector<int64_t> round_one_cost(int64_t world, bool cpu, bool p2p);
 
 // Runs the agreement and, when every rank agrees, the moves. Collective over `pg`: every rank calls it
 // with the same op. `device` is the communication device (comm_device()); `moves` may be null only when

@@ -1,6 +1,7 @@
 // The inside of the agreed exchange (comm/exchange.h), shared by the files that implement its parts:
 //   exchange.cpp   the steps: round 1, verdict, round 2 (NOTE [ Agreed exchange ])
 //   agreement.cpp  the header's fields, reading it on the host, the verdict's helpers, error classes
+//   reasons.cpp    the failed ranks' messages to every rank (NOTE [ Reasons travel ])
 //   round_one.cpp  how round 1 runs for a group: its slot, the hub or an all-to-all, its cost
 //   hub.cpp        round 1 through a hub (NOTE [ Round 1 through a hub ])
 //   round_two.cpp  the payloads that did not ride in round 1
@@ -8,13 +9,13 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "comm/exchange.h"
-#include "testing_hooks.h"
 
 namespace torch_shard {
 namespace comm {
@@ -45,10 +46,6 @@ static_assert(kHeaderBytes % 16 == 0, "slots must stay aligned for every dtype")
 inline int64_t padded16(int64_t bytes) {
   return (bytes + 15) / 16 * 16;
 }
-
-// ---- Switches for tests and benchmarks (testing_hooks.h) --------------------------------------------
-ExchangeOptions exchange_options();
-void set_exchange_options(const ExchangeOptions& options);
 
 // The test-only fault hook's two points (testing_hooks.h): as an exchange starts, and after its verdict.
 void fault_point(OpKind op, int64_t me, bool before_agreement);
@@ -112,18 +109,28 @@ struct HostRead {
   std::vector<int64_t> words; // Agreement::words (empty when there are none)
   int64_t status = 0;         // Agreement::status (0 when there is none)
 };
+// The Python class of `code` ("ValueError", ...; kOther: "RuntimeError").
+const char* error_class_name(ErrorCode code);
 HostRead read_to_host(const Agreement& agreement, const at::Tensor& rows, int64_t world, int64_t* rows_out);
 std::vector<Values> agreed_values(const int64_t* table, int64_t world);
 int64_t round_two_messages(const int64_t* table, int64_t world);
 bool agreed(const int64_t* table, int64_t world, OpKind op, const Check& check, int64_t me);
-[[noreturn]] void raise_peer_failure(OpKind op, ErrorCode code, int64_t rank);
 [[noreturn]] void raise_own_status(const Agreement& agreement, OpKind op, int64_t code);
 void fill_headers(Exchange& x);
+
+// reasons.cpp: see NOTE [ Reasons travel ].
+// "<class>: <message>" of `error` (Agreement::reason when it is set).
+std::string describe_failure(const Agreement& agreement, std::exception_ptr error, ErrorCode code);
+// Every failed rank's reason, by rank ("" for the others); `mine`: this rank's ("" unless it failed).
+// Collective: every rank calls it after a round 1 whose table shows a failed rank and no lost one.
+std::vector<std::string> exchange_reasons(Exchange& x, const std::string& mine);
+// The error of a rank whose peer `rank` failed with `code` (`others`: how many more failed).
+[[noreturn]] void raise_peer_failure(OpKind op, ErrorCode code, int64_t rank, const std::string& reason,
+                                     int64_t others);
 
 // round_one.cpp: how round 1 runs for this group (sets via_hub, slot_bytes, block_bytes); the
 // all-to-all round 1.
 void plan_round_one(Exchange& x);
-std::vector<int64_t> round_one_cost(int64_t world, bool cpu, bool p2p); // see its definition
 void all_to_all_round_one(Exchange& x);
 
 // hub.cpp: round 1 through the hub; then where each payload that rode in it starts.

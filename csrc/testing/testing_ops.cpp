@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 
+#include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
@@ -107,6 +108,28 @@ std::string comm_device(c10::string_view group_name, c10::string_view tensors_de
   return product().comm_device(std::string(group_name), std::string(tensors_device));
 }
 
+// The one switch between the CPU's fused loops and the ATen composition other devices take, so the
+// tests run both paths on the CPU (set alike on every rank of a group).
+void set_cpu_loops(bool on) {
+  product().set_cpu_loops(on);
+}
+
+bool cpu_loops() {
+  return product().cpu_loops();
+}
+
+std::vector<at::Tensor> bucket_ids(const at::Tensor& ids, const std::optional<at::Tensor>& offsets,
+                                   c10::IntArrayRef block_starts, c10::IntArrayRef block_sizes,
+                                   int64_t num_embeddings, int64_t padding_idx) {
+  return product().bucket_ids(ids, offsets.value_or(at::Tensor()), block_starts.vec(), block_sizes.vec(),
+                              num_embeddings, padding_idx);
+}
+
+std::vector<at::Tensor> unpack_received(const at::Tensor& received, c10::IntArrayRef counts_in,
+                                        c10::IntArrayRef bags_in, bool bags, int64_t row_start) {
+  return product().unpack_received(received, counts_in.vec(), bags_in.vec(), bags, row_start);
+}
+
 } // namespace
 } // namespace testing
 } // namespace torch_shard
@@ -124,6 +147,16 @@ TORCH_LIBRARY(torch_shard_testing, m) {
   // The device the product's collectives on group `group_name` use for tensors on `tensors_device`
   // ("" for none), as a device string: NOTE [ Communication device ].
   m.def("_comm_device(str group_name, str tensors_device=\"\") -> str");
+  // CPU tensors take the fused loops written for them (True, the product's) or the ATen composition
+  // every other device takes (False), in this process: csrc/ops/lookup_common.h, cpu_loops().
+  m.def("_set_cpu_loops(bool on) -> ()");
+  m.def("_cpu_loops() -> bool");
+  // The row-wise requester's bucketing and the owner's unpacking (csrc/testing_hooks.h), by the path
+  // _cpu_loops() picks.
+  m.def("_bucket_ids(Tensor ids, Tensor? offsets, int[] block_starts, int[] block_sizes, int num_embeddings, "
+        "int padding_idx=-1) -> Tensor[]");
+  m.def("_unpack_received(Tensor received, int[] counts_in, int[] bags_in, bool bags, int row_start) -> "
+        "Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(torch_shard_testing, CompositeImplicitAutograd, m) {
@@ -134,6 +167,10 @@ TORCH_LIBRARY_IMPL(torch_shard_testing, CompositeImplicitAutograd, m) {
   m.impl("_clear_plan_cache", TORCH_FN(clear_plan_cache));
   m.impl("_round_one_cost", TORCH_FN(round_one_cost));
   m.impl("_comm_device", TORCH_FN(comm_device));
+  m.impl("_set_cpu_loops", TORCH_FN(set_cpu_loops));
+  m.impl("_cpu_loops", TORCH_FN(cpu_loops));
+  m.impl("_bucket_ids", TORCH_FN(bucket_ids));
+  m.impl("_unpack_received", TORCH_FN(unpack_received));
 }
 
 // Importing the module registers the ops (above) and takes the product's hooks.

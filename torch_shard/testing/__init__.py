@@ -24,6 +24,7 @@ test body runs on both; assertions that hold only on gloo are guarded with
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import unittest
@@ -48,6 +49,7 @@ __all__ = [
     "TEST_GPU_NUM",
     "TEST_WORLD_SIZE",
     "TestCase",
+    "cpu_loops",
     "cuda_only",
     "default_backend",
     "device_type",
@@ -163,6 +165,19 @@ def requires_cuda(n: int = 1):
         _cuda_device_count() >= n,
         f"needs {n} CUDA device(s); this machine has {_cuda_device_count()}",
     )
+
+
+@contextlib.contextmanager
+def cpu_loops(on: bool):
+    """Inside the block, CPU tensors take the fused loops written for them (``True``, the product's) or
+    the ATen composition every other device takes (``False``), in this process: torch_shard's one switch
+    between the two (csrc/ops/lookup_common.h, ``cpu_loops()``). Set it alike on every rank of a group."""
+    before = torch.ops.torch_shard_testing._cpu_loops()
+    torch.ops.torch_shard_testing._set_cpu_loops(on)
+    try:
+        yield
+    finally:
+        torch.ops.torch_shard_testing._set_cpu_loops(before)
 
 
 def gloo_only(reason: str):

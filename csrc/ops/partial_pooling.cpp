@@ -16,9 +16,10 @@
 // position. (A zero-initialised table ties everywhere; a row per owner would not say which came
 // first.)
 //
-// Max on CPU takes the fused loops; sums, and every other device, take an equivalent composition of
-// ATen ops (see embedding_bag_partial) that never reads device memory on the host: see NOTE [ Partial
-// pooling without host reads ].
+// Max on CPU takes the fused loops (unless cpu_loops() is off: NOTE [ Requester-side routing in one
+// op ]); sums, and every other device, take an equivalent composition of ATen ops (see
+// embedding_bag_partial) that never reads device memory on the host: see NOTE [ Partial pooling
+// without host reads ].
 
 #include <algorithm>
 #include <limits>
@@ -42,7 +43,8 @@
 #include <torch/library.h>
 
 #include "layout/box.h"
-#include "ops/lookup_parts.h"
+#include "ops/lookup_common.h"
+#include "ops/partial_pooling.h"
 
 namespace torch_shard {
 namespace {
@@ -289,19 +291,19 @@ std::tuple<at::Tensor, at::Tensor> partial_generic(const at::Tensor& weight, con
 
 } // namespace
 
-// The kernels of the ops below, also called from the one-call lookups (ops/lookup_parts.h).
 namespace ops {
 
-std::tuple<at::Tensor, at::Tensor>
-embedding_bag_partial(const at::Tensor& weight, const at::Tensor& ids, const at::Tensor& offsets,
-                      const std::optional<at::Tensor>& per_sample_weights, int64_t row_start,
-                      c10::string_view mode, int64_t padding_idx, bool fused, std::optional<int64_t> owned) {
+std::tuple<at::Tensor, at::Tensor> embedding_bag_partial(const at::Tensor& weight, const at::Tensor& ids,
+                                                         const at::Tensor& offsets,
+                                                         const std::optional<at::Tensor>& per_sample_weights,
+                                                         int64_t row_start, c10::string_view mode,
+                                                         int64_t padding_idx, std::optional<int64_t> owned) {
   const bool max_mode = is_max(kForward, mode);
   check_bags(kForward, weight, "weight", ids, offsets, per_sample_weights, row_start, weight.size(0));
   // Measured on CPU (250k x 128 float32 shard, 164k ids): the fused loop wins for max (2x over the
   // composition, which needs two index_reduce passes) but loses for sum to ATen's vectorised
   // index_select + index_add, so sums always take the composition.
-  if (fused && max_mode && weight.device().is_cpu()) {
+  if (max_mode && loops_for(weight)) {
     return partial_cpu(weight, ids, offsets, per_sample_weights, row_start, max_mode, padding_idx);
   }
   const OwnedIds selected =
@@ -314,7 +316,7 @@ at::Tensor embedding_bag_partial_backward(const at::Tensor& grad, const at::Tens
                                           const std::optional<at::Tensor>& per_sample_weights,
                                           const at::Tensor& argmax, int64_t row_start, int64_t rows,
                                           c10::string_view mode, int64_t padding_idx,
-                                          std::optional<int64_t> owned, bool fused) {
+                                          std::optional<int64_t> owned) {
   const bool max_mode = is_max(kBackward, mode);
   check_bags(kBackward, grad, "grad", ids, offsets, per_sample_weights, row_start, rows);
   const int64_t num_bags = offsets.numel(), dim = grad.size(1);
@@ -353,7 +355,7 @@ at::Tensor embedding_bag_partial_backward(const at::Tensor& grad, const at::Tens
     if (ids.numel() == 0) {
       return grad_weight; // every position is -1 (checked above)
     }
-    if (fused && grad.is_cpu()) {
+    if (loops_for(grad)) {
       // One pass instead of ten over [bags, dim]: each element's gradient to the row of the id that
       // won it. Positions were checked above; each id is checked against the shard's rows before it
       // indexes anything.
@@ -412,223 +414,6 @@ at::Tensor embedding_bag_partial_backward(const at::Tensor& grad, const at::Tens
 
 } // namespace ops
 
-namespace {
-
-// NOTE [ Requester-side routing in one op ]
-// A row-wise requester's preparation (which rank owns each id, how many of its ids each owner holds
-// per bag, the ids in owner order with each owner's per-bag lengths after them, the words told with
-// the agreement, and the ids' range check) is one pass over its ids here instead of some twenty small
-// ATen ops in Python (torch_shard/sharding_spec/chunk_sharding_spec_ops/_routing.py). CPU only: the
-// loops read the ids on the host. Other devices keep the Python composition, which reads no device
-// memory on the host (NOTE [ One host read per exchange ] in csrc/comm/exchange.cpp).
-//
-// The input has NOT been checked yet (its verdict travels with the agreement that follows), so ids
-// out of range and ill-formed offsets must leave every index in bounds: an id outside the table is
-// given to the nearest owned range, an id before the first offset to bag 0, and the status says the
-// ids failed their range check.
-constexpr const char* kBucket = "torch_shard._bucket_ids";
-constexpr const char* kUnpack = "torch_shard._unpack_routed";
-constexpr int kBagsShift = 32;
-
-template <typename index_t>
-void bucket_loop(const int64_t* ids, int64_t n, const int64_t* offsets, int64_t num_bags, bool bags,
-                 const std::vector<int64_t>& starts, const std::vector<int64_t>& owners, int64_t world,
-                 index_t* send, int64_t* send_size, int64_t* perm, int64_t* words, int64_t* divisors,
-                 bool* out_of_range, int64_t num_embeddings, int64_t padding_idx, bool lengths_for_idle) {
-  std::vector<int64_t> owner(static_cast<size_t>(n));
-  std::vector<int64_t> count(static_cast<size_t>(world), 0);
-  const int64_t stride = bags ? num_bags : 0;
-  std::vector<int64_t> lengths(static_cast<size_t>(world * stride), 0);
-  bool bad = false;
-  int64_t bag = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t id = ids[i];
-    bad |= id < 0 || id >= num_embeddings;
-    int64_t o = 0;
-    if (!starts.empty()) {
-      // The last owned range starting at or before id (the first one for ids below every start).
-      const auto it = std::upper_bound(starts.begin(), starts.end(), id);
-      o = owners[static_cast<size_t>(it == starts.begin() ? 0 : (it - starts.begin()) - 1)];
-    }
-    owner[static_cast<size_t>(i)] = o;
-    ++count[static_cast<size_t>(o)];
-    if (bags) {
-      while (bag + 1 < num_bags && offsets[bag + 1] <= i) {
-        ++bag;
-      }
-      ++lengths[static_cast<size_t>(o * stride + bag)];
-      divisors[bag] += id != padding_idx;
-    }
-  }
-  *out_of_range = bad;
-  // Where each owner's block (its ids, then its per-bag lengths) starts in `send`, and where its ids
-  // start among the sorted positions.
-  std::vector<int64_t> block(static_cast<size_t>(world)), first(static_cast<size_t>(world));
-  int64_t at = 0, sorted = 0;
-  for (int64_t o = 0; o < world; ++o) {
-    const int64_t held = count[static_cast<size_t>(o)];
-    const int64_t stride_o = held || lengths_for_idle ? stride : 0;
-    block[static_cast<size_t>(o)] = at;
-    first[static_cast<size_t>(o)] = sorted;
-    at += held + stride_o;
-    sorted += held;
-    words[o] = held + (bags ? (num_bags << kBagsShift) : 0);
-    for (int64_t b = 0; b < stride_o; ++b) {
-      send[at - stride_o + b] = static_cast<index_t>(lengths[static_cast<size_t>(o * stride + b)]);
-    }
-  }
-  *send_size = at;
-  for (int64_t i = 0; i < n; ++i) {
-    const auto o = static_cast<size_t>(owner[static_cast<size_t>(i)]);
-    send[block[o]++] = static_cast<index_t>(ids[i]);
-    perm[first[o]++] = i;
-  }
-}
-
-} // namespace
-
-namespace ops {
-
-// See NOTE [ Requester-side routing in one op ]. row_ranges: [first row, end row) of each group rank,
-// flattened (2 * world values; empty ranges for ranks without rows).
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-bucket_ids(const at::Tensor& ids, const std::optional<at::Tensor>& offsets, c10::IntArrayRef row_ranges,
-           int64_t num_embeddings, bool int32, int64_t range_code, const std::optional<at::Tensor>& status,
-           int64_t padding_idx, bool lengths_for_idle) {
-  TORCH_CHECK_TYPE(ids.scalar_type() == at::kLong, kBucket, ": ids must be int64, got ", ids.scalar_type());
-  TORCH_CHECK_VALUE(ids.dim() == 1, kBucket, ": ids must be 1-D, got ", ids.dim(), "-D");
-  TORCH_CHECK_VALUE(row_ranges.size() % 2 == 0 && !row_ranges.empty(), kBucket,
-                    ": row_ranges must hold a (first, end) pair per rank, got ", row_ranges.size(),
-                    " values");
-  const bool bags = offsets.has_value() && offsets->defined();
-  const int64_t n = ids.numel();
-  const int64_t num_bags = bags ? offsets->numel() : 0;
-  TORCH_CHECK_VALUE(n < (int64_t{1} << 31) && num_bags < (int64_t{1} << 31), kBucket,
-                    ": fewer than 2**31 ids and bags per rank, got ", n, " ids and ", num_bags, " bags");
-  TORCH_CHECK_VALUE(!bags || n == 0 || num_bags > 0, kBucket, ": ids without bags (", n, " ids, 0 bags)");
-  if (bags) {
-    TORCH_CHECK_TYPE(offsets->scalar_type() == at::kLong && offsets->dim() == 1, kBucket,
-                     ": offsets must be 1-D int64, got ", offsets->dim(), "-D ", offsets->scalar_type());
-  }
-  const auto world = static_cast<int64_t>(row_ranges.size() / 2);
-  std::vector<std::pair<int64_t, int64_t>> owned; // (first row, rank) of the non-empty ranges
-  for (int64_t r = 0; r < world; ++r) {
-    const int64_t lo = row_ranges[2 * r], hi = row_ranges[2 * r + 1];
-    TORCH_CHECK_VALUE(0 <= lo && lo <= hi && hi <= num_embeddings, kBucket, ": rank ", r, "'s rows [", lo,
-                      ", ", hi, ") are not within [0, ", num_embeddings, ")");
-    if (hi > lo) {
-      owned.emplace_back(lo, r);
-    }
-  }
-  std::sort(owned.begin(), owned.end());
-  std::vector<int64_t> starts, owners;
-  for (const auto& [lo, r] : owned) {
-    starts.push_back(lo);
-    owners.push_back(r);
-  }
-  int64_t lengths_size = 0, send_size = 0;
-  TORCH_CHECK_VALUE(!c10::mul_overflows(world, num_bags, &lengths_size) &&
-                        !c10::add_overflows(n, lengths_size, &send_size),
-                    kBucket, ": ", world, " owners x ", num_bags, " bags overflow int64");
-  TORCH_CHECK_VALUE(!int32 || num_embeddings <= std::numeric_limits<int32_t>::max(), kBucket,
-                    ": int32 ids need fewer than 2**31 rows, got ", num_embeddings);
-  const auto long_options = ids.options().dtype(at::kLong);
-  at::Tensor send = at::empty({send_size}, ids.options().dtype(int32 ? at::kInt : at::kLong));
-  at::Tensor perm = at::empty({n}, long_options);
-  at::Tensor words = at::empty({world}, long_options);
-  at::Tensor divisors = at::empty({num_bags}, long_options);
-  int64_t* divisor = divisors.mutable_data_ptr<int64_t>();
-  std::fill(divisor, divisor + num_bags, int64_t{0});
-  const at::Tensor flat = ids.contiguous();
-  const at::Tensor bag_offsets = bags ? offsets->contiguous() : at::Tensor();
-  bool out_of_range = false;
-  int64_t sent = 0;
-  AT_DISPATCH_INDEX_TYPES(send.scalar_type(), kBucket, [&] {
-    bucket_loop<index_t>(flat.const_data_ptr<int64_t>(), n,
-                         bags ? bag_offsets.const_data_ptr<int64_t>() : nullptr, num_bags, bags, starts,
-                         owners, world, send.mutable_data_ptr<index_t>(), &sent,
-                         perm.mutable_data_ptr<int64_t>(), words.mutable_data_ptr<int64_t>(), divisor,
-                         &out_of_range, num_embeddings, padding_idx, lengths_for_idle);
-  });
-  if (sent < send_size) {
-    send = send.narrow(0, 0, sent); // idle owners got no lengths
-  }
-  std::for_each(divisor, divisor + num_bags, [](int64_t& d) { d = std::max(d, int64_t{1}); });
-  int64_t code = 0;
-  if (out_of_range) {
-    code = range_code;
-  } else if (status.has_value() && status->defined()) {
-    TORCH_CHECK_VALUE(status->numel() == 1 && status->scalar_type() == at::kLong, kBucket,
-                      ": status must be one int64, got ", status->sizes(), " ", status->scalar_type());
-    code = status->item<int64_t>(); // on the CPU, as this kernel's ids
-  }
-  at::Tensor verdict = at::empty({}, long_options); // written on the host: no fill kernel
-  *verdict.mutable_data_ptr<int64_t>() = code;
-  return {send, perm, words, verdict, divisors};
-}
-
-// Owner side of NOTE [ Requester-side routing in one op ]: `received` holds, per requester r,
-// counts_in[r] ids then bags_in[r] per-bag lengths. Returns every requester's ids less row_start,
-// concatenated, and their bags' offsets (same dtype as `received`), for one ATen embedding_bag.
-std::tuple<at::Tensor, at::Tensor> unpack_routed(const at::Tensor& received, c10::IntArrayRef counts_in,
-                                                 c10::IntArrayRef bags_in, int64_t row_start) {
-  TORCH_CHECK_TYPE(received.scalar_type() == at::kLong || received.scalar_type() == at::kInt, kUnpack,
-                   ": received must be int64 or int32, got ", received.scalar_type());
-  TORCH_CHECK_VALUE(received.dim() == 1 && counts_in.size() == bags_in.size(), kUnpack,
-                    ": received must be 1-D and counts_in and bags_in of one length");
-  int64_t total_ids = 0, total_bags = 0, expected = 0;
-  for (size_t r = 0; r < counts_in.size(); ++r) {
-    TORCH_CHECK_VALUE(counts_in[r] >= 0 && bags_in[r] >= 0, kUnpack, ": negative count from rank ", r);
-    TORCH_CHECK_VALUE(!c10::add_overflows(total_ids, counts_in[r], &total_ids) &&
-                          !c10::add_overflows(total_bags, bags_in[r], &total_bags),
-                      kUnpack, ": counts overflow int64");
-  }
-  TORCH_CHECK_VALUE(!c10::add_overflows(total_ids, total_bags, &expected) && expected == received.numel(),
-                    kUnpack, ": received holds ", received.numel(), " values, the counts say ", total_ids,
-                    " ids and ", total_bags, " lengths");
-  at::Tensor ids = at::empty({total_ids}, received.options());
-  at::Tensor offsets = at::empty({total_bags}, received.options());
-  const at::Tensor flat = received.contiguous();
-  AT_DISPATCH_INDEX_TYPES(received.scalar_type(), kUnpack, [&] {
-    const index_t* in = flat.const_data_ptr<index_t>();
-    index_t* out_ids = ids.mutable_data_ptr<index_t>();
-    index_t* out_offsets = offsets.mutable_data_ptr<index_t>();
-    int64_t at = 0, id_at = 0, bag_at = 0;
-    for (size_t r = 0; r < counts_in.size(); ++r) {
-      const int64_t first_id = id_at;
-      for (int64_t i = 0; i < counts_in[r]; ++i) {
-        out_ids[id_at++] = static_cast<index_t>(static_cast<int64_t>(in[at++]) - row_start);
-      }
-      int64_t position = first_id;
-      for (int64_t b = 0; b < bags_in[r]; ++b) {
-        const int64_t length = in[at++];
-        out_offsets[bag_at++] = static_cast<index_t>(position);
-        TORCH_CHECK_VALUE(length >= 0 && length <= first_id + counts_in[r] - position, kUnpack, ": rank ", r,
-                          "'s bag lengths do not add up to its ", counts_in[r], " ids");
-        position += length;
-      }
-      TORCH_CHECK_VALUE(bags_in[r] == 0 || position == first_id + counts_in[r], kUnpack, ": rank ", r,
-                        "'s bag lengths do not add up to its ", counts_in[r], " ids");
-    }
-  });
-  return {ids, offsets};
-}
-
-} // namespace ops
-
-namespace {
-
-// The op _bucket_ids: every owner gets its per-bag lengths.
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-bucket_ids(const at::Tensor& ids, const std::optional<at::Tensor>& offsets, c10::IntArrayRef row_ranges,
-           int64_t num_embeddings, bool int32, int64_t range_code, const std::optional<at::Tensor>& status,
-           int64_t padding_idx) {
-  return ops::bucket_ids(ids, offsets, row_ranges, num_embeddings, int32, range_code, status, padding_idx,
-                         /*lengths_for_idle=*/true);
-}
-
-} // namespace
-
 // One function per op for both devices: it picks the fused CPU loops or the ATen composition itself.
 // The rest of each op's registration is in Python (torch_shard/_op_registrations.py): the fake
 // kernels (shapes from the inputs, for FakeTensor and torch.compile) and the forward's autograd
@@ -636,8 +421,6 @@ bucket_ids(const at::Tensor& ids, const std::optional<at::Tensor>& offsets, c10:
 TORCH_LIBRARY_IMPL(torch_shard, CPU, m) {
   m.impl("_embedding_bag_partial", TORCH_FN(ops::embedding_bag_partial));
   m.impl("_embedding_bag_partial_backward", TORCH_FN(ops::embedding_bag_partial_backward));
-  m.impl("_bucket_ids", TORCH_FN(bucket_ids));
-  m.impl("_unpack_routed", TORCH_FN(ops::unpack_routed));
 }
 
 TORCH_LIBRARY_IMPL(torch_shard, CUDA, m) {

@@ -1,0 +1,105 @@
+// The checks of a lookup's input that need its values: ids in range, offsets well formed.
+//
+// NOTE [ Input checks on the device ]
+// Whether a rank's ids and offsets are valid is a question about their values, which on a GPU live in
+// device memory: asking the host costs a sync. So a lookup computes the answer on the input's device,
+// as one int64 status (0, or the error code of the first check that failed, in the dense op's order),
+// and the status travels with the agreement, in the one host read of the exchange (NOTE [ One host read
+// per exchange ]). Only a rank whose status is not 0 reads its input on the host, to raise the dense
+// op's exception with its message; the other ranks raise the same class carrying that message (NOTE
+// [ Reasons travel ]). On the CPU the same checks are one loop over the ids and offsets (no ATen op);
+// elsewhere, and on the CPU with cpu_loops() off, a composition of ATen ops.
+//
+// The checks, in order (each with the dense op's or upstream's exception and message):
+//   every id in [0, num_embeddings)        ValueError  "Index out of range in Input <min> <max> <rows>"
+//   include_last_offset: last offset = n   ValueError  (upstream's sharded op's message)
+//   offsets[0] = 0                         RuntimeError
+//   offsets[-1] <= n                       RuntimeError
+//   offsets non-decreasing                 RuntimeError
+// where n is the number of ids. What the host knows (types, shapes, devices, an empty offsets tensor
+// with include_last_offset) the Python caller checks before the op.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <optional>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/string_view.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include "ops/lookup_common.h"
+#include "ops/shared_inputs.h"
+
+namespace torch_shard {
+namespace ops {
+
+struct LookupInput {
+  at::Tensor ids;                    // 1-D int64: every id of this rank's input
+  std::optional<at::Tensor> offsets; // bags: 1-D int64 as the caller gave them
+  bool include_last_offset = false;  // offsets end with the number of ids (the last is no bag)
+  int64_t num_embeddings = 0;
+};
+
+// 0-dim int64 on the ids' device: 0, or the comm::ErrorCode of the first failed check.
+at::Tensor input_status(const LookupInput& input);
+
+// This rank's input failed a check (its status was not 0): raises the first failed check's exception,
+// reading the input on the host (only a failed op does).
+[[noreturn]] void raise_input_error(const LookupInput& input);
+
+// The offsets that start bags: without the last one under include_last_offset.
+at::Tensor bag_offsets(const LookupInput& input);
+
+// What every lookup (and max_norm) checks alike on this rank before its agreement (a failure is this
+// rank's, which the caller reports in the agreement): `mode` a LookupMode name; `local` a 2-D floating
+// point shard; ids 1-D int64 on its device; offsets given exactly for bags, 1-D int64 there (not empty
+// under include_last_offset); per-sample weights only with "sum", one per id, of the shard's dtype;
+// padding_idx a row or -1. Returns the mode and the input with its device-side status.
+struct LookupCall { // a lookup op's arguments, as its kernel received them
+  const at::Tensor& local;
+  const at::Tensor& ids;
+  const std::optional<at::Tensor>& offsets;
+  const std::optional<at::Tensor>& per_sample_weights;
+  c10::IntArrayRef block_starts;
+  c10::IntArrayRef block_sizes;
+  int64_t num_embeddings;
+  int64_t padding_idx;
+  c10::string_view mode;
+  bool include_last_offset;
+  int64_t fingerprint;
+};
+struct CheckedInput {
+  LookupMode mode = LookupMode::kEmbedding;
+  LookupInput input;
+  at::Tensor status;
+};
+CheckedInput check_input(const char* op, const LookupCall& call);
+
+// Step 1 of a lookup op: `req = prepare()`. A failure there is this rank's; it is returned, for the
+// agreement to raise on every rank.
+template <typename Request, typename Prepare>
+std::exception_ptr prepared(Request& req, Prepare&& prepare) {
+  try {
+    req = prepare();
+  } catch (...) {
+    return std::current_exception();
+  }
+  return nullptr;
+}
+
+// A lookup op's agreement (NOTE [ Shared inputs ]): `agreed` its scalars (agreed_arguments), `device`
+// where its tensors live, and this rank's failure or, without one, its input's status with the error
+// that words it. `checked` and `agreed` must outlive the request.
+ShareRequest agreement_request(const CheckedInput& checked, int64_t fingerprint,
+                               const std::vector<double>& agreed, c10::Device device,
+                               std::exception_ptr error);
+
+// A backward op's agreement: every rank's checks (`error`: this rank's failure) and the gradient's
+// width and dtype (the bytes that move). Raises on every rank unless all agree.
+void agree_backward(c10d::ProcessGroup& pg, LookupOp op, LookupMode mode, const at::Tensor& grad,
+                    std::exception_ptr error);
+
+} // namespace ops
+} // namespace torch_shard

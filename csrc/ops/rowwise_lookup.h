@@ -1,0 +1,43 @@
+// A row-wise sharded lookup in one call per forward and one per backward: the kernels of the ops
+// _rowwise_lookup and _rowwise_lookup_backward (schemas in csrc/torch_shard.cpp), and what their
+// max mode shares with ops/rowwise_max.cpp.
+#pragma once
+
+#include <cstdint>
+#include <tuple>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/ArrayRef.h>
+#include <c10/util/string_view.h>
+
+namespace torch_shard {
+namespace ops {
+
+// What the forward saves for the backward (its second output), by position.
+enum RowwiseSaved : size_t {
+  kRowIds = 0,    // the ids this rank owns, every requester's, less its first row (index dtype; max: int64)
+  kRowOffsets,    // bags: their offsets into kRowIds
+  kRowOffset2bag, // sum and mean: _embedding_bag's, for its backward (empty when no kernel ran)
+  kRowBagSize,    //   "
+  kRowMaxIndices, //   " (max: the winners' positions, from _embedding_bag_partial)
+  kRowWeights,    // the per-sample weights of kRowIds (empty without)
+  kRowPerm,       // requester: its ids in owner order (positions in its ids)
+  kRowDivisors,   // mean: each bag's divisor (int64)
+  kRowChosen,     // max: per output element, which of the owners that sent results won (int64)
+  kRowCounts,     // CPU int64: [rows, first row, bags, counts_in (W), counts_out (W), bags_in (W)]
+  kRowNumSaved
+};
+
+std::tuple<at::Tensor, std::vector<at::Tensor>>
+rowwise_lookup(const at::Tensor& local, const at::Tensor& ids, const std::optional<at::Tensor>& offsets,
+               const std::optional<at::Tensor>& per_sample_weights, c10::IntArrayRef block_starts,
+               c10::IntArrayRef block_sizes, int64_t num_embeddings, int64_t padding_idx,
+               c10::string_view mode, bool include_last_offset, bool needs_grad, int64_t fingerprint,
+               c10::ArrayRef<double> arguments, c10::string_view group_name);
+
+at::Tensor rowwise_lookup_backward(const at::Tensor& grad, at::TensorList saved, int64_t padding_idx,
+                                   c10::string_view mode, c10::string_view group_name);
+
+} // namespace ops
+} // namespace torch_shard
