@@ -51,8 +51,8 @@ namespace ops {
 
 namespace {
 
-constexpr const char* kLookup = "torch_shard._colwise_lookup";
-constexpr const char* kBackward = "torch_shard._colwise_lookup_backward";
+constexpr const char* kColumnLookup = "torch_shard._colwise_lookup";
+constexpr const char* kColumnBackward = "torch_shard._colwise_lookup_backward";
 
 // `saved` (the forward's second output, the backward's input), by position.
 enum Saved : size_t {
@@ -68,7 +68,7 @@ enum Saved : size_t {
 };
 
 // Step 1's result: what this rank brings to the lookup.
-struct Request {
+struct ColumnRequest {
   CheckedInput checked;          // the mode, the input as given and its device-side status
   std::vector<at::Tensor> parts; // shared: bag starts (empty for embedding), ids (index dtype), weights
   Blocks columns;
@@ -76,13 +76,13 @@ struct Request {
   LookupMode mode() const { return checked.mode; }
 };
 
-Request prepare(c10d::ProcessGroup& pg, const LookupCall& call) {
-  Request req;
-  req.columns = checked_blocks(kLookup, call.block_starts, call.block_sizes, pg.getSize(),
+ColumnRequest prepare_columns(c10d::ProcessGroup& pg, const LookupCall& call) {
+  ColumnRequest req;
+  req.columns = checked_blocks(kColumnLookup, call.block_starts, call.block_sizes, pg.getSize(),
                                checked_total(call.block_sizes));
-  req.checked = check_input(kLookup, call);
+  req.checked = check_input(kColumnLookup, call);
   const int64_t width = req.columns.sizes[pg.getRank()];
-  TORCH_CHECK_VALUE(call.local.size(0) == call.num_embeddings && call.local.size(1) == width, kLookup,
+  TORCH_CHECK_VALUE(call.local.size(0) == call.num_embeddings && call.local.size(1) == width, kColumnLookup,
                     ": the weight shard of rank ", pg.getRank(), " must be [", call.num_embeddings, ", ",
                     width, "] (every row, its block's columns), got ", call.local.sizes());
   const at::Tensor starts = is_bags(req.mode()) ? bag_offsets(req.checked.input) : call.ids.narrow(0, 0, 0);
@@ -107,9 +107,9 @@ colwise_lookup(const at::Tensor& local, const at::Tensor& ids, const std::option
   const auto pg = comm::resolve_group(std::string(group_name), "_colwise_lookup");
   const int64_t me = pg->getRank(), world = pg->getSize();
   // 1. This rank's request (a failure here is reported in the agreement).
-  Request req;
+  ColumnRequest req;
   const std::exception_ptr error = prepared(req, [&] {
-    return prepare(*pg, LookupCall{local, ids, offsets, per_sample_weights, block_starts, block_sizes,
+    return prepare_columns(*pg, LookupCall{local, ids, offsets, per_sample_weights, block_starts, block_sizes,
                                    num_embeddings, padding_idx, mode, include_last_offset, fingerprint});
   });
   // 2. Every rank's bags on every rank.
@@ -247,30 +247,30 @@ at::Tensor colwise_lookup_backward(const at::Tensor& grad, at::TensorList saved,
   int64_t rows = 0;
   std::exception_ptr error;
   try {
-    mode = parse_mode(kBackward, mode_name);
-    TORCH_CHECK_VALUE(saved.size() == kNumSaved, kBackward, ": expected ", static_cast<int64_t>(kNumSaved),
+    mode = parse_mode(kColumnBackward, mode_name);
+    TORCH_CHECK_VALUE(saved.size() == kNumSaved, kColumnBackward, ": expected ", static_cast<int64_t>(kNumSaved),
                       " saved tensors, got ", saved.size());
-    TORCH_CHECK_VALUE(grad.dim() == 2, kBackward, ": grad must be 2-D, got ", grad.sizes());
+    TORCH_CHECK_VALUE(grad.dim() == 2, kColumnBackward, ": grad must be 2-D, got ", grad.sizes());
     const at::Tensor counts = saved[kCounts].contiguous();
     TORCH_CHECK_VALUE(counts.is_cpu() && counts.scalar_type() == at::kLong && counts.numel() == 1 + 3 * world,
-                      kBackward, ": malformed counts");
+                      kColumnBackward, ": malformed counts");
     const int64_t* c = counts.const_data_ptr<int64_t>();
     rows = *c++;
-    TORCH_CHECK_VALUE(rows >= 0 && padding_idx >= -1 && padding_idx < rows, kBackward, ": malformed counts");
+    TORCH_CHECK_VALUE(rows >= 0 && padding_idx >= -1 && padding_idx < rows, kColumnBackward, ": malformed counts");
     rows_of.assign(c, c + world);
     widths.assign(c + world, c + 2 * world);
     starts.assign(c + 2 * world, c + 3 * world);
-    const Blocks owners = checked_blocks(kBackward, starts, widths, world, grad.size(1));
-    TORCH_CHECK_VALUE(grad.size(0) == rows_of[me], kBackward, ": grad has ", grad.size(0), " rows, expected ",
+    const Blocks owners = checked_blocks(kColumnBackward, starts, widths, world, grad.size(1));
+    TORCH_CHECK_VALUE(grad.size(0) == rows_of[me], kColumnBackward, ": grad has ", grad.size(0), " rows, expected ",
                       rows_of[me]);
     const int64_t total_rows = checked_total(rows_of);
     if (mode == LookupMode::kEmbedding) {
-      TORCH_CHECK_VALUE(saved[kIds].numel() == 0 || saved[kIds].numel() == total_rows, kBackward,
+      TORCH_CHECK_VALUE(saved[kIds].numel() == 0 || saved[kIds].numel() == total_rows, kColumnBackward,
                         ": saved ids do not match the counts");
     } else {
       TORCH_CHECK_VALUE(saved[kOffsets].numel() <= total_rows &&
                             saved[kOffsets].scalar_type() == saved[kIds].scalar_type(),
-                        kBackward, ": saved offsets do not match the counts");
+                        kColumnBackward, ": saved offsets do not match the counts");
     }
   } catch (...) {
     error = std::current_exception();

@@ -57,7 +57,7 @@ namespace {
 constexpr const char* kRenorm = "torch_shard._embedding_renorm_";
 
 // Step 1's result.
-struct Request {
+struct RenormRequest {
   CheckedInput checked; // the ids and their range check's device-side status
   Blocks blocks;
   int64_t row_start = 0;
@@ -66,10 +66,10 @@ struct Request {
   int64_t fingerprint = 0;
 };
 
-Request prepare(c10d::ProcessGroup& pg, const at::Tensor& local, const at::Tensor& ids, int64_t dim,
+RenormRequest prepare_renorm(c10d::ProcessGroup& pg, const at::Tensor& local, const at::Tensor& ids, int64_t dim,
                 c10::IntArrayRef block_starts, c10::IntArrayRef block_sizes, int64_t num_embeddings,
                 double max_norm, int64_t fingerprint) {
-  Request req;
+  RenormRequest req;
   const int64_t me = pg.getRank();
   const std::optional<at::Tensor> none;
   req.checked =
@@ -135,9 +135,9 @@ void embedding_renorm(const at::Tensor& local, const at::Tensor& ids, int64_t di
   at::NoGradGuard no_grad;
   const auto pg = comm::resolve_group(std::string(group_name), "_embedding_renorm_");
   // 1. This rank's request (a failure here is reported in the agreement).
-  Request req;
+  RenormRequest req;
   const std::exception_ptr error = prepared(req, [&] {
-    return prepare(*pg, local, ids, dim, block_starts, block_sizes, num_embeddings, max_norm, fingerprint);
+    return prepare_renorm(*pg, local, ids, dim, block_starts, block_sizes, num_embeddings, max_norm, fingerprint);
   });
   // 2. The agreement: row-wise with the words, column-wise sharing every rank's ids.
   const std::vector<double> agreed =

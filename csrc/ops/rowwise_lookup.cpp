@@ -58,11 +58,11 @@ namespace ops {
 
 namespace {
 
-constexpr const char* kLookup = "torch_shard._rowwise_lookup";
-constexpr const char* kBackward = "torch_shard._rowwise_lookup_backward";
+constexpr const char* kRowLookup = "torch_shard._rowwise_lookup";
+constexpr const char* kRowBackward = "torch_shard._rowwise_lookup_backward";
 
 // Step 1's result: what this rank brings to the lookup.
-struct Request {
+struct RowRequest {
   CheckedInput checked;              // the mode, the input as given and its device-side status
   at::Tensor ids;                    // the ids that belong to a bag (all of them for embedding)
   std::optional<at::Tensor> offsets; // bags: their starts
@@ -75,13 +75,13 @@ struct Request {
   LookupMode mode() const { return checked.mode; }
 };
 
-Request prepare(c10d::ProcessGroup& pg, const LookupCall& call) {
+RowRequest prepare_rows(c10d::ProcessGroup& pg, const LookupCall& call) {
   const int64_t me = pg.getRank();
   const Blocks rows =
-      checked_blocks(kLookup, call.block_starts, call.block_sizes, pg.getSize(), call.num_embeddings);
-  Request req;
-  req.checked = check_input(kLookup, call);
-  TORCH_CHECK_VALUE(call.local.size(0) == rows.sizes[me], kLookup, ": the weight shard of rank ", me,
+      checked_blocks(kRowLookup, call.block_starts, call.block_sizes, pg.getSize(), call.num_embeddings);
+  RowRequest req;
+  req.checked = check_input(kRowLookup, call);
+  TORCH_CHECK_VALUE(call.local.size(0) == rows.sizes[me], kRowLookup, ": the weight shard of rank ", me,
                     " must have its block's ", rows.sizes[me], " rows, got shape ", call.local.sizes());
   req.row_start = rows.sizes[me] > 0 ? rows.starts[me] : 0;
   req.local_pad = call.padding_idx >= req.row_start && call.padding_idx < req.row_start + rows.sizes[me]
@@ -100,7 +100,7 @@ Request prepare(c10d::ProcessGroup& pg, const LookupCall& call) {
   // A word holds a count below 2**32 and a bag count below 2**31; max mode's winners travel as int32
   // positions among a requester's ids.
   constexpr int64_t kLimit = int64_t{1} << 31;
-  TORCH_CHECK_VALUE(req.ids.numel() < kLimit && req.num_bags < kLimit, kLookup,
+  TORCH_CHECK_VALUE(req.ids.numel() < kLimit && req.num_bags < kLimit, kRowLookup,
                     ": a row-wise sharded lookup takes fewer than 2**31 ids and 2**31 bags per rank, got ",
                     req.ids.numel(), " ids and ", req.num_bags, " bags");
   req.bucketed = bucket_ids(req.ids, req.offsets, rows, index_dtype(call.num_embeddings), call.padding_idx,
@@ -110,7 +110,7 @@ Request prepare(c10d::ProcessGroup& pg, const LookupCall& call) {
 }
 
 // Step 2: every rank's failures and arguments, and the words. Raises on every rank unless all agree.
-Routes agree(c10d::ProcessGroup& pg, const Request& req, std::exception_ptr error, const at::Tensor& local,
+Routes agree(c10d::ProcessGroup& pg, const RowRequest& req, std::exception_ptr error, const at::Tensor& local,
              c10::ArrayRef<double> arguments, int64_t padding_idx) {
   const std::vector<double> agreed = agreed_arguments(
       LookupOp::kRowwise, arguments, {static_cast<double>(req.mode()), static_cast<double>(padding_idx)});
@@ -130,7 +130,7 @@ struct Received {
   std::optional<at::Tensor> weights; // their per-sample weights
 };
 
-Received send_ids(c10d::ProcessGroup& pg, const Request& req, const Routes& routes) {
+Received send_ids(c10d::ProcessGroup& pg, const RowRequest& req, const Routes& routes) {
   const at::Tensor received =
       move_rows(pg, send_buffer(req.bucketed, routes), routes.send_sizes(), routes.recv_sizes());
   Received got;
@@ -143,7 +143,7 @@ Received send_ids(c10d::ProcessGroup& pg, const Request& req, const Routes& rout
 }
 
 // Steps 4 and 5 for F.embedding: the owner's rows back, put where the requester's ids were.
-at::Tensor rows_back(c10d::ProcessGroup& pg, const at::Tensor& local, const Request& req,
+at::Tensor rows_back(c10d::ProcessGroup& pg, const at::Tensor& local, const RowRequest& req,
                      const Routes& routes, const Received& got) {
   const int64_t owned = checked_total(routes.counts_in);
   const bool lookup = owned > 0 && local.numel() > 0;
@@ -156,7 +156,7 @@ at::Tensor rows_back(c10d::ProcessGroup& pg, const at::Tensor& local, const Requ
 
 // Steps 4 and 5 for sum and mean: each owner pools its part of every requester's bags; each requester
 // adds up the parts from the owners it sent ids to (NOTE [ Idle owners ]).
-at::Tensor pooled_back(c10d::ProcessGroup& pg, const at::Tensor& local, const Request& req,
+at::Tensor pooled_back(c10d::ProcessGroup& pg, const at::Tensor& local, const RowRequest& req,
                        const Routes& routes, const Received& got, bool needs_grad,
                        std::vector<at::Tensor>& saved) {
   const int64_t dim = local.size(1), num_bags = req.num_bags;
@@ -189,7 +189,7 @@ at::Tensor pooled_back(c10d::ProcessGroup& pg, const at::Tensor& local, const Re
   return out;
 }
 
-std::vector<int64_t> saved_counts(const Request& req, const at::Tensor& local, const Routes& routes) {
+std::vector<int64_t> saved_counts(const RowRequest& req, const at::Tensor& local, const Routes& routes) {
   std::vector<int64_t> counts{local.size(0), req.row_start, routes.num_bags};
   counts.insert(counts.end(), routes.counts_in.begin(), routes.counts_in.end());
   counts.insert(counts.end(), routes.counts_out.begin(), routes.counts_out.end());
@@ -208,9 +208,9 @@ rowwise_lookup(const at::Tensor& local, const at::Tensor& ids, const std::option
   check_not_tracing("_rowwise_lookup", kCommunicates);
   const auto pg = comm::resolve_group(std::string(group_name), "_rowwise_lookup");
   // 1. This rank's request (a failure here is reported in the agreement).
-  Request req;
+  RowRequest req;
   const std::exception_ptr error = prepared(req, [&] {
-    return prepare(*pg, LookupCall{local, ids, offsets, per_sample_weights, block_starts, block_sizes,
+    return prepare_rows(*pg, LookupCall{local, ids, offsets, per_sample_weights, block_starts, block_sizes,
                                    num_embeddings, padding_idx, mode, include_last_offset, fingerprint});
   });
   // 2. The agreement, with the words.
@@ -263,43 +263,43 @@ at::Tensor rowwise_lookup_backward(const at::Tensor& grad, at::TensorList saved,
   int64_t rows = 0, row_start = 0;
   std::exception_ptr error;
   try {
-    mode = parse_mode(kBackward, mode_name);
-    TORCH_CHECK_VALUE(saved.size() == kRowNumSaved, kBackward, ": expected ",
+    mode = parse_mode(kRowBackward, mode_name);
+    TORCH_CHECK_VALUE(saved.size() == kRowNumSaved, kRowBackward, ": expected ",
                       static_cast<int64_t>(kRowNumSaved), " saved tensors, got ", saved.size());
-    TORCH_CHECK_VALUE(grad.dim() == 2, kBackward, ": grad must be 2-D, got ", grad.sizes());
+    TORCH_CHECK_VALUE(grad.dim() == 2, kRowBackward, ": grad must be 2-D, got ", grad.sizes());
     const at::Tensor counts = saved[kRowCounts].contiguous();
     TORCH_CHECK_VALUE(counts.is_cpu() && counts.scalar_type() == at::kLong && counts.numel() == 3 + 3 * world,
-                      kBackward, ": malformed counts");
+                      kRowBackward, ": malformed counts");
     const int64_t* c = counts.const_data_ptr<int64_t>();
     rows = c[0];
     row_start = c[1];
-    TORCH_CHECK_VALUE(rows >= 0 && row_start >= 0, kBackward, ": malformed counts");
+    TORCH_CHECK_VALUE(rows >= 0 && row_start >= 0, kRowBackward, ": malformed counts");
     routes.bags = is_bags(mode);
     routes.num_bags = c[2];
     c += 3;
     routes.counts_in.assign(c, c + world);
     routes.counts_out.assign(c + world, c + 2 * world);
     routes.bags_in.assign(c + 2 * world, c + 3 * world);
-    TORCH_CHECK_VALUE(saved[kRowIds].numel() == checked_total(routes.counts_in), kBackward,
+    TORCH_CHECK_VALUE(saved[kRowIds].numel() == checked_total(routes.counts_in), kRowBackward,
                       ": saved ids do not match the counts");
     if (mode == LookupMode::kEmbedding) {
       TORCH_CHECK_VALUE(grad.size(0) == saved[kRowPerm].numel() &&
                             checked_total(routes.counts_out) == saved[kRowPerm].numel(),
-                        kBackward, ": grad must have one row per id");
+                        kRowBackward, ": grad must have one row per id");
     } else {
-      TORCH_CHECK_VALUE(grad.size(0) == routes.num_bags, kBackward, ": grad must have one row per bag (",
+      TORCH_CHECK_VALUE(grad.size(0) == routes.num_bags, kRowBackward, ": grad must have one row per bag (",
                         routes.num_bags, "), got ", grad.sizes());
       TORCH_CHECK_VALUE(saved[kRowOffsets].numel() == checked_total(routes.bags_in) &&
                             saved[kRowOffsets].scalar_type() == saved[kRowIds].scalar_type(),
-                        kBackward, ": saved offsets do not match the counts");
+                        kRowBackward, ": saved offsets do not match the counts");
     }
     if (mode == LookupMode::kMax) {
       TORCH_CHECK_VALUE(saved[kRowChosen].sizes() == grad.sizes() &&
                             saved[kRowChosen].scalar_type() == at::kLong,
-                        kBackward, ": saved winners do not match grad");
+                        kRowBackward, ": saved winners do not match grad");
     }
     if (mode == LookupMode::kMean && routes.num_bags) {
-      TORCH_CHECK_VALUE(saved[kRowDivisors].numel() == routes.num_bags, kBackward,
+      TORCH_CHECK_VALUE(saved[kRowDivisors].numel() == routes.num_bags, kRowBackward,
                         ": saved divisors do not match the bags");
     }
   } catch (...) {

@@ -42,6 +42,7 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
+from .. import _native
 from . import _checksums
 from ._errors import Corruption
 
@@ -115,8 +116,6 @@ def check_structure(metadata: Any, file: str = METADATA_FILE) -> list[Corruption
 
 
 def _structure_problems(metadata: Any, file: str) -> list[Corruption]:
-    from torch_shard import _native
-
     bad: list[Corruption] = []
 
     def wrong(what: str) -> None:

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from ..sharded_tensor import ShardedTensor
+
 
 class StagedShardedTensor(torch.Tensor):
     """A CPU snapshot of a ShardedTensor's local shards that DCP saves like the ShardedTensor.
@@ -60,8 +62,6 @@ class StagedShardedTensor(torch.Tensor):
 
 def stage_state_dict(state_dict: Any) -> Any:
     """A copy of ``state_dict`` whose tensors are CPU copies (ShardedTensors as StagedShardedTensor)."""
-    from torch_shard.sharded_tensor import ShardedTensor
-
     if isinstance(state_dict, ShardedTensor):
         return StagedShardedTensor(state_dict)
     if isinstance(state_dict, StagedShardedTensor):

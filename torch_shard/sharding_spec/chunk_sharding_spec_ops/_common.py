@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ...sharded_tensor import ShardedTensor
 from ...sharded_tensor.utils import _PlacementResolver
 from ..chunk_sharding_spec import ChunkShardingSpec
 
@@ -60,8 +61,6 @@ def validate_common(input, weight, max_norm, scale_grad_by_freq, sparse, op_name
     Returns :func:`local_weight`'s (local shard, offset, sharded dim). ``op_name`` is the module's name
     ("Embedding"), ``fn_name`` the function's ("embedding"), as they appear in the messages.
     """
-    from ...sharded_tensor import ShardedTensor
-
     if not isinstance(input, torch.Tensor):
         raise TypeError("input need to be torch.Tensor")
     if not isinstance(weight, ShardedTensor):
