@@ -65,7 +65,7 @@ if (why := build_info.unsupported(FACTS)) is not None:
 TESTING_DIR = os.path.join("csrc", "testing")
 
 
-# Unity translation units. A .cpp that includes ATen takes 30-45 s to compile on a 2-core machine,
+# Unity translation units. A .cpp that includes ATen takes about 30 s to compile on a 2-core machine,
 # most of it parsing the same headers, and csrc/ is split into files by concept (one job each), so each
 # folder of concept files (csrc/layout, csrc/comm, csrc/ops) is compiled as ONE translation unit: a
 # generated file, build/unity/<folder>.cpp, that includes them all. A fresh build then compiles 9 units
