@@ -109,8 +109,9 @@ colwise_lookup(const at::Tensor& local, const at::Tensor& ids, const std::option
   // 1. This rank's request (a failure here is reported in the agreement).
   ColumnRequest req;
   const std::exception_ptr error = prepared(req, [&] {
-    return prepare_columns(*pg, LookupCall{local, ids, offsets, per_sample_weights, block_starts, block_sizes,
-                                   num_embeddings, padding_idx, mode, include_last_offset, fingerprint});
+    return prepare_columns(*pg,
+                           LookupCall{local, ids, offsets, per_sample_weights, block_starts, block_sizes,
+                                      num_embeddings, padding_idx, mode, include_last_offset, fingerprint});
   });
   // 2. Every rank's bags on every rank.
   const bool bags = is_bags(req.mode()), weighted = per_sample_weights.has_value();
@@ -248,21 +249,22 @@ at::Tensor colwise_lookup_backward(const at::Tensor& grad, at::TensorList saved,
   std::exception_ptr error;
   try {
     mode = parse_mode(kColumnBackward, mode_name);
-    TORCH_CHECK_VALUE(saved.size() == kNumSaved, kColumnBackward, ": expected ", static_cast<int64_t>(kNumSaved),
-                      " saved tensors, got ", saved.size());
+    TORCH_CHECK_VALUE(saved.size() == kNumSaved, kColumnBackward, ": expected ",
+                      static_cast<int64_t>(kNumSaved), " saved tensors, got ", saved.size());
     TORCH_CHECK_VALUE(grad.dim() == 2, kColumnBackward, ": grad must be 2-D, got ", grad.sizes());
     const at::Tensor counts = saved[kCounts].contiguous();
     TORCH_CHECK_VALUE(counts.is_cpu() && counts.scalar_type() == at::kLong && counts.numel() == 1 + 3 * world,
                       kColumnBackward, ": malformed counts");
     const int64_t* c = counts.const_data_ptr<int64_t>();
     rows = *c++;
-    TORCH_CHECK_VALUE(rows >= 0 && padding_idx >= -1 && padding_idx < rows, kColumnBackward, ": malformed counts");
+    TORCH_CHECK_VALUE(rows >= 0 && padding_idx >= -1 && padding_idx < rows, kColumnBackward,
+                      ": malformed counts");
     rows_of.assign(c, c + world);
     widths.assign(c + world, c + 2 * world);
     starts.assign(c + 2 * world, c + 3 * world);
     const Blocks owners = checked_blocks(kColumnBackward, starts, widths, world, grad.size(1));
-    TORCH_CHECK_VALUE(grad.size(0) == rows_of[me], kColumnBackward, ": grad has ", grad.size(0), " rows, expected ",
-                      rows_of[me]);
+    TORCH_CHECK_VALUE(grad.size(0) == rows_of[me], kColumnBackward, ": grad has ", grad.size(0),
+                      " rows, expected ", rows_of[me]);
     const int64_t total_rows = checked_total(rows_of);
     if (mode == LookupMode::kEmbedding) {
       TORCH_CHECK_VALUE(saved[kIds].numel() == 0 || saved[kIds].numel() == total_rows, kColumnBackward,

@@ -66,9 +66,9 @@ struct RenormRequest {
   int64_t fingerprint = 0;
 };
 
-RenormRequest prepare_renorm(c10d::ProcessGroup& pg, const at::Tensor& local, const at::Tensor& ids, int64_t dim,
-                c10::IntArrayRef block_starts, c10::IntArrayRef block_sizes, int64_t num_embeddings,
-                double max_norm, int64_t fingerprint) {
+RenormRequest prepare_renorm(c10d::ProcessGroup& pg, const at::Tensor& local, const at::Tensor& ids,
+                             int64_t dim, c10::IntArrayRef block_starts, c10::IntArrayRef block_sizes,
+                             int64_t num_embeddings, double max_norm, int64_t fingerprint) {
   RenormRequest req;
   const int64_t me = pg.getRank();
   const std::optional<at::Tensor> none;
@@ -137,7 +137,8 @@ void embedding_renorm(const at::Tensor& local, const at::Tensor& ids, int64_t di
   // 1. This rank's request (a failure here is reported in the agreement).
   RenormRequest req;
   const std::exception_ptr error = prepared(req, [&] {
-    return prepare_renorm(*pg, local, ids, dim, block_starts, block_sizes, num_embeddings, max_norm, fingerprint);
+    return prepare_renorm(*pg, local, ids, dim, block_starts, block_sizes, num_embeddings, max_norm,
+                          fingerprint);
   });
   // 2. The agreement: row-wise with the words, column-wise sharing every rank's ids.
   const std::vector<double> agreed =

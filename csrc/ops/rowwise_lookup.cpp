@@ -211,7 +211,7 @@ rowwise_lookup(const at::Tensor& local, const at::Tensor& ids, const std::option
   RowRequest req;
   const std::exception_ptr error = prepared(req, [&] {
     return prepare_rows(*pg, LookupCall{local, ids, offsets, per_sample_weights, block_starts, block_sizes,
-                                   num_embeddings, padding_idx, mode, include_last_offset, fingerprint});
+                                        num_embeddings, padding_idx, mode, include_last_offset, fingerprint});
   });
   // 2. The agreement, with the words.
   const Routes routes = agree(*pg, req, error, local, arguments, padding_idx);
