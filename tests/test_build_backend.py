@@ -96,9 +96,10 @@ def fake_torch(tmp_path: Path, version: str | None) -> dict[str, str]:
     return {"PYTHONPATH": str(tmp_path)}
 
 
-@pytest.mark.parametrize("version", ["2.10.0", "2.16.0"])
-def test_setup_refuses_an_unsupported_torch_before_compiling(tmp_path, version):
-    result = subprocess.run(
+def _setup_version(tmp_path, version):
+    """``setup.py --version`` run where ``import torch`` finds the fake torch ``version`` (None: a torch
+    that cannot be imported)."""
+    return subprocess.run(
         [sys.executable, "setup.py", "--version"],
         capture_output=True,
         text=True,
@@ -106,20 +107,18 @@ def test_setup_refuses_an_unsupported_torch_before_compiling(tmp_path, version):
         cwd=ROOT,
         env={**os.environ, **fake_torch(tmp_path, version)},
     )
+
+
+@pytest.mark.parametrize("version", ["2.10.0", "2.16.0"])
+def test_setup_refuses_an_unsupported_torch_before_compiling(tmp_path, version):
+    result = _setup_version(tmp_path, version)
     assert result.returncode != 0
     assert f"torch_shard supports torch >=2.11,<2.16 (its C++ follows torch's C++ API release by release), and this environment has torch {version}" in result.stderr
     assert "pip install 'torch>=2.11,<2.16'" in result.stderr
 
 
 def test_setup_without_torch_says_to_install_it_first(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "setup.py", "--version"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-        env={**os.environ, **fake_torch(tmp_path, None)},
-    )
+    result = _setup_version(tmp_path, None)
     assert result.returncode != 0
     assert "importing torch failed (libtorch_cpu.so: cannot open shared object file)" in result.stderr
     assert "Install torch first" in result.stderr
