@@ -10,7 +10,11 @@
 # output goes to $GPU_CHECK_LOG (default build/gpu-check.log). Exit code 1 if any step failed.
 #
 #   scripts/gpu_check.sh [PYTHON]        (PYTHON: default python3; WHEELS=<dir>: install test
-#                                         dependencies from local wheels, for machines without an index)
+#                                         dependencies from local wheels, for machines without an index;
+#                                         GPU_CHECK_BENCH=1: also bench/bench_embedding.py on CUDA, issue
+#                                         26's table size, before the suite; GPU_CHECK_JOBS=N: the suite in
+#                                         N pytest-xdist workers, a test file per worker, default
+#                                         cores / 4 where xdist is installed)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${1:-${PYTHON:-python3}}
@@ -40,6 +44,9 @@ step() {  # step NAME COMMAND...: run, log, one summary line
 
 gpus=$("$PY" -c "import torch; print(torch.cuda.device_count())" 2>>"$LOG" || echo 0)
 echo "gpu-check: $("$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', '.'.join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else '-')" 2>>"$LOG"), $gpus GPU(s): $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | sort | uniq -c | xargs)"
+# The compilers: the extension is built with this machine's g++, torch with its own (the first GPU run's
+# SIGSEGVs came in exactly the tests where the extension throws; docs/gpus.md).
+{ echo "c++: $(c++ --version 2>&1 | head -1)"; "$PY" -c "import torch; print('torch built with:', [l.strip() for l in torch.__config__.show().splitlines() if 'GCC' in l or 'CXX_COMPILER' in l or 'ABI' in l])"; } >>"$LOG" 2>&1
 if [ "$gpus" -lt 1 ]; then
   echo "gpu-check: no GPU on this machine; nothing to check" >&2
   exit 2
@@ -86,9 +93,20 @@ step "smoke, NCCL, $gpus rank(s), one per GPU" "$PY" -m torch.distributed.run --
 step "smoke, gloo, 4 ranks on GPU 0" env CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0}" \
   "$PY" -m torch.distributed.run --standalone --nproc-per-node=4 \
   examples/gpu_smoke.py --device cuda --backend gloo --timeout 120 --checkpoint-dir "$checkpoints/gloo"
+if [ "${GPU_CHECK_BENCH:-0}" = 1 ]; then
+  step "bench, embedding on CUDA (NCCL, $gpus rank(s))" "$PY" -m torch.distributed.run --standalone \
+    --nproc-per-node="$gpus" bench/bench_embedding.py --device cuda --rows 1000000 --dim 128 --bags 8192 --ids-per-bag 20
+fi
+# Test files in parallel where pytest-xdist is installed: each worker is its own pytest process with its
+# own fork server and 4 ranks, so a file's process groups stay with its worker (--dist loadfile).
+jobs=${GPU_CHECK_JOBS:-$(($(nproc) / 4))}
+parallel=()
+if [ "$jobs" -gt 1 ] && "$PY" -c "import xdist" 2>/dev/null; then
+  parallel=(-n "$jobs" --dist loadfile)
+fi
 step "suite, one-gpu mode (4 ranks on cuda:0, gloo)" env TORCH_SHARD_TEST_DEVICE=one-gpu \
-  "$PY" -m pytest -q -p no:cacheprovider tests
+  "$PY" -m pytest -q -p no:cacheprovider -rfE "${parallel[@]}" tests
 if [ "$gpus" -ge 4 ]; then
-  step "suite, a GPU per rank (NCCL)" env TORCH_SHARD_TEST_DEVICE=cuda "$PY" -m pytest -q -p no:cacheprovider tests
+  step "suite, a GPU per rank (NCCL)" env TORCH_SHARD_TEST_DEVICE=cuda "$PY" -m pytest -q -p no:cacheprovider -rfE tests
 fi
 exit "$failed"
