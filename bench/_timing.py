@@ -22,6 +22,8 @@ def timed_cases(cases: dict[str, tuple[Callable | None, Callable]], repeats: int
     case, the median over ``repeats`` of the slowest rank's time for ``fn``, in seconds.
     """
     samples: dict[str, list[float]] = {name: [] for name in cases}
+    # The slowest rank's time travels on the group's own device: an NCCL group has no CPU backend.
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
     for i in range(warmup + repeats):
         for name, (setup, fn) in cases.items():
             if setup is not None:
@@ -29,7 +31,7 @@ def timed_cases(cases: dict[str, tuple[Callable | None, Callable]], repeats: int
             dist.barrier()
             start = time.perf_counter()
             fn()
-            elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+            elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
             dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
             if i >= warmup:
                 samples[name].append(elapsed.item())

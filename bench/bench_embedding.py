@@ -139,11 +139,14 @@ def main() -> None:
     )
     args = parser.parse_args()
     cuda = args.device == "cuda"
-    dist.init_process_group("nccl" if cuda else "gloo")
+    if cuda:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     if cuda:
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
-        torch.cuda.set_device(device)
         placements = [f"rank:{r}/cuda:{r % torch.cuda.device_count()}" for r in range(world)]
     else:
         device = torch.device("cpu")

@@ -308,8 +308,17 @@ def case_embedding_bag_colwise(s: Smoke) -> None:
 
 
 def case_dcp_save_and_load_into_another_layout(s: Smoke, checkpoint_root: str | None) -> None:
-    holder = [tempfile.mkdtemp(prefix="torch_shard_gpu_smoke_", dir=checkpoint_root) if s.rank == 0 else None]
+    # Rank 0 names the folder; a failure to make it travels too, so every rank fails this case at once
+    # instead of the others waiting in the broadcast for the group timeout.
+    holder: list[str | OSError | None] = [None]
+    if s.rank == 0:
+        try:
+            holder[0] = tempfile.mkdtemp(prefix="torch_shard_gpu_smoke_", dir=checkpoint_root)
+        except OSError as error:
+            holder[0] = error
     dist.broadcast_object_list(holder, src=0)
+    if isinstance(holder[0], OSError):
+        raise holder[0]
     path = holder[0]
     try:
         full = s.full(10, 12, seed=7)
@@ -437,6 +446,8 @@ def main() -> int:
             print(f"rank {rank}: --device cuda needs a GPU for local rank {local_rank}", file=sys.stderr)
             return 2
         torch.cuda.set_device(gpu)
+    if args.checkpoint_dir:
+        os.makedirs(args.checkpoint_dir, exist_ok=True)
     dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
     try:
         gpus: list[int | None] = [None] * world

@@ -101,9 +101,10 @@ fi
 # own fork server and 4 ranks, so a file's process groups stay with its worker (--dist loadfile).
 jobs=${GPU_CHECK_JOBS:-$(($(nproc) / 4))}
 parallel=()
-if [ "$jobs" -gt 1 ] && "$PY" -c "import xdist" 2>/dev/null; then
+if [ "$jobs" -gt 1 ] && "$PY" -c "import xdist" >>"$LOG" 2>&1; then
   parallel=(-n "$jobs" --dist loadfile)
 fi
+echo "suite: ${parallel[*]:-one pytest process} (GPU_CHECK_JOBS=$jobs)" >>"$LOG"
 step "suite, one-gpu mode (4 ranks on cuda:0, gloo)" env TORCH_SHARD_TEST_DEVICE=one-gpu \
   "$PY" -m pytest -q -p no:cacheprovider -rfE "${parallel[@]}" tests
 if [ "$gpus" -ge 4 ]; then
