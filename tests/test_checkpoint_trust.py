@@ -43,6 +43,7 @@ from torch_shard.checkpoint import (
     ChecksumFileSystemWriter,
     _checksums,
     _metadata,
+    _reader,
     load,
     verify_checkpoint,
 )
@@ -339,6 +340,48 @@ class TestCheckpointTrust(ShardedTensorTestBase):
         if self.rank == 0:
             self.assertEqual(_verify_exit(path + "_no_such_dir"), 2)
         dist.barrier()
+
+    @with_comms(init_rpc=False)
+    def test_a_chunk_changed_between_its_check_and_its_copy_raises_on_every_rank(self):
+        # NOTE [ Whole chunks are checked, then read again into the destination ]: rank 0's chunk
+        # changes on disk after every rank checked its chunks and agreed, before the copy re-reads it.
+        full = _values(6)
+        path = self._tmp_dir()
+        dcp.save({"w": filled(full, chunks(0))}, storage_writer=ChecksumFileSystemWriter(path))
+        [info] = [s for i, s in _storage(path).items() if i.offset[0] == 0]
+        agree, calls = _reader.exchange, []
+
+        def agree_then_change(outcome, participants):
+            calls.append(outcome)
+            if len(calls) == 1 and self.rank == 0:
+                with open(os.path.join(path, info.relative_path), "r+b") as f:
+                    f.seek(info.offset)
+                    at = info.offset + read_archive(BytesSource(f.read(info.length), info.offset)).data.data_offset
+                    f.seek(at)
+                    byte = f.read(1)[0]
+                    f.seek(at)
+                    f.write(bytes([byte ^ 0x40]))
+            return agree(outcome, participants)
+
+        target = sharded_tensor.full(chunks(0), (ROWS, COLS), FILL)
+        _reader.exchange = agree_then_change
+        try:
+            with self.assertRaises(CheckpointCorruptionError) as cm:
+                load({"w": target}, path)
+        finally:
+            _reader.exchange = agree
+        self.assertEqual(len(calls), 2)  # the check's agreement and the copy's
+        self.assertIn("changed on disk during the load", str(cm.exception))
+        self.assertIn("partly written", str(cm.exception))
+        self.assertEqual([c.rank for c in cm.exception.corruptions], [0])
+        messages = [None] * dist.get_world_size()
+        dist.all_gather_object(messages, str(cm.exception))
+        self.assertEqual(len(set(messages)), 1)
+        # The other ranks' chunks were read, checked twice and written: they hold the saved values.
+        if self.rank != 0:
+            self._assert_holds(target, full, "an unchanged chunk")
+        # Loaded again, the changed chunk fails its first check: nothing is written anywhere.
+        self._assert_refused(path, msg="changed chunk, loaded again")
 
     @with_comms(init_rpc=False)
     def test_other_load_failures_are_exceptions_on_every_rank(self):

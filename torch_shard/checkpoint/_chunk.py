@@ -3,12 +3,12 @@
 The reader and the offline verifier both go through here, so a load and ``verify`` check the same
 things. :func:`open_chunk` parses a chunk's archive and checks everything but its data (the small
 records, the saved tensor against the chunk ``.metadata`` records, the data record's CRC against the
-one this save recorded); then :func:`read_whole` reads the data record whole, hashed once and compared
-with the zip CRC-32 and the writer's data CRC (NOTE [ The checksums a DCP chunk already carries ],
-NOTE [ What .checksums binds to one save ]), or :func:`read_box_by_tiles` reads the tiles a box touches,
-each checked against the writer's tile CRCs (NOTE [ Block checksums for byte-range reads ]). All
-return bytes in memory of their own (never the destination's) plus the checks that failed; the
-caller decides what to do.
+one this save recorded); then the data record is checked whole, hashed once and compared with the zip
+CRC-32 and the writer's data CRC (NOTE [ The checksums a DCP chunk already carries ], NOTE [ What
+.checksums binds to one save ]): :func:`check_whole` through a one-piece scratch buffer, keeping
+nothing, or :func:`read_whole` into memory of its own; or :func:`read_box_by_tiles` reads the tiles a
+box touches, each checked against the writer's tile CRCs (NOTE [ Block checksums for byte-range reads
+]). None of them writes a destination; each returns the checks that failed, and the caller decides.
 """
 
 from __future__ import annotations
@@ -104,11 +104,14 @@ def open_chunk(source: Source, expected: Expected) -> tuple[Archive | None, list
 _PIECE = 1 << 20
 
 
-def read_record(source: Source, record: Record) -> tuple[torch.Tensor, int]:
-    """A record's bytes (uint8, in memory of their own) and their CRC-32: what is hashed is what the
-    caller hands on."""
-    buffer = torch.empty(record.size, dtype=torch.uint8)
-    view = memoryview(buffer.numpy()).cast("B") if record.size else memoryview(b"")
+def piece_scratch() -> memoryview:
+    """A buffer of one piece for :func:`hash_record`, reused across records (it stays in the cache)."""
+    return memoryview(bytearray(_PIECE))
+
+
+def hash_record_into(source: Source, record: Record, view: memoryview) -> int:
+    """Read ``record`` into ``view`` (exactly its size) a piece at a time and return the CRC-32 of what
+    was read, each piece hashed while it is in the cache: what is hashed is what lands in ``view``."""
     found = 0
     clock = time.perf_counter()
     for at in range(0, record.size, _PIECE):
@@ -117,25 +120,72 @@ def read_record(source: Source, record: Record) -> tuple[torch.Tensor, int]:
         clock = spent("read_s", clock)
         found = crc32(piece, found)
         clock = spent("check_s", clock)
-    return buffer, found
+    return found
+
+
+def hash_record(source: Source, record: Record, scratch: memoryview) -> int:
+    """The CRC-32 of ``record``'s bytes, read a piece at a time through ``scratch`` (see
+    :func:`piece_scratch`), keeping none of them."""
+    found = 0
+    clock = time.perf_counter()
+    for at in range(0, record.size, _PIECE):
+        piece = scratch[: min(_PIECE, record.size - at)]
+        source.read_into(piece, record.data_offset + at)
+        clock = spent("read_s", clock)
+        found = crc32(piece, found)
+        clock = spent("check_s", clock)
+    return found
+
+
+def read_record(source: Source, record: Record) -> tuple[torch.Tensor, int]:
+    """A record's bytes (uint8, in memory of their own) and their CRC-32: what is hashed is what the
+    caller hands on."""
+    buffer = torch.empty(record.size, dtype=torch.uint8)
+    view = memoryview(buffer.numpy()).cast("B") if record.size else memoryview(b"")
+    return buffer, hash_record_into(source, record, view)
+
+
+def needs_the_bytes(expected: Expected) -> bool:
+    """Whether checking a whole data record needs its bytes kept (a version-1 ``.checksums`` checks
+    a whole record tile by tile) rather than only its CRC-32."""
+    sums = expected.sums
+    return sums is not None and sums.crc is None and sums.grid is not None
+
+
+def whole_problems(found: int, source: Source, archive: Archive, expected: Expected) -> list[Corruption]:
+    """What is wrong with a whole data record whose bytes hash to ``found``: checked against the zip
+    CRC-32 and the writer's data CRC (see :func:`needs_the_bytes` for the one case this cannot judge)."""
+    place, sums, record = expected.place, expected.sums, archive.data
+    if record.has_crc and found != record.crc:
+        expect = sums.crc if sums is not None and sums.crc is not None else record.crc
+        return [place.corruption(source, record.data_offset, expect, found, f"record '{record.name}'")]
+    if sums is not None and sums.crc is not None and found != sums.crc:
+        return [place.corruption(
+            source, record.data_offset, sums.crc, found,
+            f"record '{record.name}' is not the data this save wrote",
+        )]
+    return []
+
+
+def check_whole(source: Source, archive: Archive, expected: Expected, scratch: memoryview) -> tuple[int, list[Corruption]]:
+    """Check the chunk's data record whole as :func:`read_whole` does, keeping none of its bytes (but
+    where :func:`needs_the_bytes`); returns their CRC-32 and what is wrong."""
+    if needs_the_bytes(expected):
+        buffer, found = read_record(source, archive.data)
+        bad = whole_problems(found, source, archive, expected)
+        return found, bad or check_tiles_of_whole(buffer, archive, expected.sums, source, expected.place)
+    found = hash_record(source, archive.data, scratch)
+    return found, whole_problems(found, source, archive, expected)
 
 
 def read_whole(source: Source, archive: Archive, expected: Expected) -> tuple[torch.Tensor, list[Corruption]]:
     """The chunk's data record whole (uint8), checked against the zip CRC-32 and the writer's data
     CRC (or, in a version-1 ``.checksums``, its tile CRCs)."""
-    place, sums, record = expected.place, expected.sums, archive.data
-    buffer, found = read_record(source, record)
-    if record.has_crc and found != record.crc:
-        expect = sums.crc if sums is not None and sums.crc is not None else record.crc
-        return buffer, [place.corruption(source, record.data_offset, expect, found, f"record '{record.name}'")]
-    if sums is not None and sums.crc is not None and found != sums.crc:
-        return buffer, [place.corruption(
-            source, record.data_offset, sums.crc, found,
-            f"record '{record.name}' is not the data this save wrote",
-        )]
-    if sums is not None and sums.crc is None and sums.grid is not None:
-        return buffer, check_tiles_of_whole(buffer, archive, sums, source, place)
-    return buffer, []
+    buffer, found = read_record(source, archive.data)
+    bad = whole_problems(found, source, archive, expected)
+    if not bad and needs_the_bytes(expected):
+        bad = check_tiles_of_whole(buffer, archive, expected.sums, source, expected.place)
+    return buffer, bad
 
 
 def read_bytes_item(source: Source, expected: Expected) -> tuple[bytes, list[Corruption]]:

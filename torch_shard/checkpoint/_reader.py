@@ -18,11 +18,25 @@ partial read then costs the whole record, as with ``FileSystemReader``, and the 
 or the tiles its box touches, each checked against the writer's tile CRC (NOTE [ Block checksums for
 byte-range reads ]). Stream-transformed chunks are checked after decoding. Bytes items are checked
 against the writer's CRC-32 and unpickled, as ``DCP``'s planner will unpickle them, so an item that
-cannot be (its class gone, a damaged pickle) fails here. Everything is read into buffers of the
-reader's own; the ranks then agree on the outcome (NOTE [ Agreeing on a load's outcome ]) and only
-when no rank found a problem are the buffers copied into the destinations. A failed check raises
-:class:`CheckpointCorruptionError`, any other failure :class:`CheckpointLoadError`, on every rank of
-the load, with every destination as it was.
+cannot be (its class gone, a damaged pickle) fails here. The ranks then agree on the outcome (NOTE [
+Agreeing on a load's outcome ]), and only when no rank found a problem is any destination written. A
+failed check raises :class:`CheckpointCorruptionError`, any other failure
+:class:`CheckpointLoadError`, on every rank of the load, with every destination as it was.
+
+NOTE [ Whole chunks are checked, then read again into the destination ]
+What is read in part (tiles), decoded, or unpickled is kept in buffers of the reader's own until the
+agreement. A chunk a rank needs whole (every chunk of a load into the layout it was saved in) is
+not: before the agreement it is only hashed, read a piece at a time through one scratch buffer that
+stays in the cache; after it, it is read again from the file straight into the destination (a
+contiguous CPU tensor of the saved dtype; anything else through one buffer and ``copy_``), each piece
+hashed again as it lands. Staging a whole chunk costs fresh memory as large as the chunk (the
+kernel zeroes every page of it) and one more copy, which made a checked load slower than DCP's
+``FileSystemReader``; the second read comes from the page cache the first one filled. The hash
+of the second read must equal the first: it differs only when the file changed on disk between the
+two (another job saving into the same directory during the load). Then the ranks agree once more
+and every rank raises :class:`CheckpointCorruptionError` naming the chunk; the destinations may be
+partly written in that case alone, and the error says so. That second agreement is one all-reduce
+of a flag, as the first.
 
 What a checkpoint without ``.checksums`` (any ``FileSystemWriter``'s) cannot catch: a chunk or file
 from another save, or another rank's chunk, whose archive is intact and of the right shape and dtype
@@ -69,9 +83,22 @@ from torch.futures import Future
 
 from . import _metadata
 from ._agreement import LocalRank, Outcome, Participants, exchange, this_rank
-from ._archive import BytesSource, FileSource, Source, _read_exact, _SourceFile
+from ._archive import Archive, BytesSource, FileSource, Source, _read_exact, _SourceFile
 from ._checksums import location_key
-from ._chunk import Expected, ItemPlace, as_saved_tensor, open_chunk, read_box_by_tiles, read_bytes_item, read_whole
+from ._chunk import (
+    Expected,
+    ItemPlace,
+    as_saved_tensor,
+    check_whole,
+    hash_record_into,
+    needs_the_bytes,
+    open_chunk,
+    piece_scratch,
+    read_box_by_tiles,
+    read_bytes_item,
+    read_record,
+    read_whole,
+)
 from ._errors import CheckpointCorruptionError, CheckpointLoadError, Corruption
 from ._timing import LoadTimings, recording, spent
 
@@ -89,6 +116,26 @@ class _ChunkHeader:
     shape: tuple[int, ...]
     dtype: torch.dtype
     element_size: int
+
+
+@dataclass(frozen=True)
+class _Deferred:
+    """A whole chunk checked before the agreement and read into its destination after it (NOTE [
+    Whole chunks are checked, then read again into the destination ]): where it lies, and the CRC-32
+    its bytes had."""
+
+    relative_path: str
+    base: int
+    length: int
+    archive: Archive
+    crc: int
+    place: ItemPlace
+
+
+def usable_in_place(archive: Archive, expected: Expected) -> bool:
+    """Whether a whole chunk can be checked now and read into its destination later: its bytes are
+    in this host's byte order and its check needs only their CRC-32."""
+    return archive.little_endian and sys.byteorder == "little" and not needs_the_bytes(expected)
 
 
 def _contiguous_strides(shape) -> list[int]:
@@ -203,17 +250,72 @@ class ByteRangeFileSystemReader(FileSystemReader):
             ) from failure
         # Every rank read, checked and decoded everything: now write the destinations, the last read
         # first (its bytes are the likeliest to be still in the cache; the regions do not overlap).
-        for item, value in reversed(staged):
-            if isinstance(value, io.BytesIO):
-                planner.load_bytes(item, value)
-            else:
-                target = planner.resolve_tensor(item).detach()
-                target.copy_(value)
-                planner.commit_tensor(item, target)
-        self._spent("write_s", clock)
+        # Whole chunks are read again into them (NOTE [ Whole chunks are checked, then read again into
+        # the destination ]); a rank that finds one changed on disk tells the others.
+        again = Outcome(this_rank())
+        failure = None
+        try:
+            with contextlib.ExitStack() as opened:
+                handles: dict[str, object] = {}
+                for item, value in reversed(staged):
+                    if isinstance(value, io.BytesIO):
+                        planner.load_bytes(item, value)
+                        continue
+                    target = planner.resolve_tensor(item).detach()
+                    if isinstance(value, _Deferred):
+                        self._read_again(value, target, handles, opened, again.corruptions)
+                    else:
+                        target.copy_(value)
+                    planner.commit_tensor(item, target)
+        except Exception as e:  # noqa: BLE001 - reported to every rank, raised below
+            failure = e
+            again.error = f"{type(e).__name__}: {e}"
+        clock = self._spent("write_s", clock)
+        outcomes = exchange(again, participants)
+        self._spent("agree_s", clock)
+        changed = [c for o in outcomes for c in o.corruptions]
+        if changed:
+            raise CheckpointCorruptionError(str(self.path), changed)
+        failed = [f"rank {o.rank}: {o.error}" if o.rank is not None else o.error for o in outcomes if o.error]
+        if failed:
+            raise CheckpointLoadError(
+                str(self.path),
+                f"torch_shard.checkpoint: loading '{self.path}' failed while writing the destinations, "
+                f"which may be partly written: {'; '.join(failed)}",
+            ) from failure
         done: Future[None] = Future()
         done.set_result(None)
         return done
+
+    def _read_again(self, deferred: _Deferred, target: torch.Tensor, handles: dict, opened, corruptions) -> None:
+        """Read a whole chunk checked before the agreement into ``target``, hashing it again."""
+        relative_path = deferred.relative_path
+        try:
+            raw = handles.get(relative_path)
+            if raw is None:
+                stream = opened.enter_context(self.fs.create_stream(self.fs.concat_path(self.path, relative_path), "rb"))
+                raw = handles[relative_path] = getattr(stream, "raw", stream)
+            source = FileSource(raw, deferred.base, deferred.length)
+            archive, record = deferred.archive, deferred.archive.data
+            view = _writable_view(target) if target.dtype == archive.meta.dtype and archive.contiguous else None
+            if view is not None and len(view) == record.size:
+                found = hash_record_into(source, record, view)
+            else:
+                buffer, found = read_record(source, record)
+                if found == deferred.crc:
+                    target.copy_(as_saved_tensor(buffer, archive))
+        except OSError as e:
+            corruptions.append(deferred.place.corruption(
+                None, None, None, None,
+                f"cannot be read again after it was checked ({type(e).__name__}: {e}); the destinations may be partly written",
+            ))
+            return
+        if found != deferred.crc:
+            corruptions.append(deferred.place.corruption(
+                source, record.data_offset, deferred.crc, found,
+                f"record '{record.name}' changed on disk during the load (it was checked, then read again "
+                f"into the destination); the destinations may be partly written",
+            ))
 
     def _spent(self, field: str, since: float) -> float:
         now = time.perf_counter()
@@ -221,7 +323,9 @@ class ByteRangeFileSystemReader(FileSystemReader):
         return now
 
     def _stage(self, plan: LoadPlan, planner: LoadPlanner, staged: list, corruptions: list[Corruption]) -> None:
-        """Read, check and decode every item of ``plan`` into buffers of our own (``staged``)."""
+        """Read, check and decode every item of ``plan``: into buffers of our own, or for whole chunks
+        only hashed (``staged`` gets a :class:`_Deferred`)."""
+        self._scratch = piece_scratch()
         per_file: dict[str, dict[int, list[ReadItem]]] = {}
         for item in plan.items:
             info = self.storage_data[item.storage_index]
@@ -274,7 +378,7 @@ class ByteRangeFileSystemReader(FileSystemReader):
             if items[0].type == LoadItemType.BYTE_IO:
                 self._stage_bytes(source, expected, items, staged, corruptions)
             else:
-                self._stage_tensor(source, expected, items, planner, staged, corruptions)
+                self._stage_tensor(source, expected, items, planner, staged, corruptions, relative_path)
         except OSError as e:  # a truncated file, a failed decode: the item is damaged
             corruptions.append(place.corruption(None, None, None, None, f"cannot be read ({type(e).__name__}: {e})"))
 
@@ -294,7 +398,7 @@ class ByteRangeFileSystemReader(FileSystemReader):
             spent("check_s", clock)
         staged.extend((item, io.BytesIO(data)) for item in items)
 
-    def _stage_tensor(self, source, expected, items, planner, staged, corruptions) -> None:
+    def _stage_tensor(self, source, expected, items, planner, staged, corruptions, relative_path) -> None:
         clock = time.perf_counter()
         archive, bad = open_chunk(source, expected)
         spent("read_s", clock)
@@ -314,6 +418,12 @@ class ByteRangeFileSystemReader(FileSystemReader):
             if usable and not is_whole and 0 not in lengths:
                 value, bad = read_box_by_tiles(source, archive, expected.sums, item.storage_offsets, lengths, expected.place)
                 corruptions.extend(bad)
+            elif is_whole and isinstance(source, FileSource) and usable_in_place(archive, expected):
+                found, bad = check_whole(source, archive, expected, self._scratch)
+                corruptions.extend(bad)
+                if bad:
+                    return
+                value = _Deferred(relative_path, source.base, source.length, archive, found, expected.place)
             else:
                 if not is_whole and expected.sums is None:
                     self._warn_whole_reads()
