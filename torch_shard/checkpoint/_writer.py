@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,13 +51,25 @@ def _as_saved(tensor: torch.Tensor) -> torch.Tensor:
 
 # A tensor with at least this many bytes takes its data CRC from the zip record torch.save wrote (read
 # back after the write: the archive's directory, a few hundred bytes) instead of being hashed twice;
-# a smaller one is hashed here (cheaper than reading a directory back).
+# a smaller one is hashed here (cheaper than reading a directory back). A bigger one's tile CRCs are
+# computed on a thread while torch.save writes it (_RecordingPlanner).
 _READ_BACK_BYTES = 1 << 20
 
 
 def _torch_save_records_crcs() -> bool:
     options = getattr(torch.serialization, "get_crc32_options", None)
     return bool(options()) if options is not None else False
+
+
+def _tensor_checksums(fqn: str, data: torch.Tensor, stored: torch.Tensor | None) -> ItemChecksums:
+    """A tensor chunk's checksums: its data CRC (None when it is read back from the archive:
+    ``stored`` None) and, for a row-major chunk, its tile CRCs."""
+    crc = crc32(stored) if stored is not None else None
+    grid, tiles = None, ()
+    if data.is_contiguous() and data.storage_offset() == 0:
+        # Tile CRCs are of the row-major bytes; a reader uses them only for a record in that order.
+        grid, tiles = _checksums.tensor_tile_crcs(data)
+    return ItemChecksums(fqn, crc, grid, tuple(tiles))
 
 
 class _RecordingPlanner:
@@ -66,11 +79,14 @@ class _RecordingPlanner:
     The CRCs are of what ``torch.save`` is given: the tensor in memory, brought here to the form the
     writer saves (on the CPU, its own storage), which the writer then leaves as it is. A big tensor's
     data CRC is the one ``torch.save`` computes from the same memory as it writes the data record
-    (``pending``: read back from the archive's directory once written)."""
+    (``pending``: read back from the archive's directory once written), and its tile CRCs are computed
+    on ``hasher``'s thread while ``torch.save`` writes it (``jobs``): both only read the tensor, and the
+    hashing and the copies it makes let go of the GIL, so a save bound by the disk hides the hashing."""
 
-    def __init__(self, planner: SavePlanner, recorded: dict, read_back: bool):
-        self._planner, self._recorded, self._read_back = planner, recorded, read_back
+    def __init__(self, planner: SavePlanner, recorded: dict, read_back: bool, hasher: ThreadPoolExecutor):
+        self._planner, self._recorded, self._read_back, self._hasher = planner, recorded, read_back, hasher
         self.pending: dict = {}  # index -> the data record's size, for big tensors
+        self.jobs: dict = {}  # index -> the future ItemChecksums of a big tensor
 
     def resolve_data(self, item):
         data = self._planner.resolve_data(item)
@@ -80,16 +96,13 @@ class _RecordingPlanner:
         elif isinstance(data, torch.Tensor):
             data = _as_saved(data)
             stored = _checksums.saved_storage_bytes(data)
-            crc = None
-            if self._read_back and stored.numel() >= _READ_BACK_BYTES:
-                self.pending[item.index] = stored.numel()
+            if stored.numel() < _READ_BACK_BYTES:
+                self._recorded[item.index] = _tensor_checksums(fqn, data, stored)
             else:
-                crc = crc32(stored)
-            grid, tiles = None, ()
-            if data.is_contiguous() and data.storage_offset() == 0:
-                # Tile CRCs are of the row-major bytes; a reader uses them only for a record in that order.
-                grid, tiles = _checksums.tensor_tile_crcs(data)
-            self._recorded[item.index] = ItemChecksums(fqn, crc, grid, tuple(tiles))
+                if self._read_back:
+                    self.pending[item.index] = stored.numel()
+                    stored = None
+                self.jobs[item.index] = self._hasher.submit(_tensor_checksums, fqn, data, stored)
         return data
 
     def __getattr__(self, name):
@@ -134,8 +147,10 @@ class ChecksumFileSystemWriter(FileSystemWriter):
         recorded: dict = {}
         # Stream-transformed items (compression, ...) store no zip archive to read a CRC back from.
         read_back = _torch_save_records_crcs() and not getattr(self.transforms, "extensions", ())
-        recording = _RecordingPlanner(planner, recorded, read_back)
-        results = super().write_data(plan, recording).wait()
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch_shard_checksums") as hasher:
+            recording = _RecordingPlanner(planner, recorded, read_back, hasher)
+            results = super().write_data(plan, recording).wait()
+            recorded.update((index, job.result()) for index, job in recording.jobs.items())
         self._read_back_crcs(results, recording.pending, recorded)
         wrapped = [
             dataclasses.replace(r, storage_data=_WithChecksums(r.storage_data, recorded.get(r.index)))
