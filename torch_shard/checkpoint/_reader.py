@@ -26,21 +26,21 @@ failed check raises :class:`CheckpointCorruptionError`, any other failure
 NOTE [ Whole chunks are checked, then read again into the destination ]
 What is read in part (tiles), decoded, or unpickled is kept in buffers of the reader's own until the
 agreement, and so is a whole chunk under 32 MiB. A bigger chunk a rank needs whole (every chunk of a
-load into the layout it was saved in) is not: before the agreement it is only hashed, read a piece at a time through one scratch buffer that
-stays in the cache; after it, it is read again from the file straight into the destination (a
-contiguous CPU tensor of the saved dtype; anything else through one buffer and ``copy_``), each piece
-hashed again as it lands. Staging a whole chunk costs fresh memory as large as the chunk (the
-kernel zeroes every page of it) and one more copy, which made a checked load slower than DCP's
-``FileSystemReader``; the second read comes from the page cache the first one filled. Below 32
-MiB glibc's allocator hands out memory it recycles (its mmap threshold grows to at most 32 MiB), so
-staging costs no fresh pages there and one read is cheaper than two (4 ranks, 16 MiB chunks: staged
-1.17x FSR, read twice 1.33-1.43x; 2 ranks, 32 MiB chunks: staged 1.15x, read twice 0.67-0.79x). The hash
-of the second read must equal the first: it differs only when the file changed on disk between the
-two (another job saving into the same directory during the load). The rank that sees it raises
-:class:`CheckpointCorruptionError` naming the chunk, and DCP's own gathering of every rank's
-``read_data`` outcome (the collective that ends its read step) makes every rank of ``dcp.load`` raise
-(``torch_shard.checkpoint.load``: that same error), with no round of ours; the destinations may be
-partly written in that case alone, and the error says so.
+load into the layout it was saved in) is not: before the agreement it is only hashed, read a piece at
+a time through one scratch buffer that stays in the cache; after it, it is read again from the file
+straight into the destination (a contiguous CPU tensor of the saved dtype; anything else through one
+buffer and ``copy_``), each piece hashed again as it lands. Staging a big chunk costs fresh memory as
+large as the chunk (the kernel zeroes every page of it) and one more copy, which made a checked load
+slower than DCP's ``FileSystemReader``; the second read comes from the page cache the first one
+filled. Under 32 MiB glibc's allocator hands out memory it recycles (its mmap threshold grows to at
+most 32 MiB), so staging costs no fresh pages there and one read is cheaper than two (4 ranks, 16 MiB
+chunks: staged 1.17x FSR, read twice 1.33-1.43x; 2 ranks, 32 MiB chunks: staged 1.15x, read twice
+0.67-0.84x). The hash of the second read must equal the first: it differs only when the file changed
+on disk between the two (another job saving into the same directory during the load). The rank that
+sees it raises :class:`CheckpointCorruptionError` naming the chunk, and DCP's own gathering of every
+rank's ``read_data`` outcome (the collective that ends its read step) makes every rank of ``dcp.load``
+raise (``torch_shard.checkpoint.load``: that same error), with no round of ours; the destinations may
+be partly written in that case alone, and the error says so.
 
 What a checkpoint without ``.checksums`` (any ``FileSystemWriter``'s) cannot catch: a chunk or file
 from another save, or another rank's chunk, whose archive is intact and of the right shape and dtype
