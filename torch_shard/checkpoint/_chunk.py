@@ -109,32 +109,30 @@ def piece_scratch() -> memoryview:
     return memoryview(bytearray(_PIECE))
 
 
-def hash_record_into(source: Source, record: Record, view: memoryview) -> int:
-    """Read ``record`` into ``view`` (exactly its size) a piece at a time and return the CRC-32 of what
-    was read, each piece hashed while it is in the cache: what is hashed is what lands in ``view``."""
+def _hash_pieces(source: Source, record: Record, piece_at) -> int:
+    """Read ``record`` a piece at a time into ``piece_at(offset, length)`` and return the CRC-32 of what
+    was read, each piece hashed while it is in the cache."""
     found = 0
     clock = time.perf_counter()
     for at in range(0, record.size, _PIECE):
-        piece = view[at : at + _PIECE]
+        piece = piece_at(at, min(_PIECE, record.size - at))
         source.read_into(piece, record.data_offset + at)
         clock = spent("read_s", clock)
         found = crc32(piece, found)
         clock = spent("check_s", clock)
     return found
+
+
+def hash_record_into(source: Source, record: Record, view: memoryview) -> int:
+    """Read ``record`` into ``view`` (exactly its size) and return the CRC-32 of what was read: what
+    is hashed is what lands in ``view``."""
+    return _hash_pieces(source, record, lambda at, n: view[at : at + n])
 
 
 def hash_record(source: Source, record: Record, scratch: memoryview) -> int:
-    """The CRC-32 of ``record``'s bytes, read a piece at a time through ``scratch`` (see
-    :func:`piece_scratch`), keeping none of them."""
-    found = 0
-    clock = time.perf_counter()
-    for at in range(0, record.size, _PIECE):
-        piece = scratch[: min(_PIECE, record.size - at)]
-        source.read_into(piece, record.data_offset + at)
-        clock = spent("read_s", clock)
-        found = crc32(piece, found)
-        clock = spent("check_s", clock)
-    return found
+    """The CRC-32 of ``record``'s bytes, read through ``scratch`` (see :func:`piece_scratch`), keeping
+    none of them."""
+    return _hash_pieces(source, record, lambda at, n: scratch[:n])
 
 
 def read_record(source: Source, record: Record) -> tuple[torch.Tensor, int]:
@@ -152,9 +150,11 @@ def needs_the_bytes(expected: Expected) -> bool:
     return sums is not None and sums.crc is None and sums.grid is not None
 
 
-def whole_problems(found: int, source: Source, archive: Archive, expected: Expected) -> list[Corruption]:
+def _whole_problems(found: int, buffer: torch.Tensor | None, source: Source, archive: Archive,
+                    expected: Expected) -> list[Corruption]:
     """What is wrong with a whole data record whose bytes hash to ``found``: checked against the zip
-    CRC-32 and the writer's data CRC (see :func:`needs_the_bytes` for the one case this cannot judge)."""
+    CRC-32 and the writer's data CRC, and, where :func:`needs_the_bytes`, its bytes (``buffer``)
+    against the writer's tile CRCs."""
     place, sums, record = expected.place, expected.sums, archive.data
     if record.has_crc and found != record.crc:
         expect = sums.crc if sums is not None and sums.crc is not None else record.crc
@@ -164,6 +164,8 @@ def whole_problems(found: int, source: Source, archive: Archive, expected: Expec
             source, record.data_offset, sums.crc, found,
             f"record '{record.name}' is not the data this save wrote",
         )]
+    if needs_the_bytes(expected):
+        return check_tiles_of_whole(buffer, archive, sums, source, place)
     return []
 
 
@@ -172,20 +174,16 @@ def check_whole(source: Source, archive: Archive, expected: Expected, scratch: m
     where :func:`needs_the_bytes`); returns their CRC-32 and what is wrong."""
     if needs_the_bytes(expected):
         buffer, found = read_record(source, archive.data)
-        bad = whole_problems(found, source, archive, expected)
-        return found, bad or check_tiles_of_whole(buffer, archive, expected.sums, source, expected.place)
-    found = hash_record(source, archive.data, scratch)
-    return found, whole_problems(found, source, archive, expected)
+    else:
+        buffer, found = None, hash_record(source, archive.data, scratch)
+    return found, _whole_problems(found, buffer, source, archive, expected)
 
 
 def read_whole(source: Source, archive: Archive, expected: Expected) -> tuple[torch.Tensor, list[Corruption]]:
     """The chunk's data record whole (uint8), checked against the zip CRC-32 and the writer's data
     CRC (or, in a version-1 ``.checksums``, its tile CRCs)."""
     buffer, found = read_record(source, archive.data)
-    bad = whole_problems(found, source, archive, expected)
-    if not bad and needs_the_bytes(expected):
-        bad = check_tiles_of_whole(buffer, archive, expected.sums, source, expected.place)
-    return buffer, bad
+    return buffer, _whole_problems(found, buffer, source, archive, expected)
 
 
 def read_bytes_item(source: Source, expected: Expected) -> tuple[bytes, list[Corruption]]:
