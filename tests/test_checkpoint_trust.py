@@ -19,6 +19,7 @@ saved values. Single-process tests at the end: ``.checksums``'s own check catche
 character, and the metadata digest survives a pickle round trip.
 """
 
+import json
 import os
 import pickle
 import random
@@ -29,6 +30,7 @@ import types
 import warnings
 from unittest import mock
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -420,20 +422,91 @@ def test_checksums_file_catches_every_changed_character():
         raise AssertionError(f"changing character {at} ({char!r} -> {other!r}) went unnoticed")
 
 
-def test_metadata_digest_survives_a_pickle_round_trip_and_sees_a_moved_chunk(tmp_path):
+def _save_alone(path, state_dict, writer=ChecksumFileSystemWriter):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        dcp.save({"w": torch.ones(8, 4), "note": {"a": 1}}, checkpoint_id=str(tmp_path), no_dist=True)
+        dcp.save(state_dict, storage_writer=writer(str(path)), no_dist=True)
+
+
+def test_checksums_hold_the_sha256_of_the_metadata_file_and_catch_any_change_to_it(tmp_path):
+    import hashlib
+
+    _save_alone(tmp_path, {"w": torch.ones(8, 4), "note": {"a": 1}})
+    with open(tmp_path / ".metadata", "rb") as f:
+        raw = f.read()
+    with open(tmp_path / ".checksums", "rb") as f:
+        sums = _checksums.parse(f.read())
+    assert sums.version == _checksums.VERSION == 3
+    assert sums.metadata_digest == hashlib.sha256(raw).hexdigest()
+    assert verify_checkpoint(str(tmp_path), progress=False).ok
+    # The same content pickled again (as another torch would): different bytes, so refused, and
+    # .metadata is blamed, not the data.
+    md = pickle.loads(raw)
+    with open(tmp_path / ".metadata", "wb") as f:
+        pickle.dump(md, f, protocol=2)
+    report = verify_checkpoint(str(tmp_path), progress=False)
+    assert not report.ok and [c.file for c in report.corruptions] == [".metadata"], report.corruptions
+    assert "digest differs" in report.corruptions[0].what
+
+
+def _as_version_2(path) -> None:
+    """Rewrite a checkpoint's .checksums as torch_shard's version 2 wrote it (content digest of the
+    metadata, check over the re-encoded body)."""
+    with open(os.path.join(path, ".checksums"), "rb") as f:
+        body = json.loads(f.read())
+    del body["check"]
+    body["version"] = 2
+    body["metadata"] = _metadata.legacy_digest(dcp.FileSystemReader(str(path)).read_metadata())
+    body["check"] = f"{_checksums.crc32(_checksums._canonical(body)):08x}"
+    with open(os.path.join(path, ".checksums"), "wb") as f:
+        f.write(_checksums._canonical(body))
+
+
+def test_version_2_checksums_are_still_read_and_checked(tmp_path):
+    full = torch.arange(64 * 6, dtype=torch.float32).view(64, 6)
+    _save_alone(tmp_path, {"w": full, "note": {"a": 1}})
+    _as_version_2(tmp_path)
+    with open(tmp_path / ".checksums", "rb") as f:
+        assert _checksums.parse(f.read()).version == 2
+    target = {"w": torch.zeros(64, 6), "note": {"a": 0}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.load(target, storage_reader=ByteRangeFileSystemReader(str(tmp_path)), no_dist=True)
+    assert torch.equal(target["w"], full) and target["note"] == {"a": 1}
+    assert verify_checkpoint(str(tmp_path), progress=False).ok
+    # Its digest is of the content: a chunk moved in .metadata is caught, and so is a changed digest.
     md = dcp.FileSystemReader(str(tmp_path)).read_metadata()
     again = pickle.loads(pickle.dumps(md))
     again.storage_meta.load_id = "another load"  # what a load sets: not part of the digest
-    assert _metadata.digest(again) == _metadata.digest(md)
+    assert _metadata.legacy_digest(again) == _metadata.legacy_digest(md)
     assert not _metadata.check_structure(md)
     [chunk] = again.state_dict_metadata["w"].chunks
     again.state_dict_metadata["w"].chunks = [ChunkStorageMetadata(torch.Size([1, 0]), chunk.sizes)]
-    assert _metadata.digest(again) != _metadata.digest(md)
+    assert _metadata.legacy_digest(again) != _metadata.legacy_digest(md)
     problems = _metadata.check_structure(again)
     assert problems and all(p.fqn == "w" for p in problems), problems
+    with open(tmp_path / ".checksums", "rb") as f:
+        body = json.loads(f.read())
+    body["metadata"] = "0" * 64
+    del body["check"]
+    body["check"] = f"{_checksums.crc32(_checksums._canonical(body)):08x}"
+    with open(tmp_path / ".checksums", "wb") as f:
+        f.write(_checksums._canonical(body))
+    report = verify_checkpoint(str(tmp_path), progress=False)
+    assert not report.ok and [c.file for c in report.corruptions] == [".metadata"], report.corruptions
+
+
+def test_checksums_entries_are_decoded_when_read_and_a_malformed_one_is_named():
+    items = {"__0_0.distcp:0": _checksums.ItemChecksums("w", 0x1234ABCD)}
+    data = _checksums.dump("save-1", "d" * 64, items)
+    parsed = _checksums.parse(data)
+    assert "__0_0.distcp:0" in parsed.items and len(parsed.items) == 1 and not parsed.items._decoded
+    assert parsed.items["__0_0.distcp:0"] == items["__0_0.distcp:0"]
+    # An entry that passes the file's check but is malformed (its writer wrote it so): named on use.
+    head = data[: -len(b',"check":"00000000"}')].replace(b'"crc":"1234abcd"', b'"crc":"zz"')
+    parsed = _checksums.parse(head + b',"check":"%08x"}' % _checksums.crc32(head))
+    with pytest.raises(ValueError, match="malformed entry for '__0_0.distcp:0'"):
+        parsed.items["__0_0.distcp:0"]
 
 
 if __name__ == "__main__":

@@ -24,21 +24,28 @@ it hands to ``torch.save``, so a byte that changes on its way to the disk or lat
 CRC-32 of the item's stored data (a bytes item's bytes; a tensor chunk's storage, which is the
 archive's data record), and for row-major chunks the tile CRCs above. A load checks every byte it
 hands to the model against these, whole reads against the data CRC (one pass: the same hash is
-compared with the zip record's CRC), partial reads against the tiles. The file also holds a digest
-of the checkpoint's metadata as the writer passed it to ``.metadata`` (``_metadata.py``): a
-``.metadata`` that still unpickles after damage, into moved offsets or sizes, is caught. And it
-checks itself: a CRC-32 of its own canonical JSON body (``check``), so a damaged ``.checksums`` is
-reported as such, not as damaged data. ``.checksums`` is written before ``.metadata``; both carry
-the save's id, and a ``.checksums`` of another save (a crash between the two, or a later save by a
-writer that records none) is an error, never silently ignored.
+compared with the zip record's CRC), partial reads against the tiles. The file also holds the SHA-256
+of the ``.metadata`` file's bytes as the writer put it in place (``_metadata.py``): a ``.metadata``
+that still unpickles after damage, into moved offsets or sizes, is caught. And it checks itself: its
+last member is a CRC-32 of every byte before it (``check``), so a damaged ``.checksums`` is reported
+as such, not as damaged data. ``.checksums`` is written before ``.metadata`` is renamed into place;
+both carry the save's id, and a ``.checksums`` of another save (a crash between the two, or a later
+save by a writer that records none) is an error, never silently ignored.
+
+A load reads ``.checksums`` whole on every rank, so reading it costs what reading ``.metadata`` does
+and no more: the check is over the bytes as they are (no re-encoding), and an item's entry is decoded
+only when a rank reads that item. Versions 1 and 2 (earlier torch_shard releases) are still read:
+version 2's check is over a re-encoded canonical body and its digest is of the metadata's content
+(``_metadata.legacy_digest``); version 1 has neither, nor data CRCs.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -49,9 +56,12 @@ MIN_TILE_ROW_BYTES = 64
 MAX_TILE_ROW_BYTES = 1024
 TILE_BYTES = 64 * 1024
 FORMAT = "torch_shard.checksums"
-VERSION = 2
-# Version 1 (torch_shard before the metadata digest and data CRCs) is still read: see ChecksumsFile.
-READABLE_VERSIONS = (1, 2)
+VERSION = 3
+# Versions 1 and 2 (earlier torch_shard) are still read: see ChecksumsFile.
+READABLE_VERSIONS = (1, 2, 3)
+# A version-3 file ends with its check: `,"check":"` 8 hex digits `"}`, a CRC-32 of every byte before it.
+_CHECK_TAIL = re.compile(rb',"check":"([0-9a-f]{8})"\}')
+_CHECK_TAIL_BYTES = 20
 
 
 @dataclass(frozen=True)
@@ -212,40 +222,76 @@ def checksums_file_name(rank: int | None = None) -> str:
     return ".checksums" if rank is None else f"__{rank}.checksums"
 
 
+class _Entries(Mapping):
+    """A parsed file's entries by :func:`location_key`, each decoded on first use (a rank decodes the
+    entries of the items it reads, not every rank's).
+
+    Raises:
+        ValueError: on access to an entry that is malformed (a file that passed its own check, so
+            written so by its writer).
+    """
+
+    def __init__(self, raw: Mapping, version: int):
+        self._raw, self._version, self._decoded = raw, version, {}
+
+    def __getitem__(self, key: str) -> ItemChecksums:
+        found = self._decoded.get(key)
+        if found is None:
+            value = self._raw[key]
+            try:
+                found = ItemChecksums.from_json(value, self._version)
+            except (KeyError, TypeError, ValueError, AttributeError, struct.error) as e:
+                raise ValueError(f"holds a malformed entry for '{key}' ({type(e).__name__}: {e})") from None
+            self._decoded[key] = found
+        return found
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._raw
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+
 @dataclass(frozen=True)
 class ChecksumsFile:
     """A parsed ``.checksums``.
 
     Attributes:
-        version: the format version (1: no metadata digest, tile CRCs only for tensor chunks).
+        version: the format version (1: no metadata digest, tile CRCs only for tensor chunks; 2: the
+            digest of the metadata's content).
         save_id: the id of the save that wrote it (compared with ``.metadata``'s).
-        metadata_digest: the digest of the metadata the writer wrote (``_metadata.digest``); None
-            in version 1.
+        metadata_digest: version 3: the SHA-256 (hex) of the ``.metadata`` file's bytes; version 2:
+            ``_metadata.legacy_digest`` of its content; None in version 1.
         items: what was recorded per saved item, by :func:`location_key`.
     """
 
     version: int
     save_id: str | None
     metadata_digest: str | None
-    items: dict[str, ItemChecksums]
+    items: Mapping[str, ItemChecksums]
 
 
 def _canonical(body: Mapping) -> bytes:
+    """Version 2's checked form of a body: re-encoded with sorted keys."""
     return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
 
 
-def dump(save_id: str | None, metadata_digest: str, items: Mapping[str, ItemChecksums]) -> bytes:
-    """The ``.checksums`` file's bytes: a canonical JSON body and its own CRC-32 (``check``)."""
+def dump(save_id: str | None, metadata_sha256: str, items: Mapping[str, ItemChecksums]) -> bytes:
+    """The ``.checksums`` file's bytes: a JSON body whose last member, ``check``, is a CRC-32 of every
+    byte before it."""
     body = {
         "format": FORMAT,
         "version": VERSION,
         "algorithm": "crc32",
         "save_id": save_id,
-        "metadata": metadata_digest,
+        "metadata": metadata_sha256,
         "items": {key: value.to_json() for key, value in items.items()},
     }
-    body["check"] = f"{crc32(_canonical(body)):08x}"
-    return _canonical(body)
+    head = json.dumps(body, separators=(",", ":")).encode()[:-1]  # without the closing brace
+    return head + b',"check":"%08x"}' % crc32(head)
 
 
 def parse(data: bytes) -> ChecksumsFile:
@@ -253,8 +299,15 @@ def parse(data: bytes) -> ChecksumsFile:
 
     Raises:
         ValueError: naming what is wrong, when the file is not valid JSON, not this format, of an
-            unknown version, fails its own check or holds malformed entries.
+            unknown version, fails its own check or holds malformed entries (an entry of a version-3
+            file is decoded, and so found malformed, when it is first read: see ``_Entries``).
     """
+    tail = _CHECK_TAIL.fullmatch(data[-_CHECK_TAIL_BYTES:]) if isinstance(data, bytes) else None
+    if tail is not None:  # version 3 (or later): the check is over the bytes as they are
+        found = crc32(data[:-_CHECK_TAIL_BYTES])
+        if tail.group(1) != b"%08x" % found:
+            raise ValueError(f"fails its own check (check {tail.group(1).decode()!r}, the bytes before it "
+                             f"hash to {found:08x})")
     try:
         body = json.loads(data)
     except (ValueError, UnicodeDecodeError) as e:
@@ -265,13 +318,22 @@ def parse(data: bytes) -> ChecksumsFile:
     if version not in READABLE_VERSIONS or body.get("algorithm") != "crc32":
         raise ValueError(f"has version {version!r} / algorithm {body.get('algorithm')!r}; this torch_shard "
                          f"reads versions {list(READABLE_VERSIONS)} of crc32")
-    if version >= 2:
+    if version >= 3 and tail is None:
+        raise ValueError("does not end with its own check")
+    if version == 2:
         check = body.pop("check", None)
         found = crc32(_canonical(body))
         if not isinstance(check, str) or check != f"{found:08x}":
             raise ValueError(f"fails its own check (check {check!r}, its body's crc32 is {found:08x})")
     try:
-        items = {str(key): ItemChecksums.from_json(value, version) for key, value in body["items"].items()}
+        raw = body["items"]
+        if not isinstance(raw, dict):
+            raise TypeError("items is not an object")
+        items: Mapping[str, ItemChecksums]
+        if version >= 3:
+            items = _Entries(raw, version)
+        else:
+            items = {str(key): ItemChecksums.from_json(value, version) for key, value in raw.items()}
         save_id = body.get("save_id")
         digest = body.get("metadata") if version >= 2 else None
         if (save_id is not None and not isinstance(save_id, str)) or (version >= 2 and not isinstance(digest, str)):

@@ -11,11 +11,12 @@ between it and the data:
   every field of the type DCP gives it, every tensor's chunks inside the tensor and tiling it
   exactly (a chunk moved or resized leaves a gap or an overlap), every chunk and bytes item stored
   somewhere, every stored item at a relative path inside the checkpoint;
-* its digest (:func:`digest`), when ``.checksums`` exists: ``ChecksumFileSystemWriter`` records a
-  SHA-256 of the metadata's content as it handed it to ``FileSystemWriter.finish``, and the reader
-  compares it with the digest of what it unpickled. The digest is of the content, not of the pickle's
-  bytes (a pickle of equal metadata may differ between torch releases), and leaves out what a load
-  does not use: the checkpoint's path when saved (the directory may have moved) and the load id.
+* its digest, when ``.checksums`` exists: ``ChecksumFileSystemWriter`` records the SHA-256 of the
+  ``.metadata`` file's bytes as DCP's ``finish`` wrote them, taken just before DCP renames the file
+  into place (:func:`hashing_renames`), and a load compares it with the SHA-256 of the bytes it
+  unpickles (:func:`hashing_reads`): exactly the file the save wrote, at the cost of hashing it
+  (a fraction of unpickling it). ``.checksums`` of version 2 hold a digest of the metadata's
+  content instead (:func:`legacy_digest`, a walk of every entry that costs more than unpickling).
 
 :func:`open_checked` does both, and the ``.checksums`` checks of NOTE [ What .checksums binds to one
 save ], for the reader and for ``verify``: one list of what is wrong, so both check the same things.
@@ -23,9 +24,11 @@ save ], for the reader and for ``verify``: one list of what is wrong, so both ch
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import hashlib
+import io
 import json
 import os
 import pickle
@@ -46,7 +49,7 @@ from .. import _native
 from . import _checksums
 from ._errors import Corruption
 
-__all__ = ["Checked", "check_structure", "digest", "open_checked"]
+__all__ = ["Checked", "check_structure", "hashing_reads", "hashing_renames", "legacy_digest", "open_checked"]
 
 METADATA_FILE = ".metadata"
 
@@ -77,33 +80,95 @@ def _canonical(value: Any) -> Any:
     return ["pickle", type(value).__qualname__, pickle.dumps(value, protocol=4).hex()]
 
 
-def digest(metadata: Metadata) -> str:
-    """SHA-256 of the metadata content a load uses (NOTE [ Checking a checkpoint's metadata ])."""
+def legacy_digest(metadata: Metadata) -> str:
+    """The digest a version-2 ``.checksums`` holds: SHA-256 of the metadata content a load uses,
+    leaving out the checkpoint's path when saved and the load id."""
     save_id = getattr(getattr(metadata, "storage_meta", None), "save_id", None)
-    return digest_of(metadata.state_dict_metadata, metadata.storage_data, metadata.planner_data, save_id)
-
-
-def digest_of(state_dict_metadata, storage_data, planner_data, save_id: str | None) -> str:
-    """:func:`digest` of metadata with these fields (what a writer's ``finish`` is about to write)."""
     content = {
-        "state_dict_metadata": _canonical(state_dict_metadata),
-        "storage_data": _canonical(storage_data),
-        "planner_data": _canonical(planner_data),
+        "state_dict_metadata": _canonical(metadata.state_dict_metadata),
+        "storage_data": _canonical(metadata.storage_data),
+        "planner_data": _canonical(metadata.planner_data),
         "save_id": save_id,
     }
     return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+class _HashingReads:
+    """A DCP ``FileSystem`` whose streams opened for reading are read whole, hashed, and handed on
+    from memory: ``sha256`` is the SHA-256 (hex) of the last one's bytes."""
+
+    def __init__(self, fs):
+        self._fs, self.sha256 = fs, None
+
+    @contextlib.contextmanager
+    def create_stream(self, path, mode: str):
+        if mode != "rb":
+            with self._fs.create_stream(path, mode) as stream:
+                yield stream
+            return
+        with self._fs.create_stream(path, mode) as stream:
+            data = stream.read()
+        self.sha256 = hashlib.sha256(data).hexdigest()
+        yield io.BytesIO(data)
+
+    def __getattr__(self, name):
+        return getattr(self._fs, name)
+
+
+@contextlib.contextmanager
+def hashing_reads(reader):
+    """Within the block, ``reader`` (a ``FileSystemReader``) reads files whole and hashes them: for
+    its ``read_metadata``, whose only read is the ``.metadata`` file. Yields the hashing file system;
+    its ``sha256`` is of the bytes DCP unpickled (None when it read nothing)."""
+    hashing = _HashingReads(reader.fs)
+    reader.fs = hashing
+    try:
+        yield hashing
+    finally:
+        reader.fs = hashing._fs
+
+
+class _HashingRenames:
+    """A DCP ``FileSystem`` that, when a file named ``name`` is renamed into place, first hands the
+    SHA-256 (hex) of the file's bytes to ``before``."""
+
+    def __init__(self, fs, name: str, before: Callable[[str], None]):
+        self._fs, self._name, self._before, self.seen = fs, name, before, False
+
+    def rename(self, path, new_path) -> None:
+        if os.path.basename(str(new_path)) == self._name and not self.seen:
+            with self._fs.create_stream(path, "rb") as stream:
+                self._before(hashlib.sha256(stream.read()).hexdigest())
+            self.seen = True
+        self._fs.rename(path, new_path)
+
+    def __getattr__(self, name):
+        return getattr(self._fs, name)
+
+
+@contextlib.contextmanager
+def hashing_renames(writer, name: str, before: Callable[[str], None]):
+    """Within the block, ``writer`` (a ``FileSystemWriter``) calls ``before(sha256)`` with the SHA-256
+    of the file it renames to ``name``, just before the rename (DCP's ``finish`` writes ``.metadata``
+    under a temporary name, then renames it). Yields the file system; its ``seen`` says whether the
+    rename happened."""
+    hashing = _HashingRenames(writer.fs, name, before)
+    writer.fs = hashing
+    try:
+        yield hashing
+    finally:
+        writer.fs = hashing._fs
+
+
 def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return type(value) is int  # noqa: E721 - not bool, nor another int subclass
 
 
 def _int_tuple(value, ndim: int | None = None) -> bool:
-    return (
-        isinstance(value, (torch.Size, tuple, list))
-        and all(_is_int(v) and v >= 0 for v in value)
-        and (ndim is None or len(value) == ndim)
-    )
+    """A size or offsets: a tuple, list or ``torch.Size`` of ints >= 0 (of ``ndim`` of them)."""
+    if not isinstance(value, (torch.Size, tuple, list)) or (ndim is not None and len(value) != ndim):
+        return False
+    return all(type(v) is int for v in value) and (not value or min(value) >= 0)  # noqa: E721
 
 
 def check_structure(metadata: Any, file: str = METADATA_FILE) -> list[Corruption]:
@@ -128,60 +193,81 @@ def _structure_problems(metadata: Any, file: str) -> list[Corruption]:
     if not isinstance(items, dict) or not isinstance(storage, dict):
         wrong("has no state_dict_metadata or storage_data dict")
         return bad
-    needed: list[MetadataIndex] = []
+    # Every stored item, by (fqn, chunk offsets): MetadataIndex hashes and compares exactly these.
+    stored = {(index.fqn, index.offset): info for index, info in storage.items() if isinstance(index, MetadataIndex)}
+    several: list[tuple[str, TensorStorageMetadata]] = []
     for fqn, item in items.items():
         if not isinstance(fqn, str):
             wrong(f"has a key {fqn!r} that is not a string")
         elif isinstance(item, BytesStorageMetadata):
-            needed.append(MetadataIndex(fqn))
+            _check_stored(fqn, None, stored, wrong)
         elif isinstance(item, TensorStorageMetadata):
-            bad.extend(_check_tensor(fqn, item, file, _native))
-            needed.extend(MetadataIndex(fqn, c.offsets) for c in item.chunks if isinstance(c, ChunkStorageMetadata))
+            problem = _tensor_problem(item)
+            if problem is not None:
+                bad.append(Corruption(fqn, None, file, None, None, None, problem))
+                continue
+            if len(item.chunks) > 1:
+                several.append((fqn, item))
+            for chunk in item.chunks:
+                _check_stored(fqn, chunk.offsets, stored, wrong)
         else:
             wrong(f"'{fqn}' is a {type(item).__name__}, not tensor or bytes metadata")
-    if bad:
-        return bad
-    for index in needed:
-        info = storage.get(index)
-        if info is None:
-            where = f" chunk at {list(index.offset)}" if index.offset is not None else ""
-            wrong(f"'{index.fqn}'{where} is stored nowhere (no storage_data entry)")
-            continue
-        path, offset, length = (getattr(info, name, None) for name in ("relative_path", "offset", "length"))
-        if not isinstance(path, str) or not _is_int(offset) or not _is_int(length) or offset < 0 or length < 0:
-            wrong(f"'{index.fqn}' has a malformed storage entry ({info!r})")
-        elif os.path.isabs(path) or ".." in path.replace("\\", "/").split("/") or not path:
-            wrong(f"'{index.fqn}' is stored at {path!r}, outside the checkpoint directory")
+    for fqn, item in several:
+        problem = _tiling_problem(item)
+        if problem is not None:
+            bad.append(Corruption(fqn, None, file, None, None, None, problem))
     return bad
 
 
-def _check_tensor(fqn: str, item: TensorStorageMetadata, file: str, native) -> list[Corruption]:
-    def wrong(what: str) -> list[Corruption]:
-        return [Corruption(fqn, None, file, None, None, None, what)]
+def _check_stored(fqn: str, offsets, stored: dict, wrong: Callable[[str], None]) -> None:
+    info = stored.get((fqn, offsets if offsets is None else tuple(offsets)))
+    if info is None:
+        where = f" chunk at {list(offsets)}" if offsets is not None else ""
+        wrong(f"'{fqn}'{where} is stored nowhere (no storage_data entry)")
+        return
+    path, offset, length = (getattr(info, name, None) for name in ("relative_path", "offset", "length"))
+    if not isinstance(path, str) or not _is_int(offset) or not _is_int(length) or offset < 0 or length < 0:
+        wrong(f"'{fqn}' has a malformed storage entry ({info!r})")
+    elif not path or os.path.isabs(path) or ".." in path.replace("\\", "/").split("/"):
+        wrong(f"'{fqn}' is stored at {path!r}, outside the checkpoint directory")
 
+
+def _tensor_problem(item: TensorStorageMetadata) -> str | None:
+    """What is wrong with a tensor entry's fields (None when nothing is); a single chunk is checked
+    to cover the tensor here, several by :func:`_tiling_problem`."""
     size = item.size
     dtype = getattr(item.properties, "dtype", None)
     if not _int_tuple(size):
-        return wrong(f"has a malformed size ({size!r})")
+        return f"has a malformed size ({size!r})"
     if not isinstance(dtype, torch.dtype):
-        return wrong(f"has a malformed dtype ({dtype!r})")
+        return f"has a malformed dtype ({dtype!r})"
     chunks = item.chunks
     if not isinstance(chunks, list) or not chunks:
-        return wrong("has no chunks")
+        return "has no chunks"
+    ndim = len(size)
     for chunk in chunks:
         if (
             not isinstance(chunk, ChunkStorageMetadata)
-            or not _int_tuple(chunk.offsets, len(size))
-            or not _int_tuple(chunk.sizes, len(size))
+            or not _int_tuple(chunk.offsets, ndim)
+            or not _int_tuple(chunk.sizes, ndim)
         ):
-            return wrong(f"has a malformed chunk ({chunk!r})")
-    offsets = torch.tensor([list(c.offsets) for c in chunks], dtype=torch.int64).view(len(chunks), len(size))
-    sizes = torch.tensor([list(c.sizes) for c in chunks], dtype=torch.int64).view(len(chunks), len(size))
+            return f"has a malformed chunk ({chunk!r})"
+    if len(chunks) == 1 and (any(chunks[0].offsets) or list(chunks[0].sizes) != list(size)):
+        return (f"has chunks that do not tile its size {list(size)} exactly (its one chunk is at "
+                f"{list(chunks[0].offsets)}, of size {list(chunks[0].sizes)})")
+    return None
+
+
+def _tiling_problem(item: TensorStorageMetadata) -> str | None:
+    """Whether a tensor's several chunks tile it exactly: inside it, no two overlapping, no gap."""
+    chunks, ndim = item.chunks, len(item.size)
+    offsets = torch.tensor([v for c in chunks for v in c.offsets], dtype=torch.int64).view(len(chunks), ndim)
+    sizes = torch.tensor([v for c in chunks for v in c.sizes], dtype=torch.int64).view(len(chunks), ndim)
     try:
-        native.validate_boxes(offsets, sizes, list(size))
+        _native.validate_boxes(offsets, sizes, list(item.size))
     except (ValueError, RuntimeError) as e:
-        return wrong(f"has chunks that do not tile its size {list(size)} exactly ({e})")
-    return []
+        return f"has chunks that do not tile its size {list(item.size)} exactly ({e})"
+    return None
 
 
 @dataclass
@@ -223,7 +309,7 @@ def unpickled(read: Callable[[], Metadata], rank: int | None = None) -> tuple[Me
 
 
 def open_checked(fs, path, metadata: Metadata | None, rank: int | None = None, *, use_checksums: bool = True,
-                 problems: list[Corruption] | None = None) -> Checked:
+                 problems: list[Corruption] | None = None, metadata_sha256: str | None = None) -> Checked:
     """Check ``metadata`` (read from the checkpoint at ``path``) and its ``.checksums``.
 
     Args:
@@ -232,14 +318,34 @@ def open_checked(fs, path, metadata: Metadata | None, rank: int | None = None, *
         rank: for rank-local metadata (``__<rank>.metadata`` / ``__<rank>.checksums``).
         use_checksums: False leaves ``.checksums`` unread (a load checks zip CRC-32s only).
         problems: failures found while reading the metadata.
+        metadata_sha256: the SHA-256 of the ``.metadata`` bytes unpickled (:func:`hashing_reads`).
     """
     metadata_file = metadata_file_name(rank)
     name = _checksums.checksums_file_name(rank)
     checked = Checked(metadata, None, list(problems or ()), name)
-    if metadata is not None:
-        checked.problems.extend(check_structure(metadata, metadata_file))
     file = fs.concat_path(path, name)
-    if not use_checksums or not fs.exists(file):
+    sums, unusable = None, None
+    if use_checksums and fs.exists(file):
+        with fs.create_stream(file, "rb") as stream:
+            data = stream.read()
+        try:
+            sums = _checksums.parse(data)
+        except ValueError as e:
+            unusable = (f"{e}; the data can still be checked against their zip CRC-32s alone: load with "
+                        f"ByteRangeFileSystemReader(path, checksums=False), or verify with "
+                        f"`python -m torch_shard.checkpoint verify --no-checksums DIR`")
+    save_id = getattr(getattr(metadata, "storage_meta", None), "save_id", None)
+    # The bytes the save wrote, to the bit (the SHA-256 its .checksums holds): their structure is
+    # DCP's own, not checked again.
+    written = (
+        metadata is not None and sums is not None and sums.version >= 3 and sums.save_id == save_id
+        and metadata_sha256 is not None and metadata_sha256 == sums.metadata_digest
+    )
+    if metadata is not None and not written:
+        checked.problems.extend(check_structure(metadata, metadata_file))
+    if unusable is not None:
+        checked.problems.append(Corruption(None, None, name, None, None, None, unusable))
+    if sums is None:
         return checked
 
     def wrong(what: str, file_name: str = name) -> Checked:
@@ -247,27 +353,20 @@ def open_checked(fs, path, metadata: Metadata | None, rank: int | None = None, *
         checked.checksums = None
         return checked
 
-    with fs.create_stream(file, "rb") as stream:
-        data = stream.read()
-    try:
-        sums = _checksums.parse(data)
-    except ValueError as e:
-        return wrong(f"{e}; the data can still be checked against their zip CRC-32s alone: load with "
-                     f"ByteRangeFileSystemReader(path, checksums=False), or verify with "
-                     f"`python -m torch_shard.checkpoint verify --no-checksums DIR`")
     checked.checksums = sums
     if metadata is None or checked.problems:
         return checked
-    save_id = getattr(getattr(metadata, "storage_meta", None), "save_id", None)
     if sums.save_id != save_id:
         return wrong(
             f"belongs to another save (id {sums.save_id}) than {metadata_file} (id {save_id}): the directory "
             f"holds parts of two saves (a save that stopped between the two files, or a later save by a "
             f"writer that records no checksums; in that case delete {name})"
         )
-    if sums.metadata_digest is not None and sums.metadata_digest != digest(metadata):
-        return wrong(f"does not hold what its save wrote: its digest differs from the one in {name}",
-                     metadata_file)
+    if not written and sums.metadata_digest is not None:
+        found = metadata_sha256 if sums.version >= 3 else legacy_digest(metadata)
+        if found != sums.metadata_digest:
+            return wrong(f"does not hold what its save wrote: its digest differs from the one in {name}",
+                         metadata_file)
     missing = [
         index for index, info in metadata.storage_data.items()
         if _checksums.location_key(info.relative_path, info.offset) not in sums.items

@@ -205,9 +205,11 @@ class ByteRangeFileSystemReader(FileSystemReader):
             return super().read_metadata(*args, **kwargs)
         rank = kwargs.get("rank")
         read = super().read_metadata
-        metadata, problems = _metadata.unpickled(lambda: read(*args, **kwargs), rank)
+        with _metadata.hashing_reads(self) as hashing:
+            metadata, problems = _metadata.unpickled(lambda: read(*args, **kwargs), rank)
         self._checked = _metadata.open_checked(
-            self.fs, self.path, metadata, rank, use_checksums=self.use_checksums, problems=problems
+            self.fs, self.path, metadata, rank, use_checksums=self.use_checksums, problems=problems,
+            metadata_sha256=hashing.sha256,
         )
         if metadata is None or self._checked.problems:
             # DCP raises what read_metadata raises as a bare message; an empty stand-in (never the

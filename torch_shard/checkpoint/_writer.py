@@ -10,6 +10,7 @@ also copies ShardedTensors (see ``_staging.py``).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -187,20 +188,29 @@ class ChecksumFileSystemWriter(FileSystemWriter):
                     result = dataclasses.replace(result, storage_data=data.info)
                 unwrapped.append(result)
             plain.append(unwrapped)
-        # The metadata FileSystemWriter.finish is about to write: its storage_data is every result's.
-        storage_data = {r.index: r.storage_data for rank_results in plain for r in rank_results}
-        digest = _metadata.digest_of(metadata.state_dict_metadata, storage_data, metadata.planner_data, self.save_id)
-        # Written (and renamed into place) before .metadata: a checkpoint with .metadata is complete.
+        # .checksums goes into place before .metadata, so a checkpoint with .metadata is complete: it
+        # is written when DCP's finish renames the .metadata it wrote into place, with the SHA-256 of
+        # that file's bytes (NOTE [ Checking a checkpoint's metadata ]).
         rank = self.rank if not self.use_collectives and self.rank is not None else None
-        name = _checksums.checksums_file_name(rank)
-        tmp = self.fs.concat_path(self.path, name + ".tmp")
-        with self.fs.create_stream(tmp, "wb") as stream:
-            stream.write(_checksums.dump(self.save_id, digest, items))
-        final = self.fs.concat_path(self.path, name)
-        if self.fs.exists(final):
-            self.fs.rm_file(final)
-        self.fs.rename(tmp, final)
-        super().finish(metadata, plain)
+
+        def write_checksums(metadata_sha256: str) -> None:
+            name = _checksums.checksums_file_name(rank)
+            tmp = self.fs.concat_path(self.path, name + ".tmp")
+            with self.fs.create_stream(tmp, "wb") as stream:
+                stream.write(_checksums.dump(self.save_id, metadata_sha256, items))
+            final = self.fs.concat_path(self.path, name)
+            if self.fs.exists(final):
+                self.fs.rm_file(final)
+            self.fs.rename(tmp, final)
+
+        metadata_name = _metadata.metadata_file_name(rank)
+        with _metadata.hashing_renames(self, metadata_name, write_checksums) as hashing:
+            super().finish(metadata, plain)
+        if not hashing.seen:
+            # A DCP that writes .metadata in place: .checksums follows it (a crash between the two
+            # leaves a checkpoint whose loads check zip CRCs alone).
+            with self.fs.create_stream(self.fs.concat_path(self.path, metadata_name), "rb") as stream:
+                write_checksums(hashlib.sha256(stream.read()).hexdigest())
 
     def stage(self, state_dict):
         """CPU copies of the state dict's tensors for ``dcp.async_save``, ShardedTensors included."""
