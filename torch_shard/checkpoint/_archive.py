@@ -54,16 +54,51 @@ class Source:
 
 
 class FileSource(Source):
-    """An archive at ``base`` .. ``base + length`` of an open file, read with ``preadv`` (no read-ahead)."""
+    """An archive at ``base`` .. ``base + length`` of an open file, read with ``preadv`` (no read-ahead).
 
-    def __init__(self, handle, base: int, length: int):
+    With ``windows`` (for an archive whose data will be read whole anyway), small reads (the zip
+    directory, the pickle, the bookkeeping records: a few dozen per archive) are served from windows
+    read whole on first touch: the whole archive when it is small (a small chunk then costs one
+    system call), else its first and last bytes, where ``torch.save`` puts every record but the
+    tensor's data. Without, every read reads exactly its bytes (a load that needs a part of the data
+    reads no more).
+    """
+
+    def __init__(self, handle, base: int, length: int, windows: bool = False):
         super().__init__(length)
-        self.handle, self.base = handle, base
+        self.handle, self.base, self._windowed = handle, base, windows
+        self._windows: dict[int, memoryview] = {}  # start -> bytes read from there
 
     def read_into(self, buffer: memoryview, offset: int) -> None:
         if offset < 0 or offset + len(buffer) > self.length:
             raise OSError(f"read of {len(buffer)} bytes at {offset} is outside the saved chunk ({self.length} bytes)")
+        window = self._window(offset, len(buffer))
+        if window is not None:
+            start, data = window
+            buffer[:] = data[offset - start : offset - start + len(buffer)]
+            return
         _read_exact(self.handle, buffer, self.base + offset)
+
+    def _window(self, offset: int, n: int) -> tuple[int, memoryview] | None:
+        """A read window holding ``offset`` .. ``offset + n``: one read already, or, for a small read,
+        the window it falls in, read now (None: read directly)."""
+        for start, data in self._windows.items():
+            if start <= offset and offset + n <= start + len(data):
+                return start, data
+        if not self._windowed or n >= _SMALL_READ:
+            return None
+        if self.length <= _WHOLE_ARCHIVE:
+            start, end = 0, self.length
+        elif offset >= self.length - _TAIL_WINDOW:
+            start, end = self.length - _TAIL_WINDOW, self.length
+        elif offset + n <= _HEAD_WINDOW:
+            start, end = 0, _HEAD_WINDOW
+        else:
+            return None
+        data = memoryview(bytearray(end - start))
+        _read_exact(self.handle, data, self.base + start)
+        self._windows[start] = data
+        return start, data
 
     def file_offset(self, offset: int) -> int:
         return self.base + offset
@@ -74,8 +109,9 @@ class FileSource(Source):
         last = offset + (count - 1) * stride + width
         if offset < 0 or last > self.length:
             raise OSError(f"read of {count} rows up to byte {last} is outside the saved chunk ({self.length} bytes)")
+        window = next(((s, d) for s, d in self._windows.items() if s <= offset and last <= s + len(d)), None)
         fileno = self.handle.fileno() if hasattr(os, "preadv") and hasattr(self.handle, "fileno") else None
-        if fileno is None:
+        if window is not None or fileno is None:
             super().read_rows(buffer, offset, stride, width, count)
             return
         # One system call per row, no Python frames between them (a column block of a 16 Ki-row chunk
@@ -86,6 +122,15 @@ class FileSource(Source):
             if pread(fileno, [row], at) != width:
                 _read_exact(self.handle, row, at)
             at += stride
+
+
+# FileSource's read windows: an archive up to _WHOLE_ARCHIVE bytes is read whole at its first small
+# read (under _SMALL_READ bytes); a bigger one's first _HEAD_WINDOW and last _TAIL_WINDOW bytes (its
+# pickle and bookkeeping records before the data, its directory and last records after it).
+_WHOLE_ARCHIVE = 1 << 20
+_SMALL_READ = 64 * 1024
+_HEAD_WINDOW = 4096
+_TAIL_WINDOW = 16 * 1024
 
 
 class BytesSource(Source):
@@ -201,15 +246,46 @@ def read_archive(source: Source, with_tensor: bool = True) -> Archive:
     meta = data = None
     little = True
     if with_tensor:
-        loaded = torch.load(_SourceFile(source), map_location="meta", weights_only=True)
-        if type(loaded) is torch.Tensor:
-            meta = loaded
-            at = getattr(meta.untyped_storage(), "_checkpoint_offset", None)
-            data = next((r for r in records if r.data_offset == at), None)
+        meta, data = _saved_tensor(source, records)
         order = next((r for r in records if r.name.endswith("/byteorder")), None)
         if order is not None:
             little = source.read(order.data_offset, order.size) == b"little"
     return Archive(tuple(records), meta, data, little)
+
+
+# What torch.load made of a pickle (``data.pkl``), by its bytes: the saved tensor on the meta device
+# and its storage's record name under the archive's folder (None: not a plain tensor). The chunks of
+# one checkpoint share a handful of pickles (every chunk of a shape, every parameter of a layer
+# type), and unpickling one costs more than reading a small chunk.
+_PICKLES: dict[bytes, tuple[torch.Tensor | None, str | None]] = {}
+_PICKLES_KEPT = 4096
+
+
+def _saved_tensor(source: Source, records: list[Record]) -> tuple[torch.Tensor | None, Record | None]:
+    """The tensor an archive holds, on the meta device, and its data record (None, None for anything
+    else)."""
+    pickle_record = next((r for r in records if r.name.endswith("data.pkl")), None)
+    if pickle_record is None:
+        raise zipfile.BadZipFile("archive holds no data.pkl")
+    folder = pickle_record.name[: -len("data.pkl")]
+    key = source.read(pickle_record.data_offset, pickle_record.size) if pickle_record.size <= 1 << 16 else None
+    known = _PICKLES.get(key) if key is not None else None
+    if known is None:
+        loaded = torch.load(_SourceFile(source), map_location="meta", weights_only=True)
+        meta, name = None, None
+        if type(loaded) is torch.Tensor:
+            at = getattr(loaded.untyped_storage(), "_checkpoint_offset", None)
+            record = next((r for r in records if r.data_offset == at), None)
+            meta, name = loaded, (record.name[len(folder):] if record is not None and record.name.startswith(folder) else None)
+        known = (meta, name)
+        if key is not None:
+            if len(_PICKLES) >= _PICKLES_KEPT:
+                _PICKLES.clear()
+            _PICKLES[key] = known
+    meta, name = known
+    if meta is None or name is None:
+        return meta, None
+    return meta, next((r for r in records if r.name == folder + name), None)
 
 
 def _fastest_crc32() -> tuple[Callable, str]:

@@ -140,7 +140,7 @@ def _verify_item(reader, index, md, expected: Expected, info, stream, report: Ve
         decoded = reader.transforms.transform_load_stream(item, info.transform_descriptors, view).read(-1)
         source = BytesSource(decoded, info.offset)
     else:
-        source = FileSource(raw, info.offset, info.length)
+        source = FileSource(raw, info.offset, info.length, windows=True)  # read whole
     if isinstance(md, BytesStorageMetadata):
         data, bad = read_bytes_item(source, expected)
         report.corruptions.extend(bad)
