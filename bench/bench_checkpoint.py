@@ -2,8 +2,9 @@
 and what checking every byte costs.
 
 Run with 2 or 4 ranks: ``torchrun --standalone --nproc-per-node=4 bench/bench_checkpoint.py`` (or
-``make bench``); ``--size 4096`` is a 64 MiB float32 tensor, ``--size 16384`` 1 GiB. Gloo on CPU. The
-tensor is saved in row chunks with ``dcp.save`` (``FileSystemWriter``, and ``ChecksumFileSystemWriter``
+``make bench``); ``--size 4096`` is a 64 MiB float32 tensor, ``--size 16384`` 1 GiB, and ``--size 256
+--tensors 100`` a state dict of a hundred 256 KiB tensors (a model's many small parameters, where a
+load's fixed costs per item and per checkpoint show). Gloo on CPU. The tensor is saved in row chunks with ``dcp.save`` (``FileSystemWriter``, and ``ChecksumFileSystemWriter``
 for the "torch_shard+checksums" row), then loaded with ``dcp.load`` into row chunks (the same layout)
 and into column chunks:
 
@@ -78,9 +79,9 @@ def _fill(st, full):
     return st
 
 
-def _load(target, reader_cls, path):
+def _load(targets: dict, reader_cls, path):
     reader = reader_cls(path)
-    dcp.load({"w": target}, storage_reader=reader)
+    dcp.load(dict(targets), storage_reader=reader)
     return reader
 
 
@@ -92,6 +93,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--tensors", type=int, default=1,
+                        help="how many --size x --size tensors the state dict holds (a model's many small ones)")
     parser.add_argument(
         "--libraries",
         default="torch_shard,DTensor,upstream,torch_shard+checksums",
@@ -112,22 +115,27 @@ def main() -> None:
     ours_rows, ours_cols = ChunkShardingSpec(0, placements), ChunkShardingSpec(1, placements)
     up_rows, up_cols = UpChunkShardingSpec(0, placements), UpChunkShardingSpec(1, placements)
     local_rows = full[rank * split : (rank + 1) * split].clone()
+    names = [f"w{i}" if args.tensors > 1 else "w" for i in range(args.tensors)]
 
+    def each(make):
+        return {name: make() for name in names}
+
+    # Every tensor of the state dict holds the same values (what is timed is the number of items).
     libraries = {
         "torch_shard": (
-            _fill(sharded_tensor.empty(ours_rows, n, n), full),
-            lambda: sharded_tensor.zeros(ours_rows, n, n),
-            lambda: sharded_tensor.zeros(ours_cols, n, n),
+            each(lambda: _fill(sharded_tensor.empty(ours_rows, n, n), full)),
+            lambda: each(lambda: sharded_tensor.zeros(ours_rows, n, n)),
+            lambda: each(lambda: sharded_tensor.zeros(ours_cols, n, n)),
         ),
         "DTensor": (
-            DTensor.from_local(local_rows, mesh, [Shard(0)], shape=full.shape, stride=full.stride()),
-            lambda: dtensor_zeros([n, n], device_mesh=mesh, placements=[Shard(0)]),
-            lambda: dtensor_zeros([n, n], device_mesh=mesh, placements=[Shard(1)]),
+            each(lambda: DTensor.from_local(local_rows, mesh, [Shard(0)], shape=full.shape, stride=full.stride())),
+            lambda: each(lambda: dtensor_zeros([n, n], device_mesh=mesh, placements=[Shard(0)])),
+            lambda: each(lambda: dtensor_zeros([n, n], device_mesh=mesh, placements=[Shard(1)])),
         ),
         "upstream": (
-            _fill(up_sharded_tensor.empty(up_rows, n, n), full),
-            lambda: up_sharded_tensor.zeros(up_rows, n, n),
-            lambda: up_sharded_tensor.zeros(up_cols, n, n),
+            each(lambda: _fill(up_sharded_tensor.empty(up_rows, n, n), full)),
+            lambda: each(lambda: up_sharded_tensor.zeros(up_rows, n, n)),
+            lambda: each(lambda: up_sharded_tensor.zeros(up_cols, n, n)),
         ),
     }
     unchecked = functools.partial(ByteRangeFileSystemReader, verify=False)
@@ -156,7 +164,7 @@ def main() -> None:
 
         def save_case(name, saved):
             writer = ChecksumFileSystemWriter if name.endswith("+checksums") else dcp.FileSystemWriter
-            return None, lambda: dcp.save({"w": saved}, storage_writer=writer(paths[name]))
+            return None, lambda: dcp.save(dict(saved), storage_writer=writer(paths[name]))
 
         save_s = timed_cases({name: save_case(name, lib[0]) for name, lib in libraries.items()}, args.repeats)
         for name, (_saved, make_rows, make_cols) in libraries.items():
@@ -175,12 +183,13 @@ def main() -> None:
                 times = timed_cases({reader_name: (None, fn) for reader_name, fn in loads.items()}, args.repeats)
                 for reader_name, load in loads.items():
                     read = _bytes_read(load)
-                    target = targets[reader_name]
-                    if isinstance(target, DTensor):
-                        ok = _holds(target.to_local(), full, _dtensor_offsets(target, rank, world, n))
-                    else:
-                        shards = target.local_shards()
-                        ok = all(_holds(s.tensor, full, s.metadata.shard_offsets) for s in shards)
+                    ok = True
+                    for target in targets[reader_name].values():
+                        if isinstance(target, DTensor):
+                            ok &= _holds(target.to_local(), full, _dtensor_offsets(target, rank, world, n))
+                        else:
+                            shards = target.local_shards()
+                            ok &= all(_holds(s.tensor, full, s.metadata.shard_offsets) for s in shards)
                     if not ok:
                         raise RuntimeError(f"{name} / {reader_name}: loaded values differ from the saved")
                     cells[reader_name].append((1e3 * times[reader_name], read / 2**20))
@@ -196,8 +205,9 @@ def main() -> None:
             shutil.rmtree(root[0], ignore_errors=True)
 
     if rank == 0:
-        mb = n * n * 4 / 2**20
-        print(f"\ndcp.save / dcp.load of {n} x {n} float32 ({mb:.0f} MB) in row chunks, {world} ranks (gloo)")
+        mb = args.tensors * n * n * 4 / 2**20
+        what = f"{n} x {n} float32" if args.tensors == 1 else f"{args.tensors} tensors of {n} x {n} float32"
+        print(f"\ndcp.save / dcp.load of {what} ({mb:.0f} MB) in row chunks, {world} ranks (gloo)")
         print(f"CRC-32 from {CRC32_BACKEND}")
         print("| library | reader | save ms | rows->rows ms | MB read/rank | rows->cols ms | MB read/rank |")
         print("|---|---|---|---|---|---|---|")

@@ -11,11 +11,13 @@ offline verifier and its command line are tested too.
 test_box_reads_*: single process, the block-checked box reads against slicing, on random boxes.
 """
 
+import contextlib
 import io
 import os
 import random
 import subprocess
 import sys
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -28,6 +30,7 @@ from torch_shard.checkpoint import (
     ByteRangeFileSystemReader,
     CheckpointCorruptionError,
     ChecksumFileSystemWriter,
+    _reader,
     load,
     verify_checkpoint,
 )
@@ -63,6 +66,13 @@ def _flip(path, fqn, chunk_row, element):
     return info.relative_path, at
 
 
+
+def _whole_up_to(limit):
+    """The reader's read-whole threshold for the block (``None``: as it is)."""
+    if limit is None:
+        return contextlib.nullcontext()
+    return mock.patch.object(_reader, "_READ_WHOLE_UP_TO", limit)
+
 class TestVerifiedLoads(ShardedTensorTestBase):
     def _tmp_dir(self) -> str:
         return shared_tmp_dir(self, "torch_shard_verify_")
@@ -93,11 +103,14 @@ class TestVerifiedLoads(ShardedTensorTestBase):
                 dist.broadcast_object_list(where, src=0)
                 file, at = where[0]
                 row, col = chunk_row + element // COLS, element % COLS
-                for load_dim in (0, 1):  # the saved layout (whole chunks), columns (a part of each)
-                    msg = f"{writer_cls.__name__} {dtype} chunk {chunk_row} element {element} load dim {load_dim}"
+                # The saved layout (whole chunks), columns (a part of each: these small chunks are read
+                # whole), and columns read by tiles as a big chunk's are.
+                for load_dim, whole_up_to in ((0, None), (1, None), (1, 0)):
+                    msg = (f"{writer_cls.__name__} {dtype} chunk {chunk_row} element {element} load dim {load_dim} "
+                           f"read whole up to {whole_up_to}")
                     fill = -7
                     target = sharded_tensor.full(chunks(load_dim), (ROWS, COLS), fill, dtype=dtype)
-                    with self.assertRaises(CheckpointCorruptionError, msg=msg) as caught:
+                    with self.assertRaises(CheckpointCorruptionError, msg=msg) as caught, _whole_up_to(whole_up_to):
                         load({"model.w": target, "step": 0}, path)
                     self._assert_untouched(target, fill, msg)
                     # Every rank that read the flipped byte reports it (the chunk whole, or its tile).

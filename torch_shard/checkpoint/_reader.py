@@ -163,6 +163,23 @@ def _writable_view(tensor: torch.Tensor) -> memoryview | None:
     return memoryview((ctypes.c_char * nbytes).from_address(tensor.data_ptr())).cast("B")
 
 
+# A chunk's archive up to this many bytes is read whole, in one read, even where a load needs a part of
+# it: one read of it costs less than the reads of a part's rows and the archive's records (a part of a
+# 64-column table's chunk is a read per row), and it is then checked against its data CRC.
+_READ_WHOLE_UP_TO = 128 * 1024
+
+
+def _reads_whole(info, expected: Expected, items: list[ReadItem]) -> bool:
+    """Whether a chunk's data will be read whole: it is small, every item is the whole chunk, or it has
+    no tile CRCs to read a part by."""
+    return (
+        info.length <= _READ_WHOLE_UP_TO
+        or expected.sums is None
+        or expected.sums.grid is None
+        or all(expected.sizes is not None and tuple(item.lengths) == expected.sizes for item in items)
+    )
+
+
 class ByteRangeFileSystemReader(FileSystemReader):
     """A ``FileSystemReader`` that reads only the bytes each rank needs from each saved chunk, and
     checks them.
@@ -370,12 +387,7 @@ class ByteRangeFileSystemReader(FileSystemReader):
                 ).read(-1)
                 source = BytesSource(decoded, info.offset)
             else:
-                # Read windows when the data will be read whole: every item a whole chunk, or no tile
-                # CRCs to read a part by.
-                whole = expected.sums is None or expected.sums.grid is None or all(
-                    expected.sizes is not None and tuple(item.lengths) == expected.sizes for item in items
-                )
-                source = FileSource(raw, info.offset, info.length, windows=whole)
+                source = FileSource(raw, info.offset, info.length, windows=_reads_whole(info, expected, items))
             if items[0].type == LoadItemType.BYTE_IO:
                 self._stage_bytes(source, expected, items, staged, corruptions)
             else:
@@ -416,7 +428,7 @@ class ByteRangeFileSystemReader(FileSystemReader):
             if list(target.shape) != lengths:
                 raise AssertionError(f"req {item.storage_index} mismatch sizes {list(target.shape)} vs {lengths}")
             is_whole = lengths == list(archive.meta.shape)
-            if usable and not is_whole and 0 not in lengths:
+            if usable and not is_whole and 0 not in lengths and source.length > _READ_WHOLE_UP_TO:
                 value, bad = read_box_by_tiles(source, archive, expected.sums, item.storage_offsets, lengths, expected.place)
                 corruptions.extend(bad)
             elif (
