@@ -161,14 +161,14 @@ def hashing_renames(writer, name: str, before: Callable[[str], None]):
 
 
 def _is_int(value) -> bool:
-    return type(value) is int  # noqa: E721 - not bool, nor another int subclass
+    return type(value) is int  # not bool, nor another int subclass
 
 
 def _int_tuple(value, ndim: int | None = None) -> bool:
     """A size or offsets: a tuple, list or ``torch.Size`` of ints >= 0 (of ``ndim`` of them)."""
     if not isinstance(value, (torch.Size, tuple, list)) or (ndim is not None and len(value) != ndim):
         return False
-    return all(type(v) is int for v in value) and (not value or min(value) >= 0)  # noqa: E721
+    return all(type(v) is int for v in value) and (not value or min(value) >= 0)
 
 
 def check_structure(metadata: Any, file: str = METADATA_FILE) -> list[Corruption]:
