@@ -293,8 +293,8 @@ class TestCheckpointTrust(ShardedTensorTestBase):
                     data = f.read()
                 if how == "truncated":
                     data = data[: len(data) // 2]
-                elif how == "digit":  # one hex digit of the first tile CRC
-                    at = data.index(b'"tile_crcs":"') + len(b'"tile_crcs":"')
+                elif how == "digit":  # one hex digit of the first data CRC
+                    at = data.index(b'"crc":"') + len(b'"crc":"')
                     data = data[:at] + (b"1" if data[at : at + 1] != b"1" else b"2") + data[at + 1 :]
                 else:  # a later save by DCP's own writer leaves this save's .checksums behind
                     dcp.save({"w": full}, storage_writer=dcp.FileSystemWriter(path), no_dist=True)
@@ -534,6 +534,8 @@ def test_big_tensors_take_their_data_crc_from_the_archive(tmp_path):
         with open(os.path.join(path, ".checksums"), "rb") as f:
             sums = _checksums.parse(f.read())
         assert {item.fqn: item.crc for item in sums.items.values()} == expected, crcs_on
+        # Tile CRCs only for a chunk a reader may read in parts (a small one is read whole).
+        assert {item.fqn: item.grid is not None for item in sums.items.values()} == {"big": True, "small": False}
         assert verify_checkpoint(path, progress=False).ok
         # A flipped data byte of the big tensor is caught, by its CRC from this save.
         [(_, info)] = [(i, s) for i, s in _storage(path).items() if i.fqn == "big"]

@@ -59,6 +59,24 @@ FORMAT = "torch_shard.checksums"
 VERSION = 3
 # Versions 1 and 2 (earlier torch_shard) are still read: see ChecksumsFile.
 READABLE_VERSIONS = (1, 2, 3)
+# ByteRangeFileSystemReader reads a chunk whose archive is at most READ_WHOLE_UP_TO bytes whole, in one
+# read, even where a load needs a part of it (a read per row of a part of a small chunk costs more),
+# and checks it against its data CRC; so the writer records no tile CRCs for a chunk that small: its
+# data with room for the archive's other records (a few hundred bytes: the pickle, the bookkeeping).
+READ_WHOLE_UP_TO = 128 * 1024
+_ARCHIVE_RECORDS_UP_TO = 4096
+
+
+def reads_archive_whole(archive_bytes: int) -> bool:
+    """Whether a reader reads a chunk's archive of this many bytes whole."""
+    return archive_bytes <= READ_WHOLE_UP_TO
+
+
+def tiles_worth_recording(data_bytes: int) -> bool:
+    """Whether a chunk with this many data bytes gets tile CRCs (its archive may be read in parts)."""
+    return data_bytes + _ARCHIVE_RECORDS_UP_TO > READ_WHOLE_UP_TO
+
+
 # A version-3 file ends with its check: `,"check":"` 8 hex digits `"}`, a CRC-32 of every byte before it.
 _CHECK_TAIL = re.compile(rb',"check":"([0-9a-f]{8})"\}')
 _CHECK_TAIL_BYTES = 20

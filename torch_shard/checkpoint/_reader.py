@@ -88,7 +88,7 @@ from torch.futures import Future
 from . import _metadata
 from ._agreement import LocalRank, Outcome, Participants, exchange, this_rank
 from ._archive import Archive, BytesSource, FileSource, Source, _read_exact, _SourceFile
-from ._checksums import location_key
+from ._checksums import location_key, reads_archive_whole
 from ._chunk import (
     Expected,
     ItemPlace,
@@ -163,17 +163,11 @@ def _writable_view(tensor: torch.Tensor) -> memoryview | None:
     return memoryview((ctypes.c_char * nbytes).from_address(tensor.data_ptr())).cast("B")
 
 
-# A chunk's archive up to this many bytes is read whole, in one read, even where a load needs a part of
-# it: one read of it costs less than the reads of a part's rows and the archive's records (a part of a
-# 64-column table's chunk is a read per row), and it is then checked against its data CRC.
-_READ_WHOLE_UP_TO = 128 * 1024
-
-
 def _reads_whole(info, expected: Expected, items: list[ReadItem]) -> bool:
-    """Whether a chunk's data will be read whole: it is small, every item is the whole chunk, or it has
-    no tile CRCs to read a part by."""
+    """Whether a chunk's data will be read whole: it is small (``reads_archive_whole``), every item is
+    the whole chunk, or it has no tile CRCs to read a part by."""
     return (
-        info.length <= _READ_WHOLE_UP_TO
+        reads_archive_whole(info.length)
         or expected.sums is None
         or expected.sums.grid is None
         or all(expected.sizes is not None and tuple(item.lengths) == expected.sizes for item in items)
@@ -428,7 +422,7 @@ class ByteRangeFileSystemReader(FileSystemReader):
             if list(target.shape) != lengths:
                 raise AssertionError(f"req {item.storage_index} mismatch sizes {list(target.shape)} vs {lengths}")
             is_whole = lengths == list(archive.meta.shape)
-            if usable and not is_whole and 0 not in lengths and source.length > _READ_WHOLE_UP_TO:
+            if usable and not is_whole and 0 not in lengths and not reads_archive_whole(source.length):
                 value, bad = read_box_by_tiles(source, archive, expected.sums, item.storage_offsets, lengths, expected.place)
                 corruptions.extend(bad)
             elif (

@@ -67,7 +67,7 @@ def _tensor_checksums(fqn: str, data: torch.Tensor, stored: torch.Tensor | None)
     ``stored`` None) and, for a row-major chunk, its tile CRCs."""
     crc = crc32(stored) if stored is not None else None
     grid, tiles = None, ()
-    if data.is_contiguous() and data.storage_offset() == 0:
+    if data.is_contiguous() and data.storage_offset() == 0 and _checksums.tiles_worth_recording(data.nbytes):
         # Tile CRCs are of the row-major bytes; a reader uses them only for a record in that order.
         grid, tiles = _checksums.tensor_tile_crcs(data)
     return ItemChecksums(fqn, crc, grid, tuple(tiles))
