@@ -330,3 +330,32 @@ def test_box_reads_catch_every_flipped_byte_they_read():
 
 if __name__ == "__main__":
     run_tests()
+
+
+def test_boxes_of_a_whole_record_match_slicing_and_any_flipped_byte_is_caught():
+    # A chunk without tile CRCs read in parts: the whole record is hashed a run of dim-0 slices at a
+    # time, and only the boxes are kept (several at once, any dims, slices smaller and bigger than a piece).
+    from torch_shard.checkpoint import _chunk
+    from torch_shard.checkpoint._chunk import Expected, boxes_readable_whole, read_boxes_of_whole
+
+    rng = random.Random(2)
+    place = ItemPlace("t", None, "f")
+    for shape, dtype in [((300, 700), torch.float32), ((5, 30, 900), torch.int64), ((3, 200_000), torch.float32),
+                         ((90_000,), torch.bfloat16)]:
+        tensor = (torch.rand(shape) * 1000).to(dtype)
+        source, archive, _ = _saved(tensor)
+        expected = Expected(place, tuple(shape), dtype, None)
+        assert boxes_readable_whole(archive, expected, source.length)
+        boxes = []
+        for _ in range(4):
+            offsets = [rng.randrange(n) for n in shape]
+            boxes.append((offsets, [rng.randrange(1, n - o + 1) for n, o in zip(shape, offsets)]))
+        with mock.patch.object(_chunk, "_PIECE", 64 * 1024):  # several pieces even for the small shapes
+            values, bad = read_boxes_of_whole(source, archive, expected, boxes)
+        assert not bad
+        for (offsets, lengths), value in zip(boxes, values):
+            assert torch.equal(value, tensor[tuple(slice(o, o + n) for o, n in zip(offsets, lengths))]), shape
+        data = bytearray(source.data)
+        data[archive.data.data_offset + rng.randrange(archive.data.size)] ^= 0x10
+        _, bad = read_boxes_of_whole(BytesSource(bytes(data), 0), archive, expected, boxes[:1])
+        assert len(bad) == 1 and bad[0].expected != bad[0].found, shape

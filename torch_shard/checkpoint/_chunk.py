@@ -13,13 +13,14 @@ box touches, each checked against the writer's tile CRCs (NOTE [ Block checksums
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 
 import torch
 
 from ._archive import Archive, Record, Source, crc32, read_archive
-from ._checksums import ItemChecksums, band_crcs, band_scratch
+from ._checksums import ItemChecksums, band_crcs, band_scratch, reads_archive_whole
 from ._errors import Corruption
 from ._timing import spent
 
@@ -184,6 +185,58 @@ def read_whole(source: Source, archive: Archive, expected: Expected) -> tuple[to
     CRC (or, in a version-1 ``.checksums``, its tile CRCs)."""
     buffer, found = read_record(source, archive.data)
     return buffer, _whole_problems(found, buffer, source, archive, expected)
+
+
+# A chunk whose dim-0 slices are bigger than this is not read in parts of whole slices.
+_SLICES_UP_TO = 8 << 20
+
+
+def boxes_readable_whole(archive: Archive, expected: Expected, archive_bytes: int) -> bool:
+    """Whether :func:`read_boxes_of_whole` can read boxes of this chunk: a contiguous tensor with
+    dims, in this host's byte order, checked by one CRC-32 of its data, big enough that a staged whole
+    copy would cost (a small archive is in memory already), with dim-0 slices of at most 8 MiB."""
+    m = archive.meta
+    return (
+        archive.contiguous
+        and archive.little_endian
+        and sys.byteorder == "little"
+        and not needs_the_bytes(expected)
+        and m.dim() >= 1
+        and m.numel() > 0
+        and not reads_archive_whole(archive_bytes)
+        and m.numel() // m.shape[0] * m.element_size() <= _SLICES_UP_TO
+    )
+
+
+def read_boxes_of_whole(source: Source, archive: Archive, expected: Expected,
+                        boxes: list[tuple[list[int], list[int]]]) -> tuple[list[torch.Tensor], list[Corruption]]:
+    """Boxes (offsets, lengths) of a chunk whose data record is checked whole as :func:`read_whole`
+    checks it, keeping only the boxes' bytes: the record is read a run of dim-0 slices at a time into
+    one buffer that stays in the cache, hashed there, and the boxes' parts of it copied out. Where
+    :func:`boxes_readable_whole` holds."""
+    m, record = archive.meta, archive.data
+    shape, e = list(m.shape), m.element_size()
+    slice_bytes = m.numel() // shape[0] * e
+    per_piece = max(1, _PIECE // slice_bytes)
+    piece = torch.empty(per_piece * slice_bytes, dtype=torch.uint8)
+    outs = [torch.empty(lengths, dtype=m.dtype) for _, lengths in boxes]
+    found = 0
+    clock = time.perf_counter()
+    for r0 in range(0, shape[0], per_piece):
+        r1 = min(shape[0], r0 + per_piece)
+        part = piece[: (r1 - r0) * slice_bytes]
+        source.read_into(memoryview(part.numpy()), record.data_offset + r0 * slice_bytes)
+        clock = spent("read_s", clock)
+        found = crc32(part, found)
+        clock = spent("check_s", clock)
+        rows = part.view(m.dtype).view([r1 - r0, *shape[1:]])
+        for (offsets, lengths), out in zip(boxes, outs):
+            lo, hi = max(r0, offsets[0]), min(r1, offsets[0] + lengths[0])
+            if lo < hi:
+                inner = tuple(slice(o, o + n) for o, n in zip(offsets[1:], lengths[1:]))
+                out[lo - offsets[0] : hi - offsets[0]].copy_(rows[(slice(lo - r0, hi - r0), *inner)])
+        clock = spent("read_s", clock)
+    return outs, _whole_problems(found, None, source, archive, expected)
 
 
 def read_bytes_item(source: Source, expected: Expected) -> tuple[bytes, list[Corruption]]:

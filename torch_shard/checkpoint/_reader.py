@@ -93,12 +93,14 @@ from ._chunk import (
     Expected,
     ItemPlace,
     as_saved_tensor,
+    boxes_readable_whole,
     check_whole,
     hash_record_into,
     needs_the_bytes,
     open_chunk,
     piece_scratch,
     read_box_by_tiles,
+    read_boxes_of_whole,
     read_bytes_item,
     read_record,
     read_whole,
@@ -416,6 +418,7 @@ class ByteRangeFileSystemReader(FileSystemReader):
             expected.sums is not None and expected.sums.grid is not None
         )
         whole = None
+        parts: list[ReadItem] = []
         for item in items:
             target = planner.resolve_tensor(item).detach()
             lengths = list(item.lengths)
@@ -439,6 +442,9 @@ class ByteRangeFileSystemReader(FileSystemReader):
             else:
                 if not is_whole and expected.sums is None:
                     self._warn_whole_reads()
+                if not is_whole and whole is None and boxes_readable_whole(archive, expected, source.length):
+                    parts.append(item)  # read below, with the chunk's other parts, in one pass
+                    continue
                 if whole is None:
                     buffer, bad = read_whole(source, archive, expected)
                     corruptions.extend(bad)
@@ -448,6 +454,13 @@ class ByteRangeFileSystemReader(FileSystemReader):
                 box = tuple(slice(o, o + n) for o, n in zip(item.storage_offsets, lengths))
                 value = whole if is_whole else whole[box]
             staged.append((item, value))
+        if parts:
+            values, bad = read_boxes_of_whole(
+                source, archive, expected, [(list(item.storage_offsets), list(item.lengths)) for item in parts]
+            )
+            corruptions.extend(bad)
+            if not bad:
+                staged.extend(zip(parts, values))
 
     @staticmethod
     def _as_tensor(buffer, archive, source) -> torch.Tensor:
