@@ -359,3 +359,22 @@ def test_boxes_of_a_whole_record_match_slicing_and_any_flipped_byte_is_caught():
         data[archive.data.data_offset + rng.randrange(archive.data.size)] ^= 0x10
         _, bad = read_boxes_of_whole(BytesSource(bytes(data), 0), archive, expected, boxes[:1])
         assert len(bad) == 1 and bad[0].expected != bad[0].found, shape
+
+
+def test_row_reads_match_the_file_however_they_are_read(tmp_path):
+    # FileSource.read_rows: a read per row (wide holes), runs of rows read with their holes (holes no
+    # wider than the rows), and rows of a read window (a small archive read whole).
+    from torch_shard.checkpoint._archive import FileSource
+
+    data = bytes(random.Random(0).randrange(256) for _ in range(300_000))
+    (tmp_path / "f").write_bytes(data)
+    with open(tmp_path / "f", "rb", buffering=0) as f:
+        for windows in (False, True):
+            for offset, stride, width, count in [(10, 1000, 600, 200), (5, 3000, 100, 50), (0, 512, 512, 400),
+                                                 (7, 60_000, 50_000, 4), (3, 20_000, 12_000, 1)]:
+                source = FileSource(f, 123, 250_000, windows=windows)
+                source.read_into(memoryview(bytearray(10)), 0)  # a small read: the window, if any
+                out = bytearray(width * count)
+                source.read_rows(memoryview(out), offset, stride, width, count)
+                at = 123 + offset
+                assert bytes(out) == b"".join(data[at + i * stride : at + i * stride + width] for i in range(count))

@@ -110,9 +110,24 @@ class FileSource(Source):
         if offset < 0 or last > self.length:
             raise OSError(f"read of {count} rows up to byte {last} is outside the saved chunk ({self.length} bytes)")
         window = next(((s, d) for s, d in self._windows.items() if s <= offset and last <= s + len(d)), None)
+        if window is not None:
+            start, data = window
+            _copy_rows(data, offset - start, stride, width, count, buffer)
+            return
         fileno = self.handle.fileno() if hasattr(os, "preadv") and hasattr(self.handle, "fileno") else None
-        if window is not None or fileno is None:
+        if fileno is None:
             super().read_rows(buffer, offset, stride, width, count)
+            return
+        if stride - width <= min(width, _HOLE_UP_TO):
+            # Holes no bigger than the rows: one read of a run of rows (holes too) costs less than a
+            # read per row, for at most twice the bytes.
+            per_read = max(1, _ROWS_READ_UP_TO // stride)
+            scratch = memoryview(bytearray(min(count, per_read) * stride))
+            for first in range(0, count, per_read):
+                n = min(per_read, count - first)
+                span = scratch[: (n - 1) * stride + width]
+                _read_exact(self.handle, span, self.base + offset + first * stride)
+                _copy_rows(span, 0, stride, width, n, buffer[first * width : (first + n) * width])
             return
         # One system call per row, no Python frames between them (a column block of a 16 Ki-row chunk
         # is 16 Ki rows); a short read, rare on a regular file, finishes through _read_exact.
@@ -122,6 +137,21 @@ class FileSource(Source):
             if pread(fileno, [row], at) != width:
                 _read_exact(self.handle, row, at)
             at += stride
+
+
+def _copy_rows(source: memoryview, offset: int, stride: int, width: int, count: int, out: memoryview) -> None:
+    """Copy ``count`` runs of ``width`` bytes, ``stride`` apart from ``offset`` of ``source``, into ``out``
+    back to back (one strided copy)."""
+    data = torch.frombuffer(source, dtype=torch.uint8)
+    rows = data.as_strided((count, width), (stride, 1), offset)
+    torch.frombuffer(out, dtype=torch.uint8)[: count * width].view(count, width).copy_(rows)
+
+
+# FileSource.read_rows reads a run of rows in one read where the holes between them are no wider than
+# the rows and than _HOLE_UP_TO bytes (a hole that size costs less to read than a system call), at
+# most _ROWS_READ_UP_TO bytes a read.
+_HOLE_UP_TO = 8 * 1024
+_ROWS_READ_UP_TO = 4 << 20
 
 
 # FileSource's read windows: an archive up to _WHOLE_ARCHIVE bytes is read whole at its first small

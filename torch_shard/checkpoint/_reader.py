@@ -87,7 +87,7 @@ from torch.futures import Future
 
 from . import _metadata
 from ._agreement import LocalRank, Outcome, Participants, exchange, this_rank
-from ._archive import Archive, BytesSource, FileSource, Source, _read_exact, _SourceFile
+from ._archive import Archive, BytesSource, FileSource, Source, _SourceFile, read_archive
 from ._checksums import location_key, reads_archive_whole
 from ._chunk import (
     Expected,
@@ -113,16 +113,6 @@ __all__ = ["ByteRangeFileSystemReader"]
 # Checkpoints this process has warned about (NOTE [ Verified loads ]: partial reads of a checkpoint
 # without .checksums read whole chunks).
 _warned_whole_reads: set[str] = set()
-
-@dataclass(frozen=True)
-class _ChunkHeader:
-    """Where a saved chunk's bytes start in its file, and their layout (contiguous)."""
-
-    data_offset: int
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    element_size: int
-
 
 # Whole chunks from this size on are checked, then read again into the destination; smaller ones are
 # staged (NOTE [ Whole chunks are checked, then read again into the destination ]).
@@ -496,20 +486,20 @@ class ByteRangeFileSystemReader(FileSystemReader):
         for relative_path, items in per_file.items():
             path = self.fs.concat_path(self.path, relative_path)
             items.sort(key=lambda item: self.storage_data[item.storage_index].offset)
-            headers: dict[int, _ChunkHeader | None] = {}
+            sources: dict[int, tuple[FileSource, Archive] | None] = {}
             with self.fs.create_stream(path, "rb") as stream:
                 # Headers and ranges go through the unbuffered handle: a buffered reader would fetch
                 # a full buffer around each of the archive directory's small reads.
                 raw = getattr(stream, "raw", stream)
                 for item in items:
                     info = self.storage_data[item.storage_index]
-                    if info.offset not in headers:
-                        headers[info.offset] = self._read_header(raw, info)
-                    header = headers[info.offset]
-                    if header is None:
+                    if info.offset not in sources:
+                        sources[info.offset] = self._open_unverified(raw, info)
+                    opened = sources[info.offset]
+                    if opened is None:
                         fallback.append(item)
                     else:
-                        self._read_region(raw, header, item, planner)
+                        self._read_region(*opened, item, planner)
 
         if fallback:
             super().read_data(LoadPlan(fallback), planner)
@@ -517,51 +507,48 @@ class ByteRangeFileSystemReader(FileSystemReader):
         done.set_result(None)
         return done
 
-    def _read_header(self, stream, info) -> _ChunkHeader | None:
-        """The saved chunk's layout and data offset, or None when its bytes cannot be addressed."""
+    @staticmethod
+    def _open_unverified(raw, info) -> tuple[FileSource, Archive] | None:
+        """The saved chunk's archive, when its data are a contiguous little-endian record (else None:
+        DCP's own reader reads it). A small archive is read whole, in one read."""
+        source = FileSource(raw, info.offset, info.length, windows=reads_archive_whole(info.length))
         try:
-            meta = torch.load(self._slice_file(stream, info), map_location="meta", weights_only=True)
+            archive = read_archive(source)
         except Exception:  # noqa: BLE001 - not a torch.save archive this reader understands
             return None
-        if type(meta) is not torch.Tensor or not meta.is_contiguous():
+        if not archive.contiguous or not archive.little_endian:
             return None
-        record = getattr(meta.untyped_storage(), "_checkpoint_offset", None)
-        if record is None:
-            return None
-        return _ChunkHeader(
-            data_offset=info.offset + record + meta.storage_offset() * meta.element_size(),
-            shape=tuple(meta.shape),
-            dtype=meta.dtype,
-            element_size=meta.element_size(),
-        )
+        return source, archive
 
-    def _read_region(self, raw, header: _ChunkHeader, item: ReadItem, planner: LoadPlanner) -> None:
+    def _read_region(self, source: FileSource, archive: Archive, item: ReadItem, planner: LoadPlanner) -> None:
         target = planner.resolve_tensor(item).detach()
         lengths = list(item.lengths)
         if list(target.shape) != lengths:
             raise AssertionError(f"req {item.storage_index} mismatch sizes {list(target.shape)} vs {lengths}")
+        meta = archive.meta
         if target.numel() > 0:
-            ndim = len(header.shape)
-            strides = _contiguous_strides(header.shape)
-            start = sum(o * s for o, s in zip(item.storage_offsets, strides)) * header.element_size
+            shape, element_size, dtype = list(meta.shape), meta.element_size(), meta.dtype
+            ndim = len(shape)
+            strides = _contiguous_strides(shape)
+            start = sum(o * s for o, s in zip(item.storage_offsets, strides)) * element_size
             # The run: the innermost dim's length, extended over trailing dims covered whole.
             k, run = ndim - 1, (lengths[-1] if ndim else 1)
-            while k > 0 and lengths[k] == header.shape[k]:
+            while k > 0 and lengths[k] == shape[k]:
                 k -= 1
                 run *= lengths[k]
-            run_bytes = run * header.element_size
+            run_bytes = run * element_size
             # Straight into the target when it is contiguous CPU memory of the saved dtype; otherwise
             # into one buffer that copy_ converts, as FileSystemReader's copy_ does.
-            view = _writable_view(target) if target.dtype == header.dtype else None
+            view = _writable_view(target) if target.dtype == dtype else None
             buffer = None
             if view is None:
-                buffer = bytearray(target.numel() * header.element_size)
+                buffer = bytearray(target.numel() * element_size)
                 view = memoryview(buffer)
-            position = 0
+            position, base = 0, archive.data.data_offset
             for index in itertools.product(*(range(n) for n in lengths[:k])):
-                offset = start + sum(i * s for i, s in zip(index, strides)) * header.element_size
-                _read_exact(raw, view[position : position + run_bytes], header.data_offset + offset)
+                offset = start + sum(i * s for i, s in zip(index, strides)) * element_size
+                source.read_into(view[position : position + run_bytes], base + offset)
                 position += run_bytes
             if buffer is not None:
-                target.copy_(torch.frombuffer(buffer, dtype=header.dtype).view(lengths))
+                target.copy_(torch.frombuffer(buffer, dtype=dtype).view(lengths))
         planner.commit_tensor(item, target)
