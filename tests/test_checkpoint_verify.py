@@ -341,7 +341,7 @@ def test_boxes_of_a_whole_record_match_slicing_and_any_flipped_byte_is_caught():
     rng = random.Random(2)
     place = ItemPlace("t", None, "f")
     for shape, dtype in [((300, 700), torch.float32), ((5, 30, 900), torch.int64), ((3, 200_000), torch.float32),
-                         ((90_000,), torch.bfloat16)]:
+                         ((150_000,), torch.bfloat16)]:
         tensor = (torch.rand(shape) * 1000).to(dtype)
         source, archive, _ = _saved(tensor)
         expected = Expected(place, tuple(shape), dtype, None)

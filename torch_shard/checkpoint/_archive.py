@@ -119,8 +119,8 @@ class FileSource(Source):
             super().read_rows(buffer, offset, stride, width, count)
             return
         if stride - width <= min(width, _HOLE_UP_TO):
-            # Holes no bigger than the rows: one read of a run of rows (holes too) costs less than a
-            # read per row, for at most twice the bytes.
+            # Small holes, no bigger than the rows: one read of a run of rows (holes too) costs less
+            # than a read per row, for at most twice the bytes.
             per_read = max(1, _ROWS_READ_UP_TO // stride)
             scratch = memoryview(bytearray(min(count, per_read) * stride))
             for first in range(0, count, per_read):
@@ -148,9 +148,9 @@ def _copy_rows(source: memoryview, offset: int, stride: int, width: int, count: 
 
 
 # FileSource.read_rows reads a run of rows in one read where the holes between them are no wider than
-# the rows and than _HOLE_UP_TO bytes (a hole that size costs less to read than a system call), at
-# most _ROWS_READ_UP_TO bytes a read.
-_HOLE_UP_TO = 8 * 1024
+# the rows and than _HOLE_UP_TO bytes (a hole that size costs less to read than a system call; with 8
+# KiB holes the extra bytes and the copy out cost more, measured), at most _ROWS_READ_UP_TO bytes a read.
+_HOLE_UP_TO = 2 * 1024
 _ROWS_READ_UP_TO = 4 << 20
 
 

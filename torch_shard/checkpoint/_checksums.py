@@ -63,7 +63,7 @@ READABLE_VERSIONS = (1, 2, 3)
 # read, even where a load needs a part of it (a read per row of a part of a small chunk costs more),
 # and checks it against its data CRC; so the writer records no tile CRCs for a chunk that small: its
 # data with room for the archive's other records (a few hundred bytes: the pickle, the bookkeeping).
-READ_WHOLE_UP_TO = 128 * 1024
+READ_WHOLE_UP_TO = 256 * 1024
 _ARCHIVE_RECORDS_UP_TO = 4096
 
 

@@ -13,10 +13,14 @@ chunk the reader parses the ``torch.save`` archive's zip directory, checks its s
 saved tensor's shape and dtype against ``.metadata``, and the data record's CRC against the one the
 writer recorded for this save (``_chunk.open_chunk``). It reads the tensor's bytes one of two ways:
 the whole data record, hashed once and checked against its zip CRC-32 and the writer's data CRC, when
-the rank needs the whole chunk or the checkpoint has no ``.checksums`` (plain DCP checkpoints: a
-partial read then costs the whole record, as with ``FileSystemReader``, and the reader warns once);
-or the tiles its box touches, each checked against the writer's tile CRC (NOTE [ Block checksums for
-byte-range reads ]). Stream-transformed chunks are checked after decoding. Bytes items are checked
+the rank needs the whole chunk, the chunk is small (an archive up to 256 KiB: one read of it costs
+less than the reads of a part's rows; the writer records no tiles for it), or the checkpoint has no
+``.checksums`` (plain DCP checkpoints: a partial read then costs the whole record, as with
+``FileSystemReader``, and the reader warns once; only the part's bytes are kept, the record hashed a
+run of dim-0 slices at a time); or the tiles its box touches, each checked against the writer's tile
+CRC (NOTE [ Block checksums for byte-range reads ]). The archive's directory, pickle and small records
+come from read windows (``_archive.FileSource``: a small archive read whole in one read, a bigger
+one's first and last bytes), and a pickle ``torch.load`` already made sense of is not unpickled again. Stream-transformed chunks are checked after decoding. Bytes items are checked
 against the writer's CRC-32 and unpickled, as ``DCP``'s planner will unpickle them, so an item that
 cannot be (its class gone, a damaged pickle) fails here. The ranks then agree on the outcome (NOTE [
 Agreeing on a load's outcome ]), and only when no rank found a problem is any destination written. A
@@ -33,9 +37,9 @@ buffer and ``copy_``), each piece hashed again as it lands. Staging a big chunk 
 large as the chunk (the kernel zeroes every page of it) and one more copy, which made a checked load
 slower than DCP's ``FileSystemReader``; the second read comes from the page cache the first one
 filled. Under 32 MiB glibc's allocator hands out memory it recycles (its mmap threshold grows to at
-most 32 MiB), so staging costs no fresh pages there and one read is cheaper than two (4 ranks, 16 MiB
-chunks: staged 1.17x FSR, read twice 1.33-1.43x; 2 ranks, 32 MiB chunks: staged 1.15x, read twice
-0.67-0.84x). The hash of the second read must equal the first: it differs only when the file changed
+most 32 MiB), so staging costs no fresh pages there and one read is cheaper than two (measured when
+this was chosen: 4 ranks, 16 MiB chunks: staged 1.17x FSR, read twice 1.33-1.43x; 2 ranks, 32 MiB
+chunks: staged 1.15x, read twice 0.67-0.84x). The hash of the second read must equal the first: it differs only when the file changed
 on disk between the two (another job saving into the same directory during the load). The rank that
 sees it raises :class:`CheckpointCorruptionError` naming the chunk, and DCP's own gathering of every
 rank's ``read_data`` outcome (the collective that ends its read step) makes every rank of ``dcp.load``
@@ -57,8 +61,9 @@ gives a meta tensor with the chunk's size, dtype and strides; torch records the 
 data record in the storage's ``_checkpoint_offset``. For a contiguous saved chunk, the region a read
 item asks for (``storage_offsets`` / ``lengths``) is then a set of equally long byte runs: the
 innermost dim's run, extended over every trailing dim the region covers whole. The reader reads
-exactly those runs (``preadv`` on an unbuffered handle) straight into the destination tensor's
-memory when it is a contiguous CPU tensor, else into one buffer copied into it.
+exactly those runs (``preadv`` on an unbuffered handle; rows with holes no wider than themselves, up
+to 2 KiB, in one read with the holes, and a small archive whole, from read windows) straight into the
+destination tensor's memory when it is a contiguous CPU tensor, else into one buffer copied into it.
 
 Anything else goes through ``FileSystemReader``'s own path unchanged: non-tensor items, chunks
 written through stream-transforming extensions (compression, encryption), non-contiguous saved

@@ -132,9 +132,9 @@ _DATA_RECORD = re.compile(r"(.*/)?data/\d+")
 
 class ChecksumFileSystemWriter(FileSystemWriter):
     """A ``FileSystemWriter`` that also records, in ``.checksums``, what a load needs to check every
-    byte it reads against this save: every item's data CRC-32, block CRC-32s of every tensor chunk
-    (so :class:`ByteRangeFileSystemReader` checks byte ranges without reading whole chunks) and a
-    digest of the metadata.
+    byte it reads against this save: every item's data CRC-32, block CRC-32s of every tensor chunk a
+    reader may read in parts (so :class:`ByteRangeFileSystemReader` checks byte ranges without reading
+    whole chunks) and the SHA-256 of the ``.metadata`` file.
 
     Use it wherever ``FileSystemWriter`` is used, including ``dcp.async_save`` with ShardedTensors::
 
