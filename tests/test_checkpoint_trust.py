@@ -449,6 +449,22 @@ def test_checksums_hold_the_sha256_of_the_metadata_file_and_catch_any_change_to_
     assert "digest differs" in report.corruptions[0].what
 
 
+def test_a_dcp_that_writes_metadata_without_a_rename_still_gets_checksums(tmp_path):
+    # The writer hashes .metadata as DCP renames it into place; a DCP that renamed nothing would leave
+    # the hook unused: .checksums then follows .metadata, with the same digest.
+    def plain_rename(self, path, new_path):
+        self._fs.rename(path, new_path)
+
+    with mock.patch.object(_metadata._HashingRenames, "rename", plain_rename):
+        _save_alone(tmp_path, {"w": torch.ones(8, 4)})
+    with open(tmp_path / ".checksums", "rb") as f:
+        sums = _checksums.parse(f.read())
+    import hashlib
+
+    assert sums.metadata_digest == hashlib.sha256((tmp_path / ".metadata").read_bytes()).hexdigest()
+    assert verify_checkpoint(str(tmp_path), progress=False).ok
+
+
 def _as_version_2(path) -> None:
     """Rewrite a checkpoint's .checksums as torch_shard's version 2 wrote it (content digest of the
     metadata, check over the re-encoded body)."""
