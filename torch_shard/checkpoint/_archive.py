@@ -82,11 +82,9 @@ class FileSource(Source):
     def _window(self, offset: int, n: int) -> tuple[int, memoryview] | None:
         """A read window holding ``offset`` .. ``offset + n``: one read already, or, for a small read,
         the window it falls in, read now (None: read directly)."""
-        for start, data in self._windows.items():
-            if start <= offset and offset + n <= start + len(data):
-                return start, data
-        if not self._windowed or n >= _SMALL_READ:
-            return None
+        window = self._loaded(offset, offset + n)
+        if window is not None or not self._windowed or n >= _SMALL_READ:
+            return window
         if self.length <= _WHOLE_ARCHIVE:
             start, end = 0, self.length
         elif offset >= self.length - _TAIL_WINDOW:
@@ -100,6 +98,10 @@ class FileSource(Source):
         self._windows[start] = data
         return start, data
 
+    def _loaded(self, offset: int, end: int) -> tuple[int, memoryview] | None:
+        """A window already read that holds ``offset`` .. ``end``."""
+        return next(((s, d) for s, d in self._windows.items() if s <= offset and end <= s + len(d)), None)
+
     def file_offset(self, offset: int) -> int:
         return self.base + offset
 
@@ -109,7 +111,7 @@ class FileSource(Source):
         last = offset + (count - 1) * stride + width
         if offset < 0 or last > self.length:
             raise OSError(f"read of {count} rows up to byte {last} is outside the saved chunk ({self.length} bytes)")
-        window = next(((s, d) for s, d in self._windows.items() if s <= offset and last <= s + len(d)), None)
+        window = self._loaded(offset, last)
         if window is not None:
             start, data = window
             _copy_rows(data, offset - start, stride, width, count, buffer)

@@ -110,17 +110,20 @@ def piece_scratch() -> memoryview:
     return memoryview(bytearray(_PIECE))
 
 
-def _hash_pieces(source: Source, record: Record, piece_at) -> int:
-    """Read ``record`` a piece at a time into ``piece_at(offset, length)`` and return the CRC-32 of what
-    was read, each piece hashed while it is in the cache."""
+def _hash_pieces(source: Source, record: Record, piece_at, piece_bytes: int = _PIECE, then=None) -> int:
+    """Read ``record`` ``piece_bytes`` at a time into ``piece_at(offset, length)`` and return the CRC-32
+    of what was read, each piece hashed (then handed to ``then(offset, piece)``) while it is in the cache."""
     found = 0
     clock = time.perf_counter()
-    for at in range(0, record.size, _PIECE):
-        piece = piece_at(at, min(_PIECE, record.size - at))
+    for at in range(0, record.size, piece_bytes):
+        piece = piece_at(at, min(piece_bytes, record.size - at))
         source.read_into(piece, record.data_offset + at)
         clock = spent("read_s", clock)
         found = crc32(piece, found)
         clock = spent("check_s", clock)
+        if then is not None:
+            then(at, piece)
+            clock = spent("read_s", clock)
     return found
 
 
@@ -214,28 +217,24 @@ def read_boxes_of_whole(source: Source, archive: Archive, expected: Expected,
     checks it, keeping only the boxes' bytes: the record is read a run of dim-0 slices at a time into
     one buffer that stays in the cache, hashed there, and the boxes' parts of it copied out. Where
     :func:`boxes_readable_whole` holds."""
-    m, record = archive.meta, archive.data
-    shape, e = list(m.shape), m.element_size()
-    slice_bytes = m.numel() // shape[0] * e
-    per_piece = max(1, _PIECE // slice_bytes)
-    piece = torch.empty(per_piece * slice_bytes, dtype=torch.uint8)
+    m = archive.meta
+    shape = list(m.shape)
+    slice_bytes = m.numel() // shape[0] * m.element_size()
+    piece_bytes = max(1, _PIECE // slice_bytes) * slice_bytes
+    scratch = torch.empty(piece_bytes, dtype=torch.uint8)
     outs = [torch.empty(lengths, dtype=m.dtype) for _, lengths in boxes]
-    found = 0
-    clock = time.perf_counter()
-    for r0 in range(0, shape[0], per_piece):
-        r1 = min(shape[0], r0 + per_piece)
-        part = piece[: (r1 - r0) * slice_bytes]
-        source.read_into(memoryview(part.numpy()), record.data_offset + r0 * slice_bytes)
-        clock = spent("read_s", clock)
-        found = crc32(part, found)
-        clock = spent("check_s", clock)
-        rows = part.view(m.dtype).view([r1 - r0, *shape[1:]])
+
+    def copy_out(at: int, piece: memoryview) -> None:
+        r0 = at // slice_bytes
+        rows = torch.frombuffer(piece, dtype=m.dtype).view([len(piece) // slice_bytes, *shape[1:]])
         for (offsets, lengths), out in zip(boxes, outs):
-            lo, hi = max(r0, offsets[0]), min(r1, offsets[0] + lengths[0])
+            lo, hi = max(r0, offsets[0]), min(r0 + rows.shape[0], offsets[0] + lengths[0])
             if lo < hi:
                 inner = tuple(slice(o, o + n) for o, n in zip(offsets[1:], lengths[1:]))
                 out[lo - offsets[0] : hi - offsets[0]].copy_(rows[(slice(lo - r0, hi - r0), *inner)])
-        clock = spent("read_s", clock)
+
+    view = memoryview(scratch.numpy())
+    found = _hash_pieces(source, archive.data, lambda at, n: view[:n], piece_bytes, copy_out)
     return outs, _whole_problems(found, None, source, archive, expected)
 
 

@@ -14,11 +14,11 @@ between it and the data:
 * its digest, when ``.checksums`` exists: ``ChecksumFileSystemWriter`` records the SHA-256 of the
   ``.metadata`` file's bytes as DCP's ``finish`` wrote them, taken just before DCP renames the file
   into place (:func:`hashing_renames`), and a load compares it with the SHA-256 of the bytes it
-  unpickles (:func:`hashing_reads`): exactly the file the save wrote, at the cost of hashing it
+  unpickles (:func:`read_checked`): exactly the file the save wrote, at the cost of hashing it
   (a fraction of unpickling it). ``.checksums`` of version 2 hold a digest of the metadata's
   content instead (:func:`legacy_digest`, a walk of every entry that costs more than unpickling).
 
-:func:`open_checked` does both, and the ``.checksums`` checks of NOTE [ What .checksums binds to one
+:func:`read_checked` does both, and the ``.checksums`` checks of NOTE [ What .checksums binds to one
 save ], for the reader and for ``verify``: one list of what is wrong, so both check the same things.
 """
 
@@ -49,7 +49,7 @@ from .. import _native
 from . import _checksums
 from ._errors import Corruption
 
-__all__ = ["Checked", "check_structure", "hashing_reads", "hashing_renames", "legacy_digest", "open_checked"]
+__all__ = ["Checked", "check_structure", "file_sha256", "hashing_renames", "legacy_digest", "read_checked"]
 
 METADATA_FILE = ".metadata"
 
@@ -115,17 +115,10 @@ class _HashingReads:
         return getattr(self._fs, name)
 
 
-@contextlib.contextmanager
-def hashing_reads(reader):
-    """Within the block, ``reader`` (a ``FileSystemReader``) reads files whole and hashes them: for
-    its ``read_metadata``, whose only read is the ``.metadata`` file. Yields the hashing file system;
-    its ``sha256`` is of the bytes DCP unpickled (None when it read nothing)."""
-    hashing = _HashingReads(reader.fs)
-    reader.fs = hashing
-    try:
-        yield hashing
-    finally:
-        reader.fs = hashing._fs
+def file_sha256(fs, path) -> str:
+    """The SHA-256 (hex) of the bytes of the file at ``path`` of a DCP ``FileSystem``."""
+    with fs.create_stream(path, "rb") as stream:
+        return hashlib.sha256(stream.read()).hexdigest()
 
 
 class _HashingRenames:
@@ -137,8 +130,7 @@ class _HashingRenames:
 
     def rename(self, path, new_path) -> None:
         if os.path.basename(str(new_path)) == self._name and not self.seen:
-            with self._fs.create_stream(path, "rb") as stream:
-                self._before(hashlib.sha256(stream.read()).hexdigest())
+            self._before(file_sha256(self._fs, path))
             self.seen = True
         self._fs.rename(path, new_path)
 
@@ -292,20 +284,28 @@ def metadata_file_name(rank: int | None = None) -> str:
     return METADATA_FILE if rank is None else f"__{rank}{METADATA_FILE}"
 
 
-def unpickled(read: Callable[[], Metadata], rank: int | None = None) -> tuple[Metadata | None, list[Corruption]]:
-    """``read()`` (a ``FileSystemReader``'s ``read_metadata``); a ``.metadata`` that cannot be
-    unpickled is a corruption, not an error.
+def read_checked(reader, read: Callable[[], Metadata], rank: int | None = None, *,
+                 use_checksums: bool = True) -> Checked:
+    """Read a checkpoint's metadata with ``read()`` (``reader``'s ``read_metadata``, a
+    ``FileSystemReader``'s), hashing the bytes it unpickles, and check it and its ``.checksums``
+    (:func:`open_checked`). A ``.metadata`` that cannot be unpickled is a corruption, not an error.
 
     Raises:
         FileNotFoundError: when there is no such file (not a checkpoint; DCP's own message).
     """
+    hashing = _HashingReads(reader.fs)  # read_metadata's only read is the .metadata file
+    reader.fs = hashing
     try:
-        return read(), []
+        metadata, problems = read(), []
     except FileNotFoundError:
         raise
     except Exception as e:  # noqa: BLE001 - any unpickling failure is a damaged file
         what = f"cannot be unpickled ({type(e).__name__}: {e})"
-        return None, [Corruption(None, None, metadata_file_name(rank), None, None, None, what)]
+        metadata, problems = None, [Corruption(None, None, metadata_file_name(rank), None, None, None, what)]
+    finally:
+        reader.fs = hashing._fs
+    return open_checked(reader.fs, reader.path, metadata, rank, use_checksums=use_checksums, problems=problems,
+                        metadata_sha256=hashing.sha256)
 
 
 def open_checked(fs, path, metadata: Metadata | None, rank: int | None = None, *, use_checksums: bool = True,
@@ -318,7 +318,7 @@ def open_checked(fs, path, metadata: Metadata | None, rank: int | None = None, *
         rank: for rank-local metadata (``__<rank>.metadata`` / ``__<rank>.checksums``).
         use_checksums: False leaves ``.checksums`` unread (a load checks zip CRC-32s only).
         problems: failures found while reading the metadata.
-        metadata_sha256: the SHA-256 of the ``.metadata`` bytes unpickled (:func:`hashing_reads`).
+        metadata_sha256: the SHA-256 of the ``.metadata`` bytes unpickled.
     """
     metadata_file = metadata_file_name(rank)
     name = _checksums.checksums_file_name(rank)

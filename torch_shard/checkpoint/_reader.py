@@ -20,7 +20,8 @@ less than the reads of a part's rows; the writer records no tiles for it), or th
 run of dim-0 slices at a time); or the tiles its box touches, each checked against the writer's tile
 CRC (NOTE [ Block checksums for byte-range reads ]). The archive's directory, pickle and small records
 come from read windows (``_archive.FileSource``: a small archive read whole in one read, a bigger
-one's first and last bytes), and a pickle ``torch.load`` already made sense of is not unpickled again. Stream-transformed chunks are checked after decoding. Bytes items are checked
+one's first and last bytes), and a pickle ``torch.load`` already made sense of is not unpickled
+again. Stream-transformed chunks are checked after decoding. Bytes items are checked
 against the writer's CRC-32 and unpickled, as ``DCP``'s planner will unpickle them, so an item that
 cannot be (its class gone, a damaged pickle) fails here. The ranks then agree on the outcome (NOTE [
 Agreeing on a load's outcome ]), and only when no rank found a problem is any destination written. A
@@ -39,12 +40,13 @@ slower than DCP's ``FileSystemReader``; the second read comes from the page cach
 filled. Under 32 MiB glibc's allocator hands out memory it recycles (its mmap threshold grows to at
 most 32 MiB), so staging costs no fresh pages there and one read is cheaper than two (measured when
 this was chosen: 4 ranks, 16 MiB chunks: staged 1.17x FSR, read twice 1.33-1.43x; 2 ranks, 32 MiB
-chunks: staged 1.15x, read twice 0.67-0.84x). The hash of the second read must equal the first: it differs only when the file changed
-on disk between the two (another job saving into the same directory during the load). The rank that
-sees it raises :class:`CheckpointCorruptionError` naming the chunk, and DCP's own gathering of every
-rank's ``read_data`` outcome (the collective that ends its read step) makes every rank of ``dcp.load``
-raise (``torch_shard.checkpoint.load``: that same error), with no round of ours; the destinations may
-be partly written in that case alone, and the error says so.
+chunks: staged 1.15x, read twice 0.67-0.84x). The hash of the second read must equal the first: it
+differs only when the file changed on disk between the two (another job saving into the same
+directory during the load). The rank that sees it raises :class:`CheckpointCorruptionError` naming
+the chunk, and DCP's own gathering of every rank's ``read_data`` outcome (the collective that ends its
+read step) makes every rank of ``dcp.load`` raise (``torch_shard.checkpoint.load``: that same error),
+with no round of ours; the destinations may be partly written in that case alone, and the error says
+so.
 
 What a checkpoint without ``.checksums`` (any ``FileSystemWriter``'s) cannot catch: a chunk or file
 from another save, or another rank's chunk, whose archive is intact and of the right shape and dtype
@@ -213,12 +215,9 @@ class ByteRangeFileSystemReader(FileSystemReader):
             return super().read_metadata(*args, **kwargs)
         rank = kwargs.get("rank")
         read = super().read_metadata
-        with _metadata.hashing_reads(self) as hashing:
-            metadata, problems = _metadata.unpickled(lambda: read(*args, **kwargs), rank)
-        self._checked = _metadata.open_checked(
-            self.fs, self.path, metadata, rank, use_checksums=self.use_checksums, problems=problems,
-            metadata_sha256=hashing.sha256,
-        )
+        self._checked = _metadata.read_checked(self, lambda: read(*args, **kwargs), rank,
+                                               use_checksums=self.use_checksums)
+        metadata = self._checked.metadata
         if metadata is None or self._checked.problems:
             # DCP raises what read_metadata raises as a bare message; an empty stand-in (never the
             # damaged metadata, which DCP's planner would trip over) takes the load on to

@@ -79,10 +79,8 @@ def verify_checkpoint(path, *, progress: bool | None = None, checksums: bool = T
     if not os.path.isdir(path):
         raise FileNotFoundError(f"no such directory: {path}")
     reader = FileSystemReader(path, _extension_registry)
-    with _metadata.hashing_reads(reader) as hashing:
-        metadata, problems = _metadata.unpickled(reader.read_metadata)
-    checked = _metadata.open_checked(reader.fs, reader.path, metadata, use_checksums=checksums, problems=problems,
-                                     metadata_sha256=hashing.sha256)
+    checked = _metadata.read_checked(reader, reader.read_metadata, use_checksums=checksums)
+    metadata = checked.metadata
     report = VerifyReport(corruptions=list(checked.problems), has_block_checksums=checked.checksums is not None)
     if metadata is None or any(c.file == _metadata.METADATA_FILE for c in checked.problems):
         return report  # where the items are is not known

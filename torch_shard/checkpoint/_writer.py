@@ -10,7 +10,6 @@ also copies ShardedTensors (see ``_staging.py``).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import io
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -209,8 +208,7 @@ class ChecksumFileSystemWriter(FileSystemWriter):
         if not hashing.seen:
             # A DCP that writes .metadata in place: .checksums follows it (a crash between the two
             # leaves a checkpoint whose loads check zip CRCs alone).
-            with self.fs.create_stream(self.fs.concat_path(self.path, metadata_name), "rb") as stream:
-                write_checksums(hashlib.sha256(stream.read()).hexdigest())
+            write_checksums(_metadata.file_sha256(self.fs, self.fs.concat_path(self.path, metadata_name)))
 
     def stage(self, state_dict):
         """CPU copies of the state dict's tensors for ``dcp.async_save``, ShardedTensors included."""
