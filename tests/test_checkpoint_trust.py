@@ -406,7 +406,7 @@ def test_checksums_file_catches_every_changed_character():
         "__0_0.distcp:0": _checksums.ItemChecksums("w", 0x1234ABCD, grid, tuple(tiles)),
         "__0_0.distcp:99": _checksums.ItemChecksums("note", 0x0BADF00D),
     }
-    data = _checksums.dump("save-1", "d" * 64, items)
+    data = _checksums.dump("save-1", "d" * 64, [_checksums.encode_items(items)])
     parsed = _checksums.parse(data)
     assert parsed.items == items and parsed.save_id == "save-1" and parsed.metadata_digest == "d" * 64
     text = data.decode()
@@ -514,7 +514,7 @@ def test_version_2_checksums_are_still_read_and_checked(tmp_path):
 
 def test_checksums_entries_are_decoded_when_read_and_a_malformed_one_is_named():
     items = {"__0_0.distcp:0": _checksums.ItemChecksums("w", 0x1234ABCD)}
-    data = _checksums.dump("save-1", "d" * 64, items)
+    data = _checksums.dump("save-1", "d" * 64, [_checksums.encode_items(items)])
     parsed = _checksums.parse(data)
     assert "__0_0.distcp:0" in parsed.items and len(parsed.items) == 1 and not parsed.items._decoded
     assert parsed.items["__0_0.distcp:0"] == items["__0_0.distcp:0"]

@@ -346,5 +346,7 @@ def crc32(data, value: int = 0) -> int:
     """CRC-32 (zlib's, as zip records use) of a bytes-like object or a contiguous CPU tensor, continuing
     from ``value``."""
     if isinstance(data, torch.Tensor):
-        data = data.reshape(-1).view(torch.uint8).numpy() if data.numel() else b""
+        if data.dtype != torch.uint8 or data.dim() != 1:
+            data = data.reshape(-1).view(torch.uint8)
+        data = data.numpy() if data.numel() else b""
     return _crc32(data, value) & 0xFFFFFFFF

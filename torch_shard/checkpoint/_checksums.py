@@ -45,7 +45,7 @@ import json
 import math
 import re
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -297,18 +297,24 @@ def _canonical(body: Mapping) -> bytes:
     return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
 
 
-def dump(save_id: str | None, metadata_sha256: str, items: Mapping[str, ItemChecksums]) -> bytes:
-    """The ``.checksums`` file's bytes: a JSON body whose last member, ``check``, is a CRC-32 of every
-    byte before it."""
+def encode_items(items: Mapping[str, ItemChecksums]) -> str:
+    """Entries of a ``.checksums`` file's ``items``, as JSON members without the braces: a rank encodes
+    its own items, and the coordinator joins the ranks' parts (:func:`dump`) without decoding them."""
+    return json.dumps({key: value.to_json() for key, value in items.items()}, separators=(",", ":"))[1:-1]
+
+
+def dump(save_id: str | None, metadata_sha256: str, item_parts: Iterable[str]) -> bytes:
+    """The ``.checksums`` file's bytes, its items the :func:`encode_items` parts joined: a JSON body
+    whose last member, ``check``, is a CRC-32 of every byte before it."""
     body = {
         "format": FORMAT,
         "version": VERSION,
         "algorithm": "crc32",
         "save_id": save_id,
         "metadata": metadata_sha256,
-        "items": {key: value.to_json() for key, value in items.items()},
     }
-    head = json.dumps(body, separators=(",", ":")).encode()[:-1]  # without the closing brace
+    items = ",".join(part for part in item_parts if part)
+    head = json.dumps(body, separators=(",", ":")).encode()[:-1] + b',"items":{' + items.encode() + b"}"
     return head + b',"check":"%08x"}' % crc32(head)
 
 

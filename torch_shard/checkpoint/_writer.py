@@ -32,10 +32,12 @@ __all__ = ["ChecksumFileSystemWriter"]
 
 @dataclass(frozen=True)
 class _WithChecksums:
-    """A write result's storage data with the item's checksums, on their way to the coordinator."""
+    """A rank's first write result's storage data with the checksums of all the rank's items, encoded
+    (:func:`_checksums.encode_items`): they ride to the coordinator with DCP's own gather of the
+    write results, in one string (a per-result object would cost a pickle per item)."""
 
     info: Any
-    checksums: ItemChecksums | None
+    encoded_items: str
 
 
 def _as_saved(tensor: torch.Tensor) -> torch.Tensor:
@@ -83,8 +85,9 @@ class _RecordingPlanner:
     on ``hasher``'s thread while ``torch.save`` writes it (``jobs``): both only read the tensor, and the
     hashing and the copies it makes let go of the GIL, so a save bound by the disk hides the hashing."""
 
-    def __init__(self, planner: SavePlanner, recorded: dict, read_back: bool, hasher: ThreadPoolExecutor):
-        self._planner, self._recorded, self._read_back, self._hasher = planner, recorded, read_back, hasher
+    def __init__(self, planner: SavePlanner, recorded: dict, read_back: bool):
+        self._planner, self._recorded, self._read_back = planner, recorded, read_back
+        self.hasher: ThreadPoolExecutor | None = None  # started by the first big tensor
         self.pending: dict = {}  # index -> the data record's size, for big tensors
         self.jobs: dict = {}  # index -> the future ItemChecksums of a big tensor
 
@@ -102,7 +105,9 @@ class _RecordingPlanner:
                 if self._read_back:
                     self.pending[item.index] = stored.numel()
                     stored = None
-                self.jobs[item.index] = self._hasher.submit(_tensor_checksums, fqn, data, stored)
+                if self.hasher is None:
+                    self.hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch_shard_checksums")
+                self.jobs[item.index] = self.hasher.submit(_tensor_checksums, fqn, data, stored)
         return data
 
     def __getattr__(self, name):
@@ -147,17 +152,24 @@ class ChecksumFileSystemWriter(FileSystemWriter):
         recorded: dict = {}
         # Stream-transformed items (compression, ...) store no zip archive to read a CRC back from.
         read_back = _torch_save_records_crcs() and not getattr(self.transforms, "extensions", ())
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch_shard_checksums") as hasher:
-            recording = _RecordingPlanner(planner, recorded, read_back, hasher)
+        recording = _RecordingPlanner(planner, recorded, read_back)
+        try:
             results = super().write_data(plan, recording).wait()
             recorded.update((index, job.result()) for index, job in recording.jobs.items())
+        finally:
+            if recording.hasher is not None:
+                recording.hasher.shutdown(wait=True)
         self._read_back_crcs(results, recording.pending, recorded)
-        wrapped = [
-            dataclasses.replace(r, storage_data=_WithChecksums(r.storage_data, recorded.get(r.index)))
-            for r in results
-        ]
+        if results:
+            encoded = _checksums.encode_items({
+                _checksums.location_key(r.storage_data.relative_path, r.storage_data.offset): recorded[r.index]
+                for r in results
+                if r.index in recorded
+            })
+            results = list(results)
+            results[0] = dataclasses.replace(results[0], storage_data=_WithChecksums(results[0].storage_data, encoded))
         done: Future[list[WriteResult]] = Future()
-        done.set_result(wrapped)
+        done.set_result(results)
         return done
 
     def _read_back_crcs(self, results: list[WriteResult], pending: dict, recorded: dict) -> None:
@@ -175,17 +187,15 @@ class ChecksumFileSystemWriter(FileSystemWriter):
                     recorded[result.index] = dataclasses.replace(recorded[result.index], crc=crc)
 
     def finish(self, metadata, results: list[list[WriteResult]]) -> None:
-        items: dict[str, ItemChecksums] = {}
+        item_parts: list[str] = []
         plain = []
         for rank_results in results:
-            unwrapped = []
-            for result in rank_results:
+            unwrapped = list(rank_results)
+            for at, result in enumerate(unwrapped):
                 data = result.storage_data
                 if isinstance(data, _WithChecksums):
-                    if data.checksums is not None:
-                        items[_checksums.location_key(data.info.relative_path, data.info.offset)] = data.checksums
-                    result = dataclasses.replace(result, storage_data=data.info)
-                unwrapped.append(result)
+                    item_parts.append(data.encoded_items)
+                    unwrapped[at] = dataclasses.replace(result, storage_data=data.info)
             plain.append(unwrapped)
         # .checksums goes into place before .metadata, so a checkpoint with .metadata is complete: it
         # is written when DCP's finish renames the .metadata it wrote into place, with the SHA-256 of
@@ -196,7 +206,7 @@ class ChecksumFileSystemWriter(FileSystemWriter):
             name = _checksums.checksums_file_name(rank)
             tmp = self.fs.concat_path(self.path, name + ".tmp")
             with self.fs.create_stream(tmp, "wb") as stream:
-                stream.write(_checksums.dump(self.save_id, metadata_sha256, items))
+                stream.write(_checksums.dump(self.save_id, metadata_sha256, item_parts))
             final = self.fs.concat_path(self.path, name)
             if self.fs.exists(final):
                 self.fs.rm_file(final)
