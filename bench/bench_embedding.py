@@ -157,6 +157,7 @@ def main() -> None:
     wanted_cases = args.cases.split(",")
     cases = [(op, mode) for op, mode in CASES if (mode or op) in wanted_cases]
     rows = []  # (sharding, case, lib, fwd, fwdbwd, ops, syncs, sent)
+    failures: list[str] = []
     for sharding in args.shardings.split(","):
         shard_dim = {"row": 0, "col": 1}[sharding]
         weights = {}
@@ -198,7 +199,15 @@ def main() -> None:
 
             timing = {f"{lib} fwd": (None, no_grad(fn)) for lib, fn in forward.items()}
             if not args.no_backward:
-                timing.update({f"{lib} bwd": (zero_grads, with_backward(fn)) for lib, fn in forward.items()})
+                for lib, fn in forward.items():
+                    # A library whose backward fails (upstream's column-wise max_norm: its output stops
+                    # requiring grad once a lookup ran under no_grad) gets no column, and a note.
+                    zero_grads()
+                    failed = _fails_on_any_rank(lambda fn=fn: (no_grad(fn)(), with_backward(fn)()), device)
+                    if failed is None:
+                        timing[f"{lib} bwd"] = (zero_grads, with_backward(fn))
+                    elif rank == 0:
+                        failures.append(f"{sharding} {mode or op} {lib}: fwd+bwd fails ({failed})")
             times = timed_cases(timing, args.repeats)
             for lib, fn in forward.items():
                 with torch.no_grad():
@@ -208,7 +217,21 @@ def main() -> None:
                 rows.append((sharding, mode or op, lib, times[f"{lib} fwd"], times.get(f"{lib} bwd"), ops, syncs, sent))
     if rank == 0:
         _report(args, world, device, ids, rows)
+        for failure in failures:
+            print(failure)
     dist.destroy_process_group()
+
+
+def _fails_on_any_rank(fn, device) -> str | None:
+    """None when ``fn`` runs on every rank, else this rank's error (or that another rank failed)."""
+    try:
+        fn()
+        error = None
+    except Exception as exc:  # noqa: BLE001 - reported, and the case left out
+        error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:100]}"
+    flag = torch.tensor([int(error is not None)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return error if error is not None else ("failed on another rank" if flag.item() else None)
 
 
 def _report(args, world, device, ids, rows) -> None:
