@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch.testing._internal.common_distributed import spawn_threads_and_init_comms
+from torch.testing._internal.distributed import multi_threaded_pg
 
 import torch_shard
 from torch_shard.sharded_tensor import Shard, ShardedTensor
@@ -19,6 +20,12 @@ from torch_shard.sharding_spec import ChunkShardingSpec, EnumerableShardingSpec,
 from torch_shard.testing import TestCase, run_tests
 
 WORLD = 4
+
+if not hasattr(multi_threaded_pg.ThreadLocalWorld, "comms"):
+    # torch 2.11's threaded world lacks the `comms` list its own destroy_process_group walks (each rank
+    # thread then dies with an AttributeError as the test ends); it holds torchcomms communicators,
+    # which this group never has.
+    multi_threaded_pg.ThreadLocalWorld.comms = property(lambda self: [])
 
 
 def _spec(dim: int) -> ChunkShardingSpec:
