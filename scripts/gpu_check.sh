@@ -10,7 +10,8 @@
 # output goes to $GPU_CHECK_LOG (default build/gpu-check.log). Exit code 1 if any step failed.
 #
 #   scripts/gpu_check.sh [PYTHON]        (PYTHON: default python3; WHEELS=<dir>: install test
-#                                         dependencies from local wheels, for machines without an index;
+#                                         dependencies from local wheels, for machines without an index
+#                                         (pytest-xdist and execnet too, where the folder has them);
 #                                         GPU_CHECK_BENCH=1: also bench/bench_embedding.py on CUDA, issue
 #                                         26's table size, before the suite; GPU_CHECK_JOBS=N: the suite in
 #                                         N pytest-xdist workers, a test file per worker, default
@@ -62,12 +63,24 @@ deps() {
   missing=$("$PY" -c "
 import importlib.util
 print(' '.join(m for m in ('pytest', 'numpy', 'hypothesis', 'expecttest', 'tqdm', 'ninja') if importlib.util.find_spec(m) is None))")
-  [ -z "$missing" ] && return 0
-  if [ -n "${WHEELS:-}" ]; then
-    "$PY" -m pip install -q --no-index --find-links "$WHEELS" $missing
-  else
-    "$PY" -m pip install -q $missing
+  if [ -n "$missing" ]; then
+    if [ -n "${WHEELS:-}" ]; then
+      "$PY" -m pip install -q --no-index --find-links "$WHEELS" $missing || return 1
+    else
+      "$PY" -m pip install -q $missing || return 1
+    fi
   fi
+  # pytest-xdist runs the suite's files in parallel (below); optional: without it the suite runs in
+  # one process. From WHEELS only when that folder has it (a machine without an index).
+  if ! "$PY" -c "import xdist" 2>/dev/null; then
+    if [ -z "${WHEELS:-}" ]; then
+      "$PY" -m pip install -q pytest-xdist || echo "pytest-xdist not installed: the suite runs in one process"
+    elif ls "$WHEELS"/pytest_xdist-*.whl >/dev/null 2>&1; then
+      "$PY" -m pip install -q --no-index --find-links "$WHEELS" pytest-xdist ||
+        echo "pytest-xdist not installed: the suite runs in one process"
+    fi
+  fi
+  return 0
 }
 step "test dependencies" deps
 step "build" env MAX_JOBS="${MAX_JOBS:-$(nproc)}" "$PY" setup.py -q build_ext --inplace || exit 1
