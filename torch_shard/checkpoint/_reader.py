@@ -328,7 +328,7 @@ class ByteRangeFileSystemReader(FileSystemReader):
     def _stage(self, plan: LoadPlan, planner: LoadPlanner, staged: list, corruptions: list[Corruption]) -> None:
         """Read, check and decode every item of ``plan``: into buffers of our own, or for whole chunks
         only hashed (``staged`` gets a :class:`_Deferred`)."""
-        self._scratch = piece_scratch()
+        self._scratch: memoryview | None = None  # for chunks read twice; made by the first
         per_file: dict[str, dict[int, list[ReadItem]]] = {}
         for item in plan.items:
             info = self.storage_data[item.storage_index]
@@ -428,6 +428,8 @@ class ByteRangeFileSystemReader(FileSystemReader):
                 and isinstance(source, FileSource)
                 and usable_in_place(archive, expected)
             ):
+                if self._scratch is None:
+                    self._scratch = piece_scratch()
                 found, bad = check_whole(source, archive, expected, self._scratch)
                 corruptions.extend(bad)
                 if bad:
