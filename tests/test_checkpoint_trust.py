@@ -152,6 +152,32 @@ class TestCheckpointTrust(ShardedTensorTestBase):
             dist.barrier()
 
     @with_comms(init_rpc=False)
+    def test_checksums_hold_every_ranks_items_and_each_names_its_item(self):
+        # Each rank's checksums travel to the coordinator as one encoded string, joined there: every
+        # stored item of every rank (sharded chunks, a tensor and a bytes item saved per rank, a big
+        # tensor whose CRC is read back from its archive) has exactly one entry, under its own place.
+        path = self._tmp_dir()
+        state = {
+            "w": filled(_values(3), chunks(0)),
+            f"plain{self.rank}": torch.full((5, 3), float(self.rank)),
+            f"note{self.rank}": {"rank": self.rank},
+            f"big{self.rank}": torch.full((512, 1024), float(self.rank)),  # 2 MiB: CRC read back
+        }
+        dcp.save(state, storage_writer=ChecksumFileSystemWriter(path))
+        if self.rank == 0:
+            storage = _storage(path)
+            with open(os.path.join(path, ".checksums"), "rb") as f:
+                sums = _checksums.parse(f.read())
+            expected = {_checksums.location_key(info.relative_path, info.offset): index.fqn
+                        for index, info in storage.items()}
+            self.assertEqual({key: item.fqn for key, item in sums.items.items()}, expected)
+            self.assertEqual(len({info.relative_path for info in storage.values()}), dist.get_world_size())
+            self.assertTrue(verify_checkpoint(path, progress=False).ok)
+        target = sharded_tensor.full(chunks(1), (ROWS, COLS), FILL)
+        load({"w": target}, path)
+        self._assert_holds(target, _values(3), "a load checked against the joined .checksums")
+
+    @with_comms(init_rpc=False)
     def test_nothing_is_written_when_a_bytes_item_cannot_be_unpickled(self):
         full = _values(3)
         gone = types.ModuleType("torch_shard_test_gone_module")
