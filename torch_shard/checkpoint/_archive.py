@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import os
 import struct
+import sys
 import zipfile
 import zlib
 from collections.abc import Callable
@@ -247,6 +248,11 @@ class Archive:
     meta: torch.Tensor | None  # the saved tensor on the meta device (sizes, strides, dtype)
     data: Record | None  # the record holding the tensor's storage
     little_endian: bool
+
+    @property
+    def in_host_order(self) -> bool:
+        """Whether the stored bytes are in this host's byte order (usable as they are)."""
+        return self.little_endian and sys.byteorder == "little"
 
     @property
     def contiguous(self) -> bool:

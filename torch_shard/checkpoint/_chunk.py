@@ -13,7 +13,6 @@ box touches, each checked against the writer's tile CRCs (NOTE [ Block checksums
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass
 
@@ -201,8 +200,7 @@ def boxes_readable_whole(archive: Archive, expected: Expected, archive_bytes: in
     m = archive.meta
     return (
         archive.contiguous
-        and archive.little_endian
-        and sys.byteorder == "little"
+        and archive.in_host_order
         and not needs_the_bytes(expected)
         and m.dim() >= 1
         and m.numel() > 0

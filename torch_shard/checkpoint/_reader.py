@@ -143,7 +143,7 @@ class _Deferred:
 def usable_in_place(archive: Archive, expected: Expected) -> bool:
     """Whether a whole chunk can be checked now and read into its destination later: its bytes are
     in this host's byte order and its check needs only their CRC-32."""
-    return archive.little_endian and sys.byteorder == "little" and not needs_the_bytes(expected)
+    return archive.in_host_order and not needs_the_bytes(expected)
 
 
 def _contiguous_strides(shape) -> list[int]:
@@ -408,7 +408,7 @@ class ByteRangeFileSystemReader(FileSystemReader):
         if archive is None:
             corruptions.extend(bad)
             return
-        usable = archive.little_endian and sys.byteorder == "little" and (
+        usable = archive.in_host_order and (
             expected.sums is not None and expected.sums.grid is not None
         )
         whole = None
@@ -460,7 +460,7 @@ class ByteRangeFileSystemReader(FileSystemReader):
 
     @staticmethod
     def _as_tensor(buffer, archive, source) -> torch.Tensor:
-        if archive.little_endian and sys.byteorder == "little":
+        if archive.in_host_order:
             return as_saved_tensor(buffer, archive)
         # Another byte order: torch.load swaps the bytes (the CRC was of the stored bytes).
         return torch.load(_SourceFile(source), map_location="cpu", weights_only=True)
@@ -522,7 +522,7 @@ class ByteRangeFileSystemReader(FileSystemReader):
             archive = read_archive(source)
         except Exception:  # noqa: BLE001 - not a torch.save archive this reader understands
             return None
-        if not archive.contiguous or not archive.little_endian:
+        if not archive.contiguous or not archive.in_host_order:
             return None
         return source, archive
 
