@@ -288,7 +288,7 @@ def read_checked(reader, read: Callable[[], Metadata], rank: int | None = None, 
                  use_checksums: bool = True) -> Checked:
     """Read a checkpoint's metadata with ``read()`` (``reader``'s ``read_metadata``, a
     ``FileSystemReader``'s), hashing the bytes it unpickles, and check it and its ``.checksums``
-    (:func:`open_checked`). A ``.metadata`` that cannot be unpickled is a corruption, not an error.
+    (:func:`_open_checked`). A ``.metadata`` that cannot be unpickled is a corruption, not an error.
 
     Raises:
         FileNotFoundError: when there is no such file (not a checkpoint; DCP's own message).
@@ -304,12 +304,12 @@ def read_checked(reader, read: Callable[[], Metadata], rank: int | None = None, 
         metadata, problems = None, [Corruption(None, None, metadata_file_name(rank), None, None, None, what)]
     finally:
         reader.fs = hashing._fs
-    return open_checked(reader.fs, reader.path, metadata, rank, use_checksums=use_checksums, problems=problems,
-                        metadata_sha256=hashing.sha256)
+    return _open_checked(reader.fs, reader.path, metadata, rank, use_checksums=use_checksums, problems=problems,
+                         metadata_sha256=hashing.sha256)
 
 
-def open_checked(fs, path, metadata: Metadata | None, rank: int | None = None, *, use_checksums: bool = True,
-                 problems: list[Corruption] | None = None, metadata_sha256: str | None = None) -> Checked:
+def _open_checked(fs, path, metadata: Metadata | None, rank: int | None, *, use_checksums: bool,
+                  problems: list[Corruption], metadata_sha256: str | None) -> Checked:
     """Check ``metadata`` (read from the checkpoint at ``path``) and its ``.checksums``.
 
     Args:
@@ -318,11 +318,11 @@ def open_checked(fs, path, metadata: Metadata | None, rank: int | None = None, *
         rank: for rank-local metadata (``__<rank>.metadata`` / ``__<rank>.checksums``).
         use_checksums: False leaves ``.checksums`` unread (a load checks zip CRC-32s only).
         problems: failures found while reading the metadata.
-        metadata_sha256: the SHA-256 of the ``.metadata`` bytes unpickled.
+        metadata_sha256: the SHA-256 of the ``.metadata`` bytes unpickled (None when none were read).
     """
     metadata_file = metadata_file_name(rank)
     name = _checksums.checksums_file_name(rank)
-    checked = Checked(metadata, None, list(problems or ()), name)
+    checked = Checked(metadata, None, list(problems), name)
     file = fs.concat_path(path, name)
     sums, unusable = None, None
     if use_checksums and fs.exists(file):
