@@ -4,8 +4,9 @@ and what checking every byte costs.
 Run with 2 or 4 ranks: ``torchrun --standalone --nproc-per-node=4 bench/bench_checkpoint.py`` (or
 ``make bench``); ``--size 4096`` is a 64 MiB float32 tensor, ``--size 16384`` 1 GiB, and ``--size 256
 --tensors 100`` a state dict of a hundred 256 KiB tensors (a model's many small parameters, where a
-load's fixed costs per item and per checkpoint show). Gloo on CPU. The tensor is saved in row chunks with ``dcp.save`` (``FileSystemWriter``, and ``ChecksumFileSystemWriter``
-for the "torch_shard+checksums" row), then loaded with ``dcp.load`` into row chunks (the same layout)
+load's fixed costs per item and per checkpoint show). Gloo on CPU. The tensor is saved in row chunks
+with ``dcp.save`` (``FileSystemWriter``, and ``ChecksumFileSystemWriter`` for the
+"torch_shard+checksums" row), then loaded with ``dcp.load`` into row chunks (the same layout)
 and into column chunks:
 
 * torch_shard: ``ShardedTensor`` with ``ChunkShardingSpec(dim=0 / 1)``;
