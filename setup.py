@@ -33,17 +33,18 @@ SANITIZE = os.environ.get("TORCH_SHARD_SANITIZE", "0") == "1"
 SANITIZE_FLAGS = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"]
 
 
-def _load_build_info():
+def _load_by_path(name: str, filename: str):
     # By path: importing the package would import torch and the library this script builds.
-    spec = importlib.util.spec_from_file_location(
-        "_torch_shard_build_info", os.path.join(HERE, "torch_shard", "_build_info.py")
-    )
+    spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, "torch_shard", filename))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-build_info = _load_build_info()
+build_info = _load_by_path("_torch_shard_build_info", "_build_info.py")
+# NOTE [ One C++ runtime ] (torch_shard/_cxx_runtime.py): the link flags that keep the extension on the
+# shared libstdc++ torch uses, and the check of the built library.
+cxx_runtime = _load_by_path("_torch_shard_cxx_runtime", "_cxx_runtime.py")
 
 try:
     import torch
@@ -135,6 +136,13 @@ class BuildExt(BuildExtension.with_options(use_ninja=True)):
             if generated not in extension.include_dirs:
                 extension.include_dirs.append(generated)
         super().build_extensions()
+        for extension in self.extensions:
+            problem = cxx_runtime.problem(self.get_ext_fullpath(extension.name))
+            if problem is not None:
+                raise SystemExit(
+                    f"torch_shard: {problem}. The link asked for it ({' '.join(cxx_runtime.LINK_ARGS)}); build "
+                    f"with a compiler that links libstdc++ dynamically, e.g. CXX=g++."
+                )
 
 
 # No -std flag: torch.utils.cpp_extension adds the standard its headers need (C++20 for torch 2.13;
@@ -151,7 +159,7 @@ extra_compile_args = {
 }
 if DEBUG:
     extra_compile_args["cxx"].append("-g")
-extra_link_args = []
+extra_link_args = list(cxx_runtime.LINK_ARGS)
 if SANITIZE:
     extra_compile_args["cxx"] += ["-O1", "-g"] + SANITIZE_FLAGS
     extra_link_args += SANITIZE_FLAGS

@@ -7,11 +7,13 @@ only its imports (``torch.distributed._shard.X`` -> ``torch_shard.X``). The C++ 
 
 import torch  # noqa: F401  (loads libtorch before the extension)
 
-from . import _build_info
+from . import _build_info, _cxx_runtime
 
 # Before the library loads: ImportError, naming both torches and the fix, if it was built for a torch
-# whose C++ ABI differs from the running one's (another minor release, another C++11 ABI flag).
+# whose C++ ABI differs from the running one's (another minor release, another C++11 ABI flag), or
+# with a private copy of the C++ runtime (NOTE [ One C++ runtime ]).
 _build_record = _build_info.check()
+_cxx_runtime.check()
 
 from . import (  # noqa: E402
     _C,  # noqa: F401  (registers torch.ops.torch_shard.*)
