@@ -71,7 +71,7 @@ class Model(nn.Module):
 # to register. This is F.linear for a weight split by output features (ChunkShardingSpec(dim=0), one
 # chunk per rank in rank order), with a different batch on every rank: each rank applies its rows of
 # the weight to every rank's batch, and each rank keeps its own batch's part of every rank's result.
-# all_gather_single is differentiable: its backward carries the gradients back, summed over the ranks.
+# all_gather_tensor_autograd is differentiable: its backward carries the gradients back, summed over the ranks.
 @custom_sharding_spec_op(ChunkShardingSpec, F.linear)
 def row_sharded_linear(types, args, kwargs, process_group):
     """``F.linear(x, weight)`` with ``weight`` row-sharded over ``process_group`` (no bias)."""
@@ -80,9 +80,9 @@ def row_sharded_linear(types, args, kwargs, process_group):
     if weight.sharding_spec().dim != 0 or bias is not None:
         raise NotImplementedError("the demo's sharded linear takes a row-sharded weight and no bias")
     world, rank = dist.get_world_size(process_group), dist.get_rank(process_group)
-    batches = funcol.all_gather_single(x, gather_dim=0, group=process_group)  # every rank's batch
+    batches = funcol.all_gather_tensor_autograd(x, gather_dim=0, group=process_group)  # every rank's batch
     partial = F.linear(batches, weight.local_tensor())  # my output features of every batch
-    pieces = funcol.all_gather_single(partial, gather_dim=1, group=process_group)  # all features
+    pieces = funcol.all_gather_tensor_autograd(partial, gather_dim=1, group=process_group)  # all features
     return pieces.chunk(world, dim=0)[rank]  # my batch (batches are the same size on every rank)
 
 

@@ -43,6 +43,7 @@ from torch_shard import sharded_tensor
 from torch_shard.interop import from_dtensor, to_dtensor
 from torch_shard.sharded_tensor import Shard
 from torch_shard.sharding_spec import ChunkShardingSpec, EnumerableShardingSpec, ShardMetadata
+from torch_shard.testing import full_tensor
 
 # Float results of sums (embedding bags, gradients) may differ in the last bits between the sharded
 # and the dense computation, which add in different orders; moved values must be exact.
@@ -345,12 +346,12 @@ def case_dtensor_interop(s: Smoke) -> None:
     full = s.full(9, 10, seed=8)
     st = s.make(full, s.chunks(0))
     dt = to_dtensor(st, mesh, [DShard(0)])  # the same layout: zero-copy
-    s.equal(dt.full_tensor(), full, "to_dtensor(Shard(0))")
+    s.equal(full_tensor(dt), full, "to_dtensor(Shard(0))")
     local = st.local_tensor()
     if local.numel() > 0:
         s.check(dt.to_local().data_ptr() == local.data_ptr(), "to_dtensor(Shard(0)) copied the shard")
     moved = to_dtensor(st, mesh, [DShard(1)])  # another layout: resharded, st untouched
-    s.equal(moved.full_tensor(), full, "to_dtensor(Shard(1))")
+    s.equal(full_tensor(moved), full, "to_dtensor(Shard(1))")
     s.holds(st, full, "st after to_dtensor(Shard(1))")
     back = from_dtensor(moved)
     s.holds(back, full, "from_dtensor(Shard(1))")

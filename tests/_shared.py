@@ -50,12 +50,14 @@ def chunks(dim: int, ranks=range(4)) -> ChunkShardingSpec:
 
 
 def box_slice(full: torch.Tensor, md: ShardMetadata) -> torch.Tensor:
-    """The part of ``full`` a shard's box covers (clipped to the tensor, so empty boxes past the end work)."""
+    """The part of ``full`` a shard's box covers (clipped to the tensor, so empty boxes past the end work),
+    on the shard's placement device (a CPU reference compares with CUDA shards in the one-gpu mode)."""
     index = []
     for offset, size, extent in zip(md.shard_offsets, md.shard_sizes, full.shape):
         start = min(offset, extent)
         index.append(slice(start, min(start + size, extent)))
-    return full[tuple(index)]
+    part = full[tuple(index)]
+    return part if md.placement is None else part.to(md.placement.device())
 
 
 def filled(full: torch.Tensor, spec, process_group=None):

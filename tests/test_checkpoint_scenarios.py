@@ -51,7 +51,7 @@ from torch.testing._internal.distributed.checkpoint_utils import Rot13Example, g
 from torch_shard import shard_parameter, sharded_tensor
 from torch_shard.checkpoint import ByteRangeFileSystemReader, ChecksumFileSystemWriter, _reader
 from torch_shard.sharding_spec import ChunkShardingSpec, EnumerableShardingSpec, ShardMetadata
-from torch_shard.testing import ShardedTensorTestBase, placement, run_tests, with_comms
+from torch_shard.testing import ShardedTensorTestBase, full_tensor, placement, run_tests, with_comms
 
 
 def _rows_plan(plan, ncols: int = 1):
@@ -365,7 +365,7 @@ class TestCrossLibraryCheckpoints(ShardedTensorTestBase):
                 dcp.save({"w": filled(full, spec)}, checkpoint_id=path)
                 target = dtensor_zeros([7, 5], dtype=torch.float64, device_mesh=mesh, placements=placements)
                 self._load({"w": target}, path)
-                self.assertTrue(torch.equal(target.full_tensor(), full), msg)
+                self.assertTrue(torch.equal(full_tensor(target), full), msg)
                 self.assertEqual(target.dtype, torch.float64, msg)
 
     @with_comms(init_rpc=False)
@@ -431,8 +431,8 @@ class TestCrossLibraryCheckpoints(ShardedTensorTestBase):
             state = model.state_dict()
             w = state["weight"]
             if isinstance(w, DTensor):
-                self.assertTrue(torch.equal(w.full_tensor(), weight), msg)
-                self.assertTrue(torch.equal(state["bias"].full_tensor(), bias), msg)
+                self.assertTrue(torch.equal(full_tensor(w), weight), msg)
+                self.assertTrue(torch.equal(full_tensor(state["bias"]), bias), msg)
                 return
             for shard in w.local_shards():
                 self.assertTrue(torch.equal(shard.tensor, box_slice(weight, shard.metadata)), msg)

@@ -30,12 +30,18 @@ ROUNDS_ON_GLOO = (
 )
 
 
-def _rows(n=WORLD):
-    return ChunkShardingSpec(dim=0, placements=[placement(r % WORLD) for r in range(n)])
+def _cpu_placement(rank: int) -> str:
+    return f"rank:{rank}/cpu"
 
 
-def _cols():
-    return ChunkShardingSpec(dim=1, placements=[placement(r) for r in range(WORLD)])
+def _rows(n=WORLD, cpu=False):
+    where = _cpu_placement if cpu else placement
+    return ChunkShardingSpec(dim=0, placements=[where(r % WORLD) for r in range(n)])
+
+
+def _cols(cpu=False):
+    where = _cpu_placement if cpu else placement
+    return ChunkShardingSpec(dim=1, placements=[where(r) for r in range(WORLD)])
 
 
 def _names(ranks):
@@ -399,8 +405,8 @@ class TestPlanCacheAndRounds(ShardedTensorTestBase):
         self.assertEqual(cost(4, True, True)[:2], [1, 16384])
         self.assertEqual(cost(1024, True, True)[:2], [0, 256])
 
-    # The hub exists on gloo (CPU) groups only, so this test runs on the CPU: its literal "cpu"
-    # placements below are the tensors' device.
+    # The hub exists on gloo (CPU) groups only, so this test runs on the CPU: its "cpu" placements
+    # (_cpu_placement, also in the one-gpu mode) are the tensors' device.
     @gloo_only("round 1 goes through a hub on gloo only; on NCCL it is always an all-to-all")
     @with_comms(init_rpc=False)
     def test_round_one_through_the_hub_matches_the_all_to_all(self):
@@ -423,9 +429,9 @@ class TestPlanCacheAndRounds(ShardedTensorTestBase):
 
             for full in (small, medium):
                 n = full.size(0)
-                st = step(lambda full=full: _shard_tensor(full, _rows()))
+                st = step(lambda full=full: _shard_tensor(full, _rows(cpu=True)))
                 self.assertEqual(st.local_tensor(), full[self.rank * n // 4 : (self.rank + 1) * n // 4])
-                step(lambda st=st: st.reshard(_cols()))
+                step(lambda st=st: st.reshard(_cols(cpu=True)))
                 self.assertEqual(st.local_tensor(), full[:, self.rank * n // 4 : (self.rank + 1) * n // 4])
                 out = torch.empty(n, n) if self.rank == 2 else None
                 step(lambda st=st, out=out: st.gather(2, out))
@@ -436,26 +442,26 @@ class TestPlanCacheAndRounds(ShardedTensorTestBase):
                 if self.rank == 0:
                     self.assertEqual(out, full)
             # 2 MiB per rank, above what rides in the hub's messages: round 2.
-            big_st = step(lambda: _shard_tensor(big, _rows()))
+            big_st = step(lambda: _shard_tensor(big, _rows(cpu=True)))
             self.assertEqual(big_st.local_tensor(), big[self.rank * 256 : (self.rank + 1) * 256])
             # ... and when the verdict fails (rank 3 swaps the owners of the last two chunks: same boxes
             # and sizes everywhere), every rank raises before any payload moves.
             owners = [0, 1, 3, 2] if self.rank == 3 else list(range(WORLD))
-            names = [placement(r) for r in owners]
+            names = [_cpu_placement(r) for r in owners]
             with self.assertRaisesRegex(ValueError, "sharding_spec on rank"):
                 _shard_tensor(big, ChunkShardingSpec(dim=0, placements=names))
             # The hub's sizes differ, or it fails locally.
             with self.assertRaisesRegex(ValueError, "different size or dtype"):
-                _shard_tensor(big[:1000] if self.rank == 0 else big, _rows())
+                _shard_tensor(big[:1000] if self.rank == 0 else big, _rows(cpu=True))
             with self.assertRaises(ValueError):
-                _shard_tensor(big.t() if self.rank == 0 else big, _rows())
+                _shard_tensor(big.t() if self.rank == 0 else big, _rows(cpu=True))
             self.assertEqual(big_st.local_tensor(), big[self.rank * 256 : (self.rank + 1) * 256])
             with self.assertRaises(IndexError):  # rank 3's dst is out of range: every rank raises
                 st.gather(7 if self.rank == 3 else 0, torch.empty(512, 512) if self.rank == 0 else None)
             # Mismatches where payloads would ride in the hub's round-1 messages: every rank raises and
             # nothing is written (NOTE [ Payloads riding the hub's messages ]).
             with self.assertRaisesRegex(ValueError, "sharding_spec on rank"):
-                _shard_tensor(medium, _cols() if self.rank == 3 else _rows())
+                _shard_tensor(medium, _cols(cpu=True) if self.rank == 3 else _rows(cpu=True))
             out = torch.full((512, 512), -1.0) if self.rank == 0 else None
             with self.assertRaisesRegex(ValueError, "dst="):
                 st.gather(1 if self.rank == 3 else 0, out)
@@ -463,7 +469,7 @@ class TestPlanCacheAndRounds(ShardedTensorTestBase):
                 self.assertTrue(bool((out == -1.0).all()))
             self.assertEqual(st.local_tensor(), medium[:, self.rank * 128 : (self.rank + 1) * 128])
             if self.rank in (1, 3):
-                spec = ChunkShardingSpec(dim=1, placements=[placement(3), placement(1)])
+                spec = ChunkShardingSpec(dim=1, placements=[_cpu_placement(3), _cpu_placement(1)])
                 st = step(lambda: _shard_tensor(small, spec, src_rank=1, process_group=sub))  # group rank
                 half = 0 if self.rank == 3 else 1
                 self.assertEqual(st.local_tensor(), small[:, half * 32 : (half + 1) * 32])

@@ -118,8 +118,8 @@ class TestDevicePaths(ShardedTensorTestBase):
             # Odd ranks write every placement with an explicit index, even ranks without one.
             names = []
             for owner in range(WORLD):
-                kind = torch.device(rank_device(owner)).type
-                index = 0 if kind == "cpu" else owner
+                where = torch.device(rank_device(owner))
+                kind, index = where.type, where.index or 0
                 names.append(f"rank:{owner}/{kind}:{index}" if r % 2 else f"rank:{owner}/{kind}")
             return ChunkShardingSpec(dim=dim, placements=names)
 

@@ -164,8 +164,8 @@ class TestEmbeddingKernels(ShardedTensorTestBase):
             "aten::_embedding_bag_backward",
         ):
             self.assertIn(kernel, seen)
-        # max_norm renormalises in place first (torch_shard._embedding_renorm_: row-wise through ATen's
-        # embedding_renorm_ on the looked-up rows), never on an empty shard either.
+        # max_norm renormalises in place first (torch_shard._embedding_renorm_ on the looked-up rows),
+        # never on an empty shard either.
         device = rank_device(self.rank)
         spec = ChunkShardingSpec(dim=dim, placements=[placement(r) for r in range(self.world_size)])
         for module in (nn.Embedding(rows, cols, max_norm=0.5), nn.EmbeddingBag(rows, cols, max_norm=0.5)):

@@ -11,15 +11,18 @@
 //   2. the agreement (NOTE [ Shared inputs ]): failures, layout, max_norm and norm_type, the lookup's
 //      arguments (so nothing is renormalised for a lookup the ranks disagree on); row-wise with the
 //      words, column-wise sharing every rank's ids;
-//   3. row-wise: one all-to-all takes each id to its owner, which renormalises its rows with
-//      embedding_renorm_ itself (the dense op's kernel: the same norms, the same result);
+//   3. row-wise: one all-to-all takes each id to its owner, which renormalises its rows;
 //   4. column-wise: each rank computes, for every looked-up row, its part of the norm over its columns,
-//      and one all-reduce combines the parts as torch.norm does: a sum of |w|^p for a finite p (then
-//      the p-th root), the largest |w| for p = inf, the smallest for -inf, a count of non-zeros for
-//      p = 0. Each rank then scales its columns of the rows whose norm exceeds max_norm by
-//      max_norm / (norm + 1e-7), as embedding_renorm_ does. Rows repeat among the ids; every copy
-//      gets the same scale, so writing them all equals writing one, and no unique (an output size the
-//      host would read from a GPU) is needed.
+//      and one all-reduce combines the parts.
+// A norm is what torch.norm computes: a sum of |w|^p for a finite p (then the p-th root), the largest
+// |w| for p = inf, the smallest for -inf, a count of non-zeros for p = 0; a row whose norm exceeds
+// max_norm is scaled by max_norm / (norm + 1e-7), as embedding_renorm_ does. Both ways compute it here
+// on every device rather than row-wise through ATen's embedding_renorm_: its CUDA kernel sums pow(w, p)
+// without the absolute value for p other than 1 and 2 (negative parts for p = 3, NaN for p = 0.5), so
+// on a GPU row- and column-wise sharding would disagree with each other, and both with the definition
+// (and with the dense op on the CPU, which they match). Rows repeat among the ids; every copy gets the
+// same scale, so writing them all equals writing one, and no unique (an output size the host would
+// read from a GPU) is needed.
 // Never on an empty shard or without ids (NOTE [ Empty shards reach no embedding kernel ]).
 
 #include "ops/renorm.h"
@@ -32,7 +35,6 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/cat.h>
-#include <ATen/ops/embedding_renorm.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/full_like.h>
 #include <ATen/ops/where.h>
@@ -95,33 +97,39 @@ RenormRequest prepare_renorm(c10d::ProcessGroup& pg, const at::Tensor& local, co
   return req;
 }
 
-// Step 4: the column-wise renormalisation of `rows` (every rank's ids, repeats included).
-void renorm_columns(c10d::ProcessGroup& pg, const at::Tensor& local, const at::Tensor& rows, double max_norm,
-                    double p) {
-  const auto double_options = local.options().dtype(at::kDouble);
-  const int64_t n = rows.numel();
-  at::Tensor part;
+// Each of `rows`' part of its norm over the columns `local` holds (all of them, row-wise).
+at::Tensor norm_parts(const at::Tensor& local, const at::Tensor& rows, double p) {
   if (local.size(1) == 0) {
     // An empty block joins the combination with its identity.
-    part = at::full({n}, std::isinf(p) && p < 0 ? INFINITY : 0.0, double_options);
-  } else {
-    const at::Tensor magnitudes = local.index_select(0, rows).abs().to(at::kDouble);
-    if (std::isinf(p)) {
-      part = p > 0 ? magnitudes.amax(1) : magnitudes.amin(1);
-    } else if (p == 0) {
-      part = magnitudes.ne(0).sum(1, /*keepdim=*/false, at::kDouble);
-    } else {
-      part = magnitudes.pow(p).sum(1);
-    }
+    return at::full({rows.numel()}, std::isinf(p) && p < 0 ? INFINITY : 0.0,
+                    local.options().dtype(at::kDouble));
   }
-  const auto op = std::isinf(p) ? (p > 0 ? c10d::ReduceOp::MAX : c10d::ReduceOp::MIN) : c10d::ReduceOp::SUM;
-  const at::Tensor combined = all_reduce(pg, part, op);
-  if (local.numel() == 0) {
-    return;
+  const at::Tensor magnitudes = local.index_select(0, rows).abs().to(at::kDouble);
+  if (std::isinf(p)) {
+    return p > 0 ? magnitudes.amax(1) : magnitudes.amin(1);
   }
+  if (p == 0) {
+    return magnitudes.ne(0).sum(1, /*keepdim=*/false, at::kDouble);
+  }
+  return magnitudes.pow(p).sum(1);
+}
+
+// Scales the rows of `local` whose whole norm (combined from the parts) exceeds max_norm.
+void scale_rows(const at::Tensor& local, const at::Tensor& rows, const at::Tensor& combined, double max_norm,
+                double p) {
   const at::Tensor norms = std::isinf(p) || p == 0 ? combined : combined.pow(1.0 / p);
   const at::Tensor scale = at::where(norms > max_norm, at::full_like(norms, max_norm) / (norms + 1e-7), 1.0);
   local.index_copy_(0, rows, local.index_select(0, rows) * scale.unsqueeze(1).to(local.scalar_type()));
+}
+
+// Step 4: the column-wise renormalisation of `rows` (every rank's ids, repeats included).
+void renorm_columns(c10d::ProcessGroup& pg, const at::Tensor& local, const at::Tensor& rows, double max_norm,
+                    double p) {
+  const auto op = std::isinf(p) ? (p > 0 ? c10d::ReduceOp::MAX : c10d::ReduceOp::MIN) : c10d::ReduceOp::SUM;
+  const at::Tensor combined = all_reduce(pg, norm_parts(local, rows, p), op);
+  if (local.numel() > 0) {
+    scale_rows(local, rows, combined, max_norm, p);
+  }
 }
 
 } // namespace
@@ -155,8 +163,9 @@ void embedding_renorm(const at::Tensor& local, const at::Tensor& ids, int64_t di
     const at::Tensor received =
         move_rows(*pg, send_buffer(req.bucketed, routes), routes.send_sizes(), routes.recv_sizes());
     if (received.numel() > 0 && local.numel() > 0) {
-      const at::Tensor rows = unpack_received(received, routes, req.row_start, loops_for(received)).first;
-      at::embedding_renorm_(const_cast<at::Tensor&>(local), rows, max_norm, norm_type);
+      const at::Tensor rows =
+          unpack_received(received, routes, req.row_start, loops_for(received)).first.to(at::kLong);
+      scale_rows(local, rows, norm_parts(local, rows, norm_type), max_norm, norm_type);
     }
     return;
   }

@@ -53,6 +53,7 @@ __all__ = [
     "cuda_only",
     "default_backend",
     "device_type",
+    "full_tensor",
     "gloo_only",
     "one_gpu",
     "package_root",
@@ -147,6 +148,25 @@ def rank_device(rank: int) -> str:
     if device_type() != "cuda":
         return "cpu"
     return "cuda:0" if one_gpu() else f"cuda:{rank}"
+
+
+def full_tensor(dt) -> torch.Tensor:
+    """``dt.full_tensor()`` of a DTensor, gathered through the CPU where ``dt`` holds CUDA tensors on a
+    gloo mesh (the one-gpu mode): there torch 2.11's DTensor all-gather (``all_gather_into_tensor``
+    through gloo's CUDA path) killed every rank with SIGSEGV (docs/gpus.md). Elsewhere it is
+    ``dt.full_tensor()`` itself."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor
+
+    mesh = dt.device_mesh
+    groups = [mesh.get_group(d) for d in range(mesh.ndim)]
+    if dt.device.type != "cuda" or dist.get_backend(groups[0]) != "gloo":
+        return dt.full_tensor()
+    cpu_mesh = DeviceMesh.from_group(groups if mesh.ndim > 1 else groups[0], "cpu", mesh=mesh.mesh)
+    local = DTensor.from_local(
+        dt.to_local().cpu(), cpu_mesh, dt.placements, run_check=False, shape=dt.shape, stride=dt.stride()
+    )
+    return local.full_tensor().to(dt.device)
 
 
 def placement(rank: int, device_index: int | None = None) -> str:
