@@ -91,6 +91,14 @@ TORCH_LIBRARY(torch_shard, m) {
   // Move `self` to the given layout, in place, moving only the elements that change owner.
   m.def("reshard(Tensor(a!) self, int? chunk_dim, Tensor? shard_offsets, Tensor? shard_sizes, "
         "Tensor? placement_index, str[] placements, int[] placement_owners) -> ()");
+  // Local tensors moved from one layout to another in one exchange, either layout holding a box on
+  // several ranks (DTensor's Replicate): each rank passes the tensors of its source boxes (in box order)
+  // and gets those of its target boxes; `like` gives dtype and device (NOTE [ Redistributing replicated
+  // layouts ], csrc/ops/redistribute.cpp). Owners are group ranks.
+  m.def(
+      "_redistribute(Tensor[] sources, Tensor like, int[] global_size, Tensor src_offsets, Tensor src_sizes, "
+      "int[] src_owners, Tensor dst_offsets, Tensor dst_sizes, int[] dst_owners, str group_name) -> "
+      "Tensor[]");
   // For a rank whose Python-side preparation of data op `op` failed with an `error_class` exception
   // (`message`: that exception in words, "<its class>: <its message>"): takes part in that op's
   // agreement so every other rank raises too, carrying `message` (NOTE [ Reasons travel ]). Returns on

@@ -158,9 +158,36 @@ def _raising_fake(name: str):
     return fake
 
 
-for _op in LOOKUP_OPS:
+# torch_shard.interop.redistribute's exchange (NOTE [ Redistributing replicated layouts ]): it
+# communicates, so its fake kernel raises too; its backward is the same op with the layouts swapped.
+_REDISTRIBUTE = "torch_shard::_redistribute"
+
+for _op in (*LOOKUP_OPS, _REDISTRIBUTE):
     torch.library.register_fake(_op)(_raising_fake(_op.split("::", 1)[1]))
     torch.library.register_torch_dispatch(_op, ProxyTorchDispatchMode, _refuse_proxy)
+
+
+def _redistribute_setup_context(ctx, inputs, output) -> None:
+    _sources, like, size, src_offsets, src_sizes, src_owners, dst_offsets, dst_sizes, dst_owners, group = inputs
+    ctx.layouts = (size, src_offsets, src_sizes, src_owners, dst_offsets, dst_sizes, dst_owners, group)
+    ctx.like = like.detach().new_empty(0)
+    ctx.out_shapes = [t.shape for t in output]
+
+
+def _redistribute_backward(ctx, grads):
+    size, src_offsets, src_sizes, src_owners, dst_offsets, dst_sizes, dst_owners, group = ctx.layouts
+    grads = [
+        g.contiguous() if g is not None else ctx.like.new_zeros(shape) for g, shape in zip(grads, ctx.out_shapes)
+    ]
+    back = torch.ops.torch_shard._redistribute(
+        grads, ctx.like, size, dst_offsets, dst_sizes, dst_owners, src_offsets, src_sizes, src_owners, group
+    )
+    return (back,) + (None,) * 9
+
+
+torch.library.register_autograd(
+    _REDISTRIBUTE, _redistribute_backward, setup_context=_redistribute_setup_context
+)
 
 
 # Both forward schemas: (local, ids, offsets, per_sample_weights, block_starts, block_sizes, num_embeddings,

@@ -41,7 +41,7 @@ namespace {
 constexpr std::pair<OpKind, const char*> kOpNames[] = {
     {OpKind::kShard, "shard"},     {OpKind::kGather, "gather"},
     {OpKind::kReshard, "reshard"}, {OpKind::kShareInputs, "share_inputs"},
-    {OpKind::kCompare, "compare"},
+    {OpKind::kCompare, "compare"}, {OpKind::kRedistribute, "redistribute"},
 };
 
 } // namespace

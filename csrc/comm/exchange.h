@@ -25,6 +25,7 @@ enum class OpKind : int64_t {
   kReshard = 3,
   kShareInputs = 4,
   kCompare = 6,
+  kRedistribute = 7,
 };
 
 const char* op_name(OpKind op);

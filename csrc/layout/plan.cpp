@@ -98,6 +98,62 @@ std::optional<Run> single_run(const std::vector<Region>& regions, const Layout& 
 
 } // namespace
 
+// NOTE [ Replicated source shards ]
+// A source layout may hold the same box on several ranks (a DTensor's Replicate() mesh dims: every rank
+// along such a dim holds the same box; ShardedTensor layouts never do). Each element must still cross
+// the network once per target shard that needs it, so for every target shard exactly one replica
+// supplies each replicated box: the one on the target's own rank when there is one (no message at all),
+// else replica number (target index mod replicas), which spreads the targets of a replicated box over
+// its holders. Sender and receiver compute the same choice from the layouts alone.
+class Suppliers {
+public:
+  Suppliers(const std::vector<Box>& boxes, const std::vector<int64_t>& owners, int64_t world)
+      : owners_(owners), group_(boxes.size(), -1) {
+    std::vector<size_t> order;
+    for (size_t i = 0; i < boxes.size(); ++i) {
+      if (!boxes[i].empty() && owners[i] >= 0 && owners[i] < world) {
+        order.push_back(i);
+      }
+    }
+    auto less = [&](size_t a, size_t b) {
+      if (boxes[a].offsets != boxes[b].offsets) {
+        return boxes[a].offsets < boxes[b].offsets;
+      }
+      if (boxes[a].sizes != boxes[b].sizes) {
+        return boxes[a].sizes < boxes[b].sizes;
+      }
+      return owners[a] != owners[b] ? owners[a] < owners[b] : a < b;
+    };
+    std::sort(order.begin(), order.end(), less);
+    for (size_t k = 0; k < order.size(); ++k) {
+      if (k == 0 || !(boxes[order[k]] == boxes[order[k - 1]])) {
+        members_.emplace_back();
+      }
+      members_.back().push_back(order[k]);
+      group_[order[k]] = static_cast<int64_t>(members_.size()) - 1;
+    }
+  }
+
+  // Whether source shard `s` supplies its box's part of target shard `d` (owned by `dst_owner`).
+  bool supplies(size_t s, size_t d, int64_t dst_owner) const {
+    const auto& replicas = members_[static_cast<size_t>(group_[s])];
+    if (replicas.size() == 1) {
+      return true;
+    }
+    for (size_t r : replicas) {
+      if (owners_[r] == dst_owner) {
+        return r == s;
+      }
+    }
+    return replicas[d % replicas.size()] == s;
+  }
+
+private:
+  const std::vector<int64_t>& owners_;
+  std::vector<int64_t> group_;               // source shard -> its replica group (-1: not planned)
+  std::vector<std::vector<size_t>> members_; // replica group -> its shards, by owner
+};
+
 TransferPlan plan_transfer(const Layout& src, const Layout& dst, int64_t me, int64_t world) {
   TORCH_INTERNAL_ASSERT(src.global_size() == dst.global_size());
   const auto& src_boxes = src.boxes();
@@ -109,12 +165,16 @@ TransferPlan plan_transfer(const Layout& src, const Layout& dst, int64_t me, int
   plan.recv.resize(world);
   const SortedBoxes sorted_dst(dst_boxes, dst_owners, world);
   const SortedBoxes sorted_src(src_boxes, src_owners, world);
+  const Suppliers suppliers(src_boxes, src_owners, world);
 
   for (size_t s = 0; s < src_boxes.size(); ++s) {
     if (src_owners[s] != me || src_boxes[s].empty()) {
       continue;
     }
     sorted_dst.for_each_candidate(dst_boxes, src_boxes[s], [&](size_t d) {
+      if (!suppliers.supplies(s, d, dst_owners[d])) {
+        return;
+      }
       if (auto box = intersect(src_boxes[s], dst_boxes[d])) {
         auto& peer = plan.send[dst_owners[d]];
         peer.elements += box->volume();
@@ -127,6 +187,9 @@ TransferPlan plan_transfer(const Layout& src, const Layout& dst, int64_t me, int
       continue;
     }
     sorted_src.for_each_candidate(src_boxes, dst_boxes[d], [&](size_t s) {
+      if (!suppliers.supplies(s, d, dst_owners[d])) {
+        return;
+      }
       if (auto box = intersect(src_boxes[s], dst_boxes[d])) {
         auto& peer = plan.recv[src_owners[s]];
         peer.elements += box->volume();

@@ -49,7 +49,9 @@ struct TransferPlan {
   int64_t elements_received_from_peers = 0;
 };
 
-// The plan of group rank `me` in a group of `world` ranks. Owners are group ranks; shards whose owner
+// The plan of group rank `me` in a group of `world` ranks. A box held by several source shards (replicas)
+// is supplied to each target shard by one of them (NOTE [ Replicated source shards ]). Owners are
+// group ranks; shards whose owner
 // is outside [0, world) belong to nobody in the group and are skipped.
 TransferPlan plan_transfer(const Layout& src, const Layout& dst, int64_t me, int64_t world);
 

@@ -89,9 +89,10 @@ def _normalize_placements(placements, mesh, ndim: int, op: str) -> list:
     return out
 
 
-def _mesh_layout(size: Sequence[int], mesh, placements) -> list[tuple[int, Box | None]]:
+def _mesh_layout(size: Sequence[int], mesh, placements, replicas: bool = False) -> list[tuple[int, Box | None]]:
     """(global rank, box) for every mesh coordinate in row-major order; see NOTE [ DTensor layouts as
-    shard boxes ]. Along a Replicate mesh dim only coordinate 0 owns its box (the others get None)."""
+    shard boxes ]. Along a Replicate mesh dim only coordinate 0 owns its box (the others get None),
+    unless ``replicas``: then every coordinate gets the box it holds a copy of."""
     from torch.distributed.tensor import Shard as DShard
 
     mesh_shape = tuple(mesh.mesh.shape)
@@ -105,7 +106,7 @@ def _mesh_layout(size: Sequence[int], mesh, placements) -> list[tuple[int, Box |
                 start, length = _chunk(sizes[placement.dim], mesh_shape[mesh_dim], coord[mesh_dim])
                 offsets[placement.dim] += start
                 sizes[placement.dim] = length
-            elif coord[mesh_dim] != 0:
+            elif coord[mesh_dim] != 0 and not replicas:
                 owner = False
         for d, length in enumerate(sizes):
             if length == 0:
@@ -249,15 +250,18 @@ def to_dtensor(st: ShardedTensor, device_mesh, placements: Sequence):
     return dt
 
 
-def _default_group_for_mesh(mesh):
+def _default_group_for_mesh(mesh, op: str = "from_dtensor"):
+    """The process group of ``mesh``: its own on a 1-D mesh, the default group for an n-D mesh over
+    every rank; ValueError otherwise (an n-D mesh has no single group)."""
     if mesh.ndim == 1:
         return mesh.get_group(0)
     ranks = sorted(mesh.mesh.flatten().tolist())
     if dist.is_initialized() and ranks == list(range(dist.get_world_size())):
         return distributed_c10d._get_default_group()
+    needs = "process_group=: a process group containing those ranks" if op == "from_dtensor" else "to cover every rank"
     raise ValueError(
-        f"torch_shard.interop.from_dtensor: a DTensor on a {mesh.ndim}-D mesh over ranks {ranks} needs "
-        f"process_group=: a process group containing those ranks (the mesh has no single group)"
+        f"torch_shard.interop.{op}: a DTensor on a {mesh.ndim}-D mesh over ranks {ranks} needs {needs} "
+        f"(the mesh has no single group)"
     )
 
 

@@ -1,0 +1,160 @@
+// The op _redistribute: local tensors moved from one layout to another in one exchange, where either
+// layout may hold a box on several ranks (DTensor's Replicate() mesh dims). torch_shard.interop's
+// redistribute (a DTensor to other placements) runs on it, forward and backward.
+//
+// NOTE [ Redistributing replicated layouts ]
+// A DTensor layout is a box per mesh coordinate: Shard mesh dims split the tensor (as torch.chunk),
+// Replicate mesh dims repeat a box on every rank along them. Moving from one such layout to another is
+// the reshard engine's move (comm/transfer.h: every target shard receives the intersections of its box
+// with the source boxes, in one exchange) with two differences:
+//   * the source may hold a box on several ranks: for every target shard, one replica supplies it,
+//     the target rank's own copy when it has one (NOTE [ Replicated source shards ], layout/plan.cpp),
+//     so an element crosses the network once per target rank that lacks it, never more;
+//   * the target may hold a box on several ranks: each receives its own copy.
+// Neither layout is a ShardedTensor layout (overlapping boxes), so each is checked here: boxes in
+// bounds (checked int64, NOTE [ Checked box arithmetic ]), any two either identical or disjoint, and
+// the distinct boxes tiling the tensor. The ranks agree on both layouts and the dtype before any byte
+// moves (one agreement, as every data op); a rank whose arguments fail its checks makes every rank
+// raise.
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include "comm/exchange.h"
+#include "comm/process_group.h"
+#include "comm/transfer.h"
+#include "layout/layout.h"
+#include "layout/validate.h"
+#include "ops/agreement.h"
+#include "ops/layout_args.h"
+#include "ops/untraceable.h"
+
+namespace torch_shard {
+namespace ops {
+namespace {
+
+constexpr const char* kRedistribute = "_redistribute";
+
+// A layout of `boxes` held by group ranks `owners`, replicas allowed (see the NOTE).
+std::shared_ptr<const layout::Layout> replicated_layout(c10::IntArrayRef global_size,
+                                                        const at::Tensor& offsets, const at::Tensor& sizes,
+                                                        c10::IntArrayRef owners, int64_t world,
+                                                        c10::DeviceType device_type, const char* which) {
+  auto boxes = boxes_from_tensors(offsets, sizes, kRedistribute);
+  TORCH_CHECK_VALUE(owners.size() == boxes.size(), "torch_shard.", kRedistribute, ": ", boxes.size(), " ",
+                    which, " boxes but ", owners.size(), " owners");
+  std::vector<layout::Placement> table;
+  table.reserve(static_cast<size_t>(world));
+  for (int64_t r = 0; r < world; ++r) {
+    table.push_back(
+        layout::Placement{"rank:" + std::to_string(r) + "/" + c10::DeviceTypeName(device_type, true), r,
+                          c10::Device(device_type)});
+  }
+  std::vector<int64_t> placement_of(owners.begin(), owners.end());
+  for (size_t i = 0; i < placement_of.size(); ++i) {
+    TORCH_CHECK_INDEX(placement_of[i] >= 0 && placement_of[i] < world, "torch_shard.", kRedistribute, ": ",
+                      which, " box ", i, " is held by rank ", placement_of[i],
+                      ", which is not a rank of a group of size ", world);
+  }
+  auto out = layout::Layout::make(global_size.vec(), boxes, std::move(placement_of), std::move(table),
+                                  /*validate=*/false);
+  // The distinct non-empty boxes must tile the tensor; a repeated box is a replica.
+  std::vector<layout::Box> distinct;
+  for (const auto& box : boxes) {
+    if (!box.empty()) {
+      distinct.push_back(box);
+    }
+  }
+  std::sort(distinct.begin(), distinct.end(), [](const layout::Box& a, const layout::Box& b) {
+    return a.offsets != b.offsets ? a.offsets < b.offsets : a.sizes < b.sizes;
+  });
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  layout::validate_shards(distinct, global_size.vec());
+  return out;
+}
+
+void check_redistribute(const std::vector<comm::Values>& all, int64_t me) {
+  if (const int64_t r = first_mismatch(all, me, 0); r >= 0) {
+    TORCH_CHECK_VALUE(false, "torch_shard.redistribute: the tensor on rank ", me,
+                      " does not match the tensor on rank ", r,
+                      " (global size, dtype, mesh or placements differ)");
+  }
+  if (const int64_t r = first_mismatch(all, me, 1); r >= 0) {
+    TORCH_CHECK_VALUE(false, "torch_shard.redistribute: the target placements on rank ", me,
+                      " differ from those on rank ", r);
+  }
+}
+
+} // namespace
+
+std::vector<at::Tensor> redistribute(at::TensorList sources, const at::Tensor& like,
+                                     c10::IntArrayRef global_size, const at::Tensor& src_offsets,
+                                     const at::Tensor& src_sizes, c10::IntArrayRef src_owners,
+                                     const at::Tensor& dst_offsets, const at::Tensor& dst_sizes,
+                                     c10::IntArrayRef dst_owners, c10::string_view group_name) {
+  check_not_tracing(kRedistribute, kCommunicates);
+  // Autograd is torch_shard.interop's (its backward is this op with the layouts swapped).
+  at::NoGradGuard no_grad;
+  auto pg = comm::resolve_group(std::string(group_name), kRedistribute);
+  const int64_t me = pg->getRank();
+  const int64_t world = pg->getSize();
+  const c10::Device device = comm::comm_device(*pg, like.device());
+  const auto dtype = like.scalar_type();
+  std::shared_ptr<const layout::Layout> source;
+  std::shared_ptr<const layout::Layout> target;
+  std::shared_ptr<const layout::TransferPlan> plan;
+  comm::LocalTensors src_local;
+  comm::LocalTensors out;
+  comm::Moves moves;
+  comm::Values mine{};
+  std::exception_ptr error;
+  try {
+    source = replicated_layout(global_size, src_offsets, src_sizes, src_owners, world, like.device().type(),
+                               "source");
+    target = replicated_layout(global_size, dst_offsets, dst_sizes, dst_owners, world, like.device().type(),
+                               "target");
+    const auto mine_src = source->shards_of(me);
+    TORCH_CHECK_VALUE(mine_src.size() == sources.size(), "torch_shard.redistribute: rank ", me, " holds ",
+                      mine_src.size(), " source boxes, but got ", sources.size(), " tensors");
+    for (size_t k = 0; k < sources.size(); ++k) {
+      const at::Tensor& t = sources[k];
+      const auto& box = source->box(static_cast<size_t>(mine_src[k]));
+      TORCH_CHECK_VALUE(t.sizes() == c10::IntArrayRef(box.sizes),
+                        "torch_shard.redistribute: the local tensor ", k, " on rank ", me, " has size ",
+                        t.sizes(), ", but its box ",
+                        layout::describe_box(box, static_cast<size_t>(mine_src[k])), " needs ", box.sizes);
+      TORCH_CHECK_TYPE(t.scalar_type() == dtype, "torch_shard.redistribute: the local tensor ", k,
+                       " on rank ", me, " is ", t.scalar_type(), ", expected ", dtype);
+      TORCH_CHECK_VALUE(t.device() == like.device(), "torch_shard.redistribute: the local tensor ", k,
+                        " on rank ", me, " is on ", t.device(), ", expected ", like.device());
+      src_local.tensors.push_back(t.contiguous());
+      src_local.indices.push_back(mine_src[k]);
+    }
+    for (const int64_t i : target->shards_of(me)) {
+      out.tensors.push_back(at::empty(target->box(static_cast<size_t>(i)).sizes, like.options()));
+      out.indices.push_back(i);
+    }
+    plan = comm::cached_plan(source, target, me, world);
+    moves = comm::transfer_moves(*plan, *source, src_local, *target, out, me, device, dtype);
+    mine = {layout_and_dtype_fp(*source, dtype), static_cast<int64_t>(target->fingerprint()), 0, 0};
+  } catch (...) {
+    error = std::current_exception();
+  }
+  comm::exchange(*pg, device, agreement(comm::OpKind::kRedistribute, mine, error, check_redistribute),
+                 &moves);
+  return out.tensors;
+}
+
+} // namespace ops
+
+TORCH_LIBRARY_IMPL(torch_shard, CompositeExplicitAutograd, m) {
+  m.impl("_redistribute", TORCH_FN(ops::redistribute));
+}
+
+} // namespace torch_shard

@@ -1,0 +1,188 @@
+"""torch_shard.interop.redistribute against DTensor.redistribute: the same local tensors, the same
+gradients, one exchange, exactly the bytes that change owner, and errors on every rank.
+
+Every pair of Shard/Replicate placements on a 1-D mesh of 4 ranks and a 2 x 2 mesh, on even and
+uneven sizes (empty chunks included), in float and integer dtypes; DTensor's own redistribute is the
+reference (``full_tensor`` through the CPU in the one-gpu mode: torch_shard.testing.full_tensor).
+"""
+
+import itertools
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_tensor
+from torch.distributed.tensor import Shard as DShard
+
+from torch_shard.interop import redistribute
+from torch_shard.testing import ShardedTensorTestBase, full_tensor, run_tests, with_comms
+
+
+def _placements_1d():
+    return [[DShard(0)], [DShard(1)], [Replicate()]]
+
+
+def _placements_2d():
+    one = [DShard(0), DShard(1), Replicate()]
+    return [list(p) for p in itertools.product(one, one)]
+
+
+def _comm_stats():
+    return torch.ops.torch_shard._comm_stats(True)
+
+
+class TestRedistribute(ShardedTensorTestBase):
+    def _full(self, shape, dtype=torch.float32):
+        gen = torch.Generator().manual_seed(sum(shape))
+        if dtype.is_floating_point:
+            return torch.randn(*shape, generator=gen, dtype=dtype).to(self.device)
+        return torch.randint(-(2**40), 2**40, shape, generator=gen, dtype=dtype).to(self.device)
+
+    def _check_all_pairs(self, mesh, layouts, shapes, dtype=torch.float32):
+        for shape in shapes:
+            full = self._full(shape, dtype)
+            for src, dst in itertools.product(layouts, layouts):
+                msg = f"{list(shape)} {dtype} {src} -> {dst}"
+                dt = distribute_tensor(full, mesh, src)
+                ours = redistribute(dt, mesh, dst)
+                theirs = dt.redistribute(mesh, dst)
+                self.assertIsInstance(ours, DTensor, msg)
+                self.assertEqual(list(ours.placements), dst, msg)
+                self.assertEqual(ours.shape, full.shape, msg)
+                self.assertTrue(torch.equal(ours.to_local(), theirs.to_local()), msg)
+                self.assertTrue(torch.equal(full_tensor(ours), full), msg)
+                # The source is untouched.
+                self.assertTrue(torch.equal(dt.to_local(), distribute_tensor(full, mesh, src).to_local()), msg)
+
+    @with_comms(init_rpc=False)
+    def test_every_pair_on_a_1d_mesh(self):
+        mesh = init_device_mesh(self.device_type, (4,))
+        # 8 x 6 even; 7 x 10 uneven (2, 2, 2, 1 rows); 3 x 5 with an empty chunk; 2 x 3 (two empty).
+        self._check_all_pairs(mesh, _placements_1d(), [(8, 6), (7, 10), (3, 5), (2, 3)])
+        self._check_all_pairs(mesh, _placements_1d(), [(7, 5)], dtype=torch.int64)
+
+    @with_comms(init_rpc=False)
+    def test_every_pair_on_a_2d_mesh(self):
+        mesh = init_device_mesh(self.device_type, (2, 2))
+        self._check_all_pairs(mesh, _placements_2d(), [(8, 4), (5, 7), (1, 3)])
+
+    @with_comms(init_rpc=False)
+    def test_three_dims(self):
+        mesh = init_device_mesh(self.device_type, (2, 2))
+        layouts = [[DShard(0), DShard(2)], [DShard(2), DShard(1)], [Replicate(), DShard(2)], [DShard(1), DShard(1)]]
+        self._check_all_pairs(mesh, layouts, [(3, 4, 5)])
+
+    @with_comms(init_rpc=False)
+    def test_one_exchange_and_only_the_bytes_that_change_owner(self):
+        mesh = init_device_mesh(self.device_type, (4,))
+        full = self._full((64, 32))
+        element = full.element_size()
+        # Shard(0) -> Shard(1): each rank keeps a 16 x 8 block and sends three of its four blocks.
+        # Replicate -> Shard(d): nothing moves (every rank holds its target already).
+        # Shard(0) -> Replicate: each rank sends its 16 x 32 rows to the three others.
+        cases = [
+            ([DShard(0)], [DShard(1)], 3 * 16 * 8),
+            ([Replicate()], [DShard(1)], 0),
+            ([DShard(0)], [Replicate()], 3 * 16 * 32),
+            ([Replicate()], [Replicate()], 0),
+        ]
+        for src, dst, elements in cases:
+            dt = distribute_tensor(full, mesh, src)
+            _comm_stats()
+            redistribute(dt, mesh, dst)
+            sent, received, rounds = _comm_stats()[:3]
+            msg = f"{src} -> {dst}"
+            self.assertEqual(sent, elements * element, msg)
+            self.assertEqual(received, elements * element, msg)
+            self.assertLessEqual(rounds, 1, msg)
+        # On a 2 x 2 mesh, [Shard(0), Shard(1)] -> [Shard(1), Shard(0)] in one exchange too.
+        mesh2 = init_device_mesh(self.device_type, (2, 2))
+        dt = distribute_tensor(full, mesh2, [DShard(0), DShard(1)])
+        _comm_stats()
+        redistribute(dt, mesh2, [DShard(1), DShard(0)])
+        self.assertEqual(_comm_stats()[2], 1)
+
+    @with_comms(init_rpc=False)
+    def test_gradients_match_dtensor(self):
+        mesh = init_device_mesh(self.device_type, (2, 2))
+        full = self._full((6, 5), torch.float64)
+        weight = self._full((6, 5), torch.float64) + 1
+        layouts = [[DShard(0), DShard(1)], [Replicate(), DShard(0)], [DShard(1), Replicate()], [Replicate(), Replicate()]]
+        for src, dst in itertools.product(layouts, layouts):
+            msg = f"{src} -> {dst}"
+            grads = []
+            for move in (redistribute, lambda d, m, p: d.redistribute(m, p)):
+                leaf = distribute_tensor(full, mesh, src).detach().requires_grad_(True)
+                out = move(leaf, mesh, dst)
+                (out * distribute_tensor(weight, mesh, dst)).sum().backward()
+                grads.append(leaf.grad)
+            ours, theirs = grads
+            self.assertEqual(list(ours.placements), list(theirs.placements), msg)
+            self.assertTrue(torch.allclose(full_tensor(ours), full_tensor(theirs)), msg)
+            self.assertTrue(torch.allclose(full_tensor(ours), weight), msg)
+
+    @with_comms(init_rpc=False)
+    def test_same_placements_return_the_argument(self):
+        mesh = init_device_mesh(self.device_type, (4,))
+        dt = distribute_tensor(self._full((8, 4)), mesh, [DShard(0)])
+        self.assertIs(redistribute(dt, mesh, [DShard(0)]), dt)
+        self.assertIs(redistribute(dt), dt)
+        self.assertIs(redistribute(dt, None, [DShard(-2)]), dt)
+
+    @with_comms(init_rpc=False)
+    def test_partial_sources_are_reduced_first(self):
+        mesh = init_device_mesh(self.device_type, (4,))
+        local = torch.full((4, 3), float(self.rank + 1), device=self.device)
+        partial = DTensor.from_local(local, mesh, [Partial()], run_check=False)
+        expected = torch.full((4, 3), 10.0, device=self.device)  # 1 + 2 + 3 + 4
+        for dst in ([DShard(0)], [DShard(1)], [Replicate()]):
+            out = redistribute(partial, mesh, dst)
+            self.assertEqual(list(out.placements), dst)
+            self.assertTrue(torch.equal(full_tensor(out), expected), dst)
+        with self.assertRaisesRegex(ValueError, "a Partial target placement"):
+            redistribute(distribute_tensor(expected, mesh, [Replicate()]), mesh, [Partial()])
+
+    @with_comms(init_rpc=False)
+    def test_bad_arguments_raise_on_every_rank(self):
+        mesh = init_device_mesh(self.device_type, (4,))
+        dt = distribute_tensor(self._full((8, 4)), mesh, [DShard(0)])
+        # The wrong number of placements, on one rank only: every rank raises, none waits.
+        bad = [DShard(1), Replicate()] if self.rank == 2 else [DShard(1)]
+        with self.assertRaisesRegex(ValueError, "one placement per mesh dim|rank 2 of the process group"):
+            redistribute(dt, mesh, bad)
+        # A dim out of range on one rank.
+        bad = [DShard(5)] if self.rank == 1 else [DShard(1)]
+        with self.assertRaisesRegex(IndexError, "out of range|rank 1 of the process group"):
+            redistribute(dt, mesh, bad)
+        # Different targets on different ranks: the agreement sees it before any data moves.
+        target = [Replicate()] if self.rank == 3 else [DShard(1)]
+        with self.assertRaisesRegex(ValueError, "target placements on rank"):
+            redistribute(dt, mesh, target)
+        # A rank whose local tensor does not match its shard (a DTensor built wrong).
+        local = dt.to_local() if self.rank != 0 else torch.zeros(3, 4, device=self.device)
+        wrong = DTensor.from_local(local, mesh, [DShard(0)], run_check=False, shape=dt.shape, stride=dt.stride())
+        with self.assertRaisesRegex(ValueError, "has size \\[3, 4\\]|rank 0 of the process group"):
+            redistribute(wrong, mesh, [DShard(1)])
+        # Another mesh, on every rank.
+        other = init_device_mesh(self.device_type, (2, 2))
+        with self.assertRaisesRegex(NotImplementedError, "another device mesh"):
+            redistribute(dt, other, [DShard(0), DShard(1)])
+        with self.assertRaisesRegex(TypeError, "expected a DTensor"):
+            redistribute(torch.zeros(2), mesh, [DShard(0)])
+        # The group still works after all of that.
+        self.assertTrue(torch.equal(full_tensor(redistribute(dt, mesh, [DShard(1)])), full_tensor(dt)))
+
+    @with_comms(init_rpc=False)
+    def test_a_sub_group_mesh(self):
+        # A 1-D mesh over ranks 1 and 3 (its own group): the other ranks take no part.
+        group = dist.new_group([1, 3])
+        full = self._full((5, 4))
+        if self.rank in (1, 3):
+            mesh = DeviceMesh.from_group(group, self.device_type)
+            dt = distribute_tensor(full, mesh, [DShard(0)])
+            out = redistribute(dt, mesh, [DShard(1)])
+            self.assertTrue(torch.equal(out.to_local(), dt.redistribute(mesh, [DShard(1)]).to_local()))
+
+
+if __name__ == "__main__":
+    run_tests()
