@@ -115,26 +115,30 @@ PYTEST_JOBS ?= 3
 PYTEST_PARALLEL = $(if $(filter-out 0,$(PYTEST_JOBS)),-n $(PYTEST_JOBS) --dist loadfile)
 
 # The linters and the whole suite; then, side by side (each part in folders and venvs of its own, its
-# output printed whole when it ends): the wheel in a fresh venv, the sanitizer run, and the legs on
-# the oldest and newest torch setup.py admits (CI runs `make test` only).
+# output printed whole when it ends): the wheel in a fresh venv, the sanitizer run, and the legs (the
+# other Pythons, the oldest and newest torch; CI runs `make test` only).
 test: build torchrec lint
 	@$(call timed,suite,$(PY) -m pytest tests -q $(PYTEST_PARALLEL))
 	@$(call timed,wheel + sanitizer + torch legs side by side,\
-	  $(MAKE) --no-print-directory --output-sync=target -j4 test-wheel test-sanitize test-legs)
+	  $(MAKE) --no-print-directory --output-sync=target -j5 test-wheel test-sanitize test-legs)
 
 test-sanitize: setup
 	@$(call timed,sanitizer build + tests,bash scripts/sanitize.sh $(PY))
 
-# The oldest and newest torch setup.py admits (torch_shard/_build_info.py: 2.11 to 2.15), each in a venv
-# kept in $(TORCH_SHARD_CACHE)/venvs (keyed by torch, Python and requirements; checked on every use) and
-# a build folder of its own (build-leg-<version>): the single-process tests and examples/gpu_smoke.py
-# on 4 CPU ranks under torchrun (scripts/torch_leg.sh). 2.13.0 is the main leg.
-TORCH_LEGS := 2.11.0 2.15.0
+# The legs: every Python pyproject.toml admits (3.10 to 3.13) and the oldest and newest torch setup.py
+# admits (torch_shard/_build_info.py: 2.11 to 2.15), as torch@Python pairs that cover both with the
+# main leg (.venv: torch 2.13.0 on the machine's python3, 3.11): torch 2.15 has no 3.10 wheel, so 2.11
+# takes 3.10. Each in a venv kept in $(TORCH_SHARD_CACHE)/venvs (keyed by torch, Python and
+# requirements; checked on every use) and a build folder of its own (build-leg-<torch>-py<python>):
+# the single-process tests, examples/gpu_smoke.py and the demo on 4 CPU ranks under torchrun
+# (scripts/torch_leg.sh).
+TORCH_LEGS := 2.11.0@3.10 2.15.0@3.12 2.13.0@3.13
 .PHONY: test-legs $(addprefix test-leg-,$(TORCH_LEGS))
 test-legs: $(addprefix test-leg-,$(TORCH_LEGS))
 
 $(addprefix test-leg-,$(TORCH_LEGS)): test-leg-%: $(STAMP_DEPS)
-	@$(call timed,torch $* leg,bash scripts/torch_leg.sh $* $(PYTHON))
+	@$(call timed,torch $(word 1,$(subst @, ,$*)) on Python $(word 2,$(subst @, ,$*)) leg,\
+	  bash scripts/torch_leg.sh $(word 1,$(subst @, ,$*)) "$$(scripts/find_python.sh $(word 2,$(subst @, ,$*)))")
 
 # On a machine with one or more GPUs (and a CUDA torch for `python3`, or PYTHON=...): build, the smoke
 # script on NCCL and with 4 ranks on GPU 0 over gloo, then the suite in the one-gpu mode; one summary

@@ -42,6 +42,8 @@ def _load_by_path(name: str, filename: str):
 
 
 build_info = _load_by_path("_torch_shard_build_info", "_build_info.py")
+if (why := build_info.python_unsupported()) is not None:
+    sys.exit(f"{why}: build it with one of those (pyproject.toml's requires-python).")
 # NOTE [ One C++ runtime ] (torch_shard/_cxx_runtime.py): the link flags that keep the extension on the
 # shared libstdc++ torch uses, and the check of the built library.
 cxx_runtime = _load_by_path("_torch_shard_cxx_runtime", "_cxx_runtime.py")

@@ -43,8 +43,8 @@ TORCH_LIBRARY(torch_shard, m) {
   m.def("_layout_fingerprint(int[] global_size, int? chunk_dim, Tensor? shard_offsets, Tensor? shard_sizes, "
         "Tensor? placement_index, str[] placements, int[] placement_owners, ScalarType dtype) -> int");
   // (elements sent to, elements received from) each rank, for group rank `me` moving data from the
-  // source layout to the target layout (both validated; owners are ranks in [0, world)). The data
-  // ops' plan, without a group: for tests.
+  // source layout to the target layout (owners are ranks in [0, world); replicas allowed, checked as
+  // _redistribute checks them). The data ops' plan, without a group: for tests and benchmarks.
   m.def("_transfer_counts(int[] global_size, Tensor src_offsets, Tensor src_sizes, int[] src_owners, "
         "Tensor dst_offsets, Tensor dst_sizes, int[] dst_owners, int me, int world) -> (int[], int[])");
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# One leg of `make test` on another torch than the main one (2.13.0): the oldest and newest releases
-# setup.py admits. In a venv of its own, build torch_shard against that torch in a folder of its own
-# (build-leg-<version>/: two builds for different torches cannot share torch_shard/), then run the
-# single-process tests (pytest -m "not distributed") and examples/gpu_smoke.py on 4 CPU ranks under
-# torchrun, whose exit code must be 0.
+# One leg of `make test` on another torch or Python than the main one (2.13.0 on python3): the oldest
+# and newest torch setup.py admits, every Python pyproject.toml admits (the Makefile's TORCH_LEGS). In
+# a venv of its own, build torch_shard against that torch in a folder of its own
+# (build-leg-<version>-py<python>/: two builds for different torches cannot share torch_shard/), then
+# run the single-process tests (pytest -m "not distributed"), examples/gpu_smoke.py and the demo on 4
+# CPU ranks under torchrun, whose exit codes must be 0.
 #
 # The venv (about 5 GB: a CUDA build of torch) is kept between runs and clones in
 # $TORCH_SHARD_CACHE/venvs/torch-<version>-<key>, the key a hash of what it is made from: the torch
@@ -11,7 +12,7 @@
 # under a lock, and marked complete last; on every use its `pip freeze` must still equal the one taken
 # when it was made (anything installed or removed by hand since, and it is made anew), and after 7 days
 # it is made anew (the test requirements are not all pinned). torch_shard is never installed into it:
-# the build goes to build-leg-<version>/. The main leg's .venv is always made from scratch, so a
+# the build goes to build-leg-<version>-py<python>/. The main leg's .venv is always made from scratch, so a
 # requirement missing from requirements/test.txt fails there whatever these venvs hold.
 #
 #   scripts/torch_leg.sh VERSION [PYTHON]      (make test-legs, make test-leg-VERSION)
@@ -20,8 +21,9 @@ cd "$(dirname "$0")/.."
 VERSION=$1
 PYTHON=${2:-python3}
 ROOT=$PWD
-OUT=$ROOT/build-leg-$VERSION
-log() { echo "[torch $VERSION] $*"; }
+PYVER=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+OUT=$ROOT/build-leg-$VERSION-py$PYVER
+log() { echo "[torch $VERSION, Python $PYVER] $*"; }
 
 # 1. The venv. Releases newer than the machine's pip cap (torch<=2.14.1 in /etc/xdg/pip on some
 #    machines) are fetched past it: the cap is about this machine's disk, not about what we support.
@@ -30,7 +32,7 @@ CACHE=${TORCH_SHARD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/torch_shard}
 KEY=$({ echo "$RECIPE $VERSION"; "$PYTHON" -c 'import sys; print(sys.version)'; cat requirements/test.txt; } |
   sha256sum | cut -c1-12)
 mkdir -p "$CACHE/venvs"
-VENV=$CACHE/venvs/torch-$VERSION-$KEY
+VENV=$CACHE/venvs/torch-$VERSION-py$PYVER-$KEY
 PY=$VENV/bin/python
 make_venv() {
   rm -rf "$VENV"
@@ -40,7 +42,7 @@ make_venv() {
   "$PY" -m pip install --quiet -r requirements/test.txt
   "$PY" -m pip freeze --all >"$VENV/.freeze"
 }
-exec 9>"$CACHE/venvs/.torch-$VERSION.lock"
+exec 9>"$CACHE/venvs/.torch-$VERSION-py$PYVER.lock"
 flock 9
 start=$(date +%s)
 if [ ! -f "$VENV/.freeze" ]; then

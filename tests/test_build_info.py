@@ -114,6 +114,24 @@ def test_supported_range():
         assert bi.SUPPORTED_SPEC in bi.unsupported(facts(outside))
 
 
+def test_supported_pythons_are_what_pyproject_admits():
+    # pyproject.toml's requires-python, setup.py's refusal and make test's legs say the same range.
+    assert bi.python_unsupported((3, 10)) is None and bi.python_unsupported((3, 13)) is None
+    for outside in ((3, 9), (3, 14), (4, 0)):
+        assert "Python 3.10 to 3.13" in bi.python_unsupported(outside)
+    (lo_major, lo_minor), (hi_major, hi_minor) = bi.SUPPORTED_PYTHON
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the source tree, also for a wheel
+    with open(os.path.join(root, "pyproject.toml")) as f:
+        pyproject = f.read()
+    assert f'requires-python = ">={lo_major}.{lo_minor},<{hi_major}.{hi_minor + 1}"' in pyproject
+    for minor in range(lo_minor, hi_minor + 1):
+        assert f'"Programming Language :: Python :: 3.{minor}"' in pyproject
+    with open(os.path.join(root, "Makefile")) as f:
+        legs = [line for line in f if line.startswith("TORCH_LEGS :=")][0]
+    tested = {f"{sys.version_info[0]}.{sys.version_info[1]}"} | {leg.split("@")[1] for leg in legs.split()[2:]}
+    assert tested >= {f"3.{minor}" for minor in range(lo_minor, hi_minor + 1)}, legs
+
+
 def fake_library(tmp_path, recorded: dict[str, str] | None):
     """A file laid out as a library is: bytes, then the record's NUL-terminated text, then bytes."""
     path = tmp_path / "_C.fake.so"

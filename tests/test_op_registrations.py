@@ -25,13 +25,14 @@ TRACEABLE = {
 COMMUNICATE = {
     "shard", "gather", "reshard", "_abort", "_agree_shard", "_share_inputs", "_all_ranks_true",
     "_gather_values", "_rowwise_lookup", "_rowwise_lookup_backward", "_colwise_lookup",
-    "_colwise_lookup_backward", "_embedding_renorm_",
+    "_colwise_lookup_backward", "_embedding_renorm_", "_redistribute",
 }
 # Of those, the whole lookups in one call (NOTE [ A row-wise lookup in one call ], NOTE [ A column-wise
-# lookup in one call ]) take and return plain tensors only: CPU and CUDA kernels, registered autograd and
-# a fake kernel that raises (the others run at the Autograd key, before the Python key of a
-# ShardedTensor). Their backward ops have no autograd of their own (no double backward).
-LOOKUP = {"_rowwise_lookup", "_rowwise_lookup_backward", "_colwise_lookup", "_colwise_lookup_backward"}
+# lookup in one call ]) and DTensor's redistribute (NOTE [ Redistributing replicated layouts ]) take and
+# return plain tensors only: CPU and CUDA kernels, registered autograd and a fake kernel that raises (the
+# others run at the Autograd key, before the Python key of a ShardedTensor). The lookups' backward ops
+# have no autograd of their own (no double backward); _redistribute's backward is itself.
+LOOKUP = {"_rowwise_lookup", "_rowwise_lookup_backward", "_colwise_lookup", "_colwise_lookup_backward", "_redistribute"}
 # ... build or read a ShardedTensor's C++ impl ...
 READ_IMPL = {
     "_make_sharded", "_local_shards", "_local_shard_indices", "_version", "_state", "_layout", "_group_name",
@@ -284,6 +285,10 @@ class TestUntraceableOps(TestCase):
             ),
             "_embedding_renorm_": lambda: _ops._embedding_renorm_(
                 torch.empty(4, 2), _long(1), 0, [0], [4], 4, 1.0, 2.0, 0, [], group
+            ),
+            "_redistribute": lambda: _ops._redistribute(
+                [torch.empty(4)], torch.empty(4), [4], _long(0).view(1, 1), _long(4).view(1, 1), [0],
+                _long(0).view(1, 1), _long(4).view(1, 1), [0], group,
             ),
         }
         self.assertEqual(set(calls), COMMUNICATE)

@@ -226,3 +226,58 @@ class TestPlanningProperties:
         # Conservation: what everyone sends is what everyone receives, and it is the whole tensor.
         total = sum(sum(ops._transfer_counts(size, *_tensors(src), src_owners, *_tensors(dst), dst_owners, m, world)[0]) for m in range(world))
         assert total == prod(size)
+
+    @PROFILE
+    @given(st.data())
+    def test_replicated_boxes_are_supplied_once_per_target(self, data):
+        # NOTE [ Replicated source shards ]: a box held by several ranks reaches each target shard from
+        # one of them, the target's own rank where it holds a copy, else replica (target index mod n).
+        size = data.draw(st.lists(st.integers(1, 5), min_size=1, max_size=3))
+        world = data.draw(st.integers(1, 4))
+
+        def replicated(tiling):
+            boxes, owners = [], []
+            for box in tiling:
+                holders = data.draw(st.lists(st.integers(0, world - 1), min_size=1, max_size=3))
+                boxes += [box] * len(holders)
+                owners += holders
+            return boxes, owners
+
+        src, src_owners = replicated(data.draw(tilings(size)))
+        dst, dst_owners = replicated(data.draw(tilings(size)))
+
+        def overlap(a, b):
+            return prod(max(0, min(ao + asz, bo + bsz) - max(ao, bo)) for ao, asz, bo, bsz in zip(*a, *b))
+
+        def key(i):
+            return (list(src[i][0]), list(src[i][1]), src_owners[i], i)
+
+        groups = {}
+        for i, box in enumerate(src):
+            if prod(box[1]) > 0:
+                groups.setdefault((tuple(box[0]), tuple(box[1])), []).append(i)
+        want_send = [[0] * world for _ in range(world)]
+        for d, (dbox, downer) in enumerate(zip(dst, dst_owners)):
+            for members in groups.values():
+                members = sorted(members, key=key)
+                own = [i for i in members if src_owners[i] == downer]
+                supplier = own[0] if own else members[d % len(members)]
+                want_send[src_owners[supplier]][downer] += overlap(src[supplier], dbox)
+        for me in range(world):
+            send, recv = ops._transfer_counts(size, *_tensors(src), src_owners, *_tensors(dst), dst_owners, me, world)
+            assert list(send) == want_send[me], (me, src, src_owners, dst, dst_owners)
+            assert list(recv) == [want_send[r][me] for r in range(world)], (me, src, src_owners, dst, dst_owners)
+        # Every target shard receives its whole box exactly once.
+        total = sum(sum(ops._transfer_counts(size, *_tensors(src), src_owners, *_tensors(dst), dst_owners, m, world)[1]) for m in range(world))
+        assert total == sum(prod(box[1]) for box in dst)
+
+    def test_layouts_that_overlap_without_being_replicas_are_refused(self):
+        # Two different boxes that overlap are no replicas: refused, as in any layout.
+        src = _tensors([((0,), (3,)), ((2,), (2,))])
+        whole = _tensors([((0,), (4,))])
+        try:
+            ops._transfer_counts([4], *src, [0, 1], *whole, [0], 0, 2)
+        except ValueError as exc:
+            assert "overlap" in str(exc), str(exc)
+        else:
+            raise AssertionError("accepted overlapping boxes")

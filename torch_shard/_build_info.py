@@ -38,6 +38,9 @@ BASE_VERSION = "0.1.0"
 # csrc/sharded_tensor_impl.cpp says the same); the build refuses others before compiling.
 SUPPORTED = ((2, 11), (2, 15))
 SUPPORTED_SPEC = f">={SUPPORTED[0][0]}.{SUPPORTED[0][1]},<{SUPPORTED[1][0]}.{SUPPORTED[1][1] + 1}"
+# The oldest and newest Python the extension is built and tested with (make test's legs); pyproject.toml's
+# requires-python says the same, and setup.py refuses others.
+SUPPORTED_PYTHON = ((3, 10), (3, 13))
 
 # The record's first line, as csrc/build_info.cpp writes it; the record ends at the first NUL.
 MARKER = b"torch_shard build record v1\n"
@@ -98,6 +101,17 @@ def requirement(facts: dict[str, str]) -> str:
         return f"torch=={facts['torch']}"
     major, minor, _ = _numbers(facts["torch"])
     return f"torch=={major}.{minor}.*"
+
+
+def python_unsupported(version: tuple[int, ...] = tuple(sys.version_info[:2])) -> str | None:
+    """Why torch_shard cannot be built for Python ``version`` (major, minor), or None if it can."""
+    (lo_major, lo_minor), (hi_major, hi_minor) = SUPPORTED_PYTHON
+    if SUPPORTED_PYTHON[0] <= tuple(version[:2]) <= SUPPORTED_PYTHON[1]:
+        return None
+    return (
+        f"torch_shard is built and tested for Python {lo_major}.{lo_minor} to {hi_major}.{hi_minor}, and this is "
+        f"Python {version[0]}.{version[1]}"
+    )
 
 
 def unsupported(facts: dict[str, str]) -> str | None:

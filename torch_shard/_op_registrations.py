@@ -10,7 +10,9 @@ What is written in Python lives here, imported once with the extension:
   the op ``_embedding_bag_partial_backward``;
 * the autograd of ``_rowwise_lookup`` and ``_colwise_lookup`` (a whole sharded lookup in one call; each
   backward is the op of the same name with ``_backward``), and their fake kernels and make_fx rules,
-  which raise: they communicate.
+  which raise: they communicate;
+* the same for ``_redistribute`` (torch_shard.interop.redistribute's exchange), whose backward is
+  itself with the layouts swapped.
 
 The other ops taking or returning tensors cannot be traced either and raise a RuntimeError under
 FakeTensorMode / make_fx (NOTE [ Ops that cannot be traced ] in csrc/ops/untraceable.h): the

@@ -12,6 +12,7 @@
 // converting N * ndim Python ints one by one costs more than validating the layout.
 #pragma once
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -23,6 +24,7 @@
 
 #include "layout/box.h"
 #include "layout/layout.h"
+#include "layout/validate.h"
 #include "ops/untraceable.h"
 
 namespace torch_shard {
@@ -114,6 +116,47 @@ layout_from_args(c10::IntArrayRef global_size, std::optional<int64_t> chunk_dim,
     }
   }
   return layout::Layout::make(size, std::move(boxes), std::move(placement_of), std::move(table), validate);
+}
+
+// A layout of `offsets` / `sizes` boxes held by group ranks `owners` in which a box may be held by
+// several ranks (replicas: DTensor's Replicate mesh dims; NOTE [ Redistributing replicated layouts ]).
+// Checked as a ShardedTensor layout is, but for replicas: every box in bounds, any two boxes identical
+// or disjoint, the distinct non-empty boxes tiling the tensor. Placements are "rank:<r>/<device type>".
+inline std::shared_ptr<const layout::Layout>
+replicated_layout(c10::IntArrayRef global_size, const at::Tensor& offsets, const at::Tensor& sizes,
+                  c10::IntArrayRef owners, int64_t world, c10::DeviceType device_type, const char* op,
+                  const char* which) {
+  auto boxes = boxes_from_tensors(offsets, sizes, op);
+  TORCH_CHECK_VALUE(owners.size() == boxes.size(), "torch_shard.", op, ": ", boxes.size(), " ", which,
+                    " boxes but ", owners.size(), " owners");
+  TORCH_CHECK_VALUE(world > 0, "torch_shard.", op, ": a group of size ", world);
+  std::vector<layout::Placement> table;
+  table.reserve(static_cast<size_t>(world));
+  for (int64_t r = 0; r < world; ++r) {
+    table.push_back(
+        layout::Placement{"rank:" + std::to_string(r) + "/" + c10::DeviceTypeName(device_type, true), r,
+                          c10::Device(device_type)});
+  }
+  std::vector<int64_t> placement_of(owners.begin(), owners.end());
+  for (size_t i = 0; i < placement_of.size(); ++i) {
+    TORCH_CHECK_INDEX(placement_of[i] >= 0 && placement_of[i] < world, "torch_shard.", op, ": ", which,
+                      " box ", i, " is held by rank ", placement_of[i],
+                      ", which is not a rank of a group of size ", world);
+  }
+  auto out = layout::Layout::make(global_size.vec(), boxes, std::move(placement_of), std::move(table),
+                                  /*validate=*/false);
+  std::vector<layout::Box> distinct;
+  for (const auto& box : boxes) {
+    if (!box.empty()) {
+      distinct.push_back(box);
+    }
+  }
+  std::sort(distinct.begin(), distinct.end(), [](const layout::Box& a, const layout::Box& b) {
+    return a.offsets != b.offsets ? a.offsets < b.offsets : a.sizes < b.sizes;
+  });
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  layout::validate_shards(distinct, global_size.vec());
+  return out;
 }
 
 } // namespace torch_shard

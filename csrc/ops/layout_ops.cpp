@@ -72,17 +72,6 @@ std::vector<int64_t> find_overlap(const at::Tensor& shard_offsets, const at::Ten
   return {};
 }
 
-std::shared_ptr<const layout::Layout> owned_layout(c10::IntArrayRef global_size, const at::Tensor& offsets,
-                                                   const at::Tensor& sizes, c10::IntArrayRef owners,
-                                                   int64_t world, const char* op) {
-  std::vector<std::string> names;
-  for (int64_t owner : owners) {
-    names.push_back("rank:" + std::to_string(owner) + "/cpu");
-  }
-  return layout_from_args(global_size, std::nullopt, offsets, sizes, std::nullopt, names, owners, world,
-                          /*validate=*/true, op);
-}
-
 // Elements group rank `me` sends to / receives from each rank (itself included) when data moves from
 // the source layout to the target layout: the plan the data ops use, without a process group.
 std::tuple<std::vector<int64_t>, std::vector<int64_t>>
@@ -91,8 +80,10 @@ transfer_counts(c10::IntArrayRef global_size, const at::Tensor& src_offsets, con
                 c10::IntArrayRef dst_owners, int64_t me, int64_t world) {
   TORCH_CHECK_VALUE(world > 0 && me >= 0 && me < world, "torch_shard._transfer_counts: rank ", me,
                     " is not a rank of a group of size ", world);
-  const auto src = owned_layout(global_size, src_offsets, src_sizes, src_owners, world, "_transfer_counts");
-  const auto dst = owned_layout(global_size, dst_offsets, dst_sizes, dst_owners, world, "_transfer_counts");
+  const auto src = replicated_layout(global_size, src_offsets, src_sizes, src_owners, world,
+                                     c10::DeviceType::CPU, "_transfer_counts", "source");
+  const auto dst = replicated_layout(global_size, dst_offsets, dst_sizes, dst_owners, world,
+                                     c10::DeviceType::CPU, "_transfer_counts", "target");
   const auto plan = layout::plan_transfer(*src, *dst, me, world);
   std::vector<int64_t> send(world), recv(world);
   for (int64_t p = 0; p < world; ++p) {

@@ -17,7 +17,6 @@
 // moves (one agreement, as every data op); a rank whose arguments fail its checks makes every rank
 // raise.
 
-#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,7 +29,6 @@
 #include "comm/process_group.h"
 #include "comm/transfer.h"
 #include "layout/layout.h"
-#include "layout/validate.h"
 #include "ops/agreement.h"
 #include "ops/layout_args.h"
 #include "ops/untraceable.h"
@@ -40,44 +38,6 @@ namespace ops {
 namespace {
 
 constexpr const char* kRedistribute = "_redistribute";
-
-// A layout of `boxes` held by group ranks `owners`, replicas allowed (see the NOTE).
-std::shared_ptr<const layout::Layout> replicated_layout(c10::IntArrayRef global_size,
-                                                        const at::Tensor& offsets, const at::Tensor& sizes,
-                                                        c10::IntArrayRef owners, int64_t world,
-                                                        c10::DeviceType device_type, const char* which) {
-  auto boxes = boxes_from_tensors(offsets, sizes, kRedistribute);
-  TORCH_CHECK_VALUE(owners.size() == boxes.size(), "torch_shard.", kRedistribute, ": ", boxes.size(), " ",
-                    which, " boxes but ", owners.size(), " owners");
-  std::vector<layout::Placement> table;
-  table.reserve(static_cast<size_t>(world));
-  for (int64_t r = 0; r < world; ++r) {
-    table.push_back(
-        layout::Placement{"rank:" + std::to_string(r) + "/" + c10::DeviceTypeName(device_type, true), r,
-                          c10::Device(device_type)});
-  }
-  std::vector<int64_t> placement_of(owners.begin(), owners.end());
-  for (size_t i = 0; i < placement_of.size(); ++i) {
-    TORCH_CHECK_INDEX(placement_of[i] >= 0 && placement_of[i] < world, "torch_shard.", kRedistribute, ": ",
-                      which, " box ", i, " is held by rank ", placement_of[i],
-                      ", which is not a rank of a group of size ", world);
-  }
-  auto out = layout::Layout::make(global_size.vec(), boxes, std::move(placement_of), std::move(table),
-                                  /*validate=*/false);
-  // The distinct non-empty boxes must tile the tensor; a repeated box is a replica.
-  std::vector<layout::Box> distinct;
-  for (const auto& box : boxes) {
-    if (!box.empty()) {
-      distinct.push_back(box);
-    }
-  }
-  std::sort(distinct.begin(), distinct.end(), [](const layout::Box& a, const layout::Box& b) {
-    return a.offsets != b.offsets ? a.offsets < b.offsets : a.sizes < b.sizes;
-  });
-  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
-  layout::validate_shards(distinct, global_size.vec());
-  return out;
-}
 
 void check_redistribute(const std::vector<comm::Values>& all, int64_t me) {
   if (const int64_t r = first_mismatch(all, me, 0); r >= 0) {
@@ -116,9 +76,9 @@ std::vector<at::Tensor> redistribute(at::TensorList sources, const at::Tensor& l
   std::exception_ptr error;
   try {
     source = replicated_layout(global_size, src_offsets, src_sizes, src_owners, world, like.device().type(),
-                               "source");
+                               kRedistribute, "source");
     target = replicated_layout(global_size, dst_offsets, dst_sizes, dst_owners, world, like.device().type(),
-                               "target");
+                               kRedistribute, "target");
     const auto mine_src = source->shards_of(me);
     TORCH_CHECK_VALUE(mine_src.size() == sources.size(), "torch_shard.redistribute: rank ", me, " holds ",
                       mine_src.size(), " source boxes, but got ", sources.size(), " tensors");
@@ -153,7 +113,13 @@ std::vector<at::Tensor> redistribute(at::TensorList sources, const at::Tensor& l
 
 } // namespace ops
 
-TORCH_LIBRARY_IMPL(torch_shard, CompositeExplicitAutograd, m) {
+// CPU and CUDA kernels (autograd and a raising fake kernel in torch_shard/_op_registrations.py), as the
+// lookups in one call.
+TORCH_LIBRARY_IMPL(torch_shard, CPU, m) {
+  m.impl("_redistribute", TORCH_FN(ops::redistribute));
+}
+
+TORCH_LIBRARY_IMPL(torch_shard, CUDA, m) {
   m.impl("_redistribute", TORCH_FN(ops::redistribute));
 }
 
