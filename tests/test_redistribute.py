@@ -13,6 +13,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_tensor
 from torch.distributed.tensor import Shard as DShard
+from torch.distributed.tensor.placement_types import _StridedShard
 
 from torch_shard.interop import redistribute
 from torch_shard.testing import ShardedTensorTestBase, full_tensor, run_tests, with_comms
@@ -78,15 +79,15 @@ class TestRedistribute(ShardedTensorTestBase):
         full = self._full((64, 32))
         element = full.element_size()
         # Shard(0) -> Shard(1): each rank keeps a 16 x 8 block and sends three of its four blocks.
-        # Replicate -> Shard(d): nothing moves (every rank holds its target already).
+        # Replicate -> Shard(d): nothing moves and nothing is said (every rank holds its target already).
         # Shard(0) -> Replicate: each rank sends its 16 x 32 rows to the three others.
         cases = [
-            ([DShard(0)], [DShard(1)], 3 * 16 * 8),
-            ([Replicate()], [DShard(1)], 0),
-            ([DShard(0)], [Replicate()], 3 * 16 * 32),
-            ([Replicate()], [Replicate()], 0),
+            ([DShard(0)], [DShard(1)], 3 * 16 * 8, 1),
+            ([Replicate()], [DShard(1)], 0, 0),
+            ([DShard(0)], [Replicate()], 3 * 16 * 32, 1),
+            ([Replicate()], [Replicate()], 0, 0),
         ]
-        for src, dst, elements in cases:
+        for src, dst, elements, rounds_expected in cases:
             dt = distribute_tensor(full, mesh, src)
             _comm_stats()
             redistribute(dt, mesh, dst)
@@ -94,7 +95,7 @@ class TestRedistribute(ShardedTensorTestBase):
             msg = f"{src} -> {dst}"
             self.assertEqual(sent, elements * element, msg)
             self.assertEqual(received, elements * element, msg)
-            self.assertLessEqual(rounds, 1, msg)
+            self.assertEqual(rounds, rounds_expected, msg)
         # On a 2 x 2 mesh, [Shard(0), Shard(1)] -> [Shard(1), Shard(0)] in one exchange too.
         mesh2 = init_device_mesh(self.device_type, (2, 2))
         dt = distribute_tensor(full, mesh2, [DShard(0), DShard(1)])
@@ -120,6 +121,34 @@ class TestRedistribute(ShardedTensorTestBase):
             self.assertEqual(list(ours.placements), list(theirs.placements), msg)
             self.assertTrue(torch.allclose(full_tensor(ours), full_tensor(theirs)), msg)
             self.assertTrue(torch.allclose(full_tensor(ours), weight), msg)
+
+    @with_comms(init_rpc=False)
+    def test_strided_shards(self):
+        # FSDP2 + TP's right-to-left sharding: [_StridedShard(0, sf=2), Shard(0)] on a 2 x 2 mesh, each
+        # local tensor two interleaved pieces of dim 0 on a 1-D mesh; to and from every other layout,
+        # against distribute_tensor's own local tensors, gradients through the pieces too.
+        mesh2 = init_device_mesh(self.device_type, (2, 2))
+        mesh1 = init_device_mesh(self.device_type, (4,))
+        layouts = {
+            mesh2: [
+                [_StridedShard(0, split_factor=2), DShard(0)],
+                [DShard(0), DShard(1)],
+                [Replicate(), Replicate()],
+                [DShard(1), Replicate()],
+                [_StridedShard(1, split_factor=2), DShard(1)],
+            ],
+            mesh1: [[_StridedShard(0, split_factor=2)], [DShard(0)], [DShard(1)], [Replicate()]],
+        }
+        full = self._full((8, 12), torch.float64)
+        for mesh, cases in layouts.items():
+            for src, dst in itertools.product(cases, cases):
+                msg = f"{src} -> {dst}"
+                leaf = distribute_tensor(full, mesh, src).detach().requires_grad_(True)
+                out = redistribute(leaf, mesh, dst)
+                self.assertEqual(list(out.placements), dst, msg)
+                self.assertTrue(torch.equal(out.to_local(), distribute_tensor(full, mesh, dst).to_local()), msg)
+                (out * distribute_tensor(full, mesh, dst)).sum().backward()
+                self.assertTrue(torch.equal(full_tensor(leaf.grad.redistribute(mesh, [Replicate()] * mesh.ndim)), full), msg)
 
     @with_comms(init_rpc=False)
     def test_same_placements_return_the_argument(self):

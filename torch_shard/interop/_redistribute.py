@@ -12,6 +12,7 @@ op ``torch_shard._redistribute`` (NOTE [ Redistributing replicated layouts ],
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Sequence
 
 import torch
@@ -34,6 +35,132 @@ def _layout_args(size: tuple[int, ...], mesh, placements: tuple, group) -> tuple
     sizes = torch.tensor([box[1] for _, box in layout], dtype=torch.int64).view(len(layout), len(size))
     owners = [dist.get_group_rank(group, rank) for rank, _ in layout]
     return offsets, sizes, owners
+
+
+@functools.lru_cache(maxsize=256)
+def _local_slice(size: tuple[int, ...], mesh, source: tuple, target: tuple) -> tuple[slice, ...] | None:
+    """Where this rank's target box lies in its source box, when no rank of the mesh needs an element
+    it does not hold (Replicate -> Shard, and every change that only narrows what each rank holds);
+    None when an exchange is needed. Decided from the layouts alone, the same on every rank."""
+    src = _mesh_layout(size, mesh, source, replicas=True)
+    dst = _mesh_layout(size, mesh, target, replicas=True)
+    me = dist.get_rank()
+    mine = None
+    for (rank, (s_off, s_len)), (_, (d_off, d_len)) in zip(src, dst):
+        if any(n == 0 for n in d_len):
+            index = tuple(slice(0, n) for n in d_len)
+        elif all(so <= do and do + dn <= so + sn for so, sn, do, dn in zip(s_off, s_len, d_off, d_len)):
+            index = tuple(slice(do - so, do - so + dn) for so, do, dn in zip(s_off, d_off, d_len))
+        else:
+            return None
+        if rank == me:
+            mine = index
+    return mine
+
+
+def _runs(index: list[int]) -> list[tuple[int, int, int]]:
+    """(global start, length, local start) of each run of consecutive values in ``index``."""
+    runs: list[tuple[int, int, int]] = []
+    for local, value in enumerate(index):
+        if runs and runs[-1][0] + runs[-1][1] == value:
+            start, length, at = runs[-1]
+            runs[-1] = (start, length + 1, at)
+        else:
+            runs.append((value, 1, local))
+    return runs
+
+
+@functools.lru_cache(maxsize=64)
+def _piece_layout(size: tuple[int, ...], mesh, placements: tuple, group):
+    """For layouts with ``_StridedShard``: a local tensor is then several boxes of the tensor
+    (interleaved pieces of a dim). Per mesh coordinate, the global indices it holds along each dim are
+    found by applying each placement's own split (torch's ``_split_tensor``) to index vectors, mesh dim
+    by mesh dim as ``distribute_tensor`` does; each product of runs of consecutive indices is a box.
+    Returns (offsets, sizes, owners) of every box in coordinate order, then local order (the op's
+    source and target order), and this rank's [(local shape, [local slices of each of its boxes])]."""
+    from torch.distributed.tensor import Shard as DShard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    mesh_shape = tuple(mesh.mesh.shape)
+    ranks = mesh.mesh.flatten().tolist()
+    me = dist.get_rank()
+    offsets, sizes, owners, mine = [], [], [], None
+    for pos, coord in enumerate(itertools.product(*(range(n) for n in mesh_shape))):
+        index = [torch.arange(n) for n in size]
+        for mesh_dim, placement in enumerate(placements):
+            if isinstance(placement, _StridedShard):
+                along = _StridedShard(0, split_factor=placement.split_factor)
+            elif isinstance(placement, DShard):
+                along = DShard(0)
+            else:
+                continue
+            dim = placement.dim % len(size)
+            pieces, _ = along._split_tensor(index[dim], mesh_shape[mesh_dim], with_padding=False, contiguous=False)
+            index[dim] = pieces[coord[mesh_dim]] if coord[mesh_dim] < len(pieces) else index[dim][:0]
+        runs = [_runs(ix.tolist()) for ix in index]
+        slices = []
+        for combo in itertools.product(*runs):
+            offsets.append([start for start, _, _ in combo])
+            sizes.append([length for _, length, _ in combo])
+            owners.append(dist.get_group_rank(group, ranks[pos]))
+            slices.append(tuple(slice(at, at + length) for _, length, at in combo))
+        if ranks[pos] == me:
+            mine = (tuple(len(ix) for ix in index), slices)
+    n = len(offsets)
+    return (
+        torch.tensor(offsets, dtype=torch.int64).view(n, len(size)),
+        torch.tensor(sizes, dtype=torch.int64).view(n, len(size)),
+        owners,
+        mine,
+    )
+
+
+def _redistribute_strided(dtensor, mesh, target: list, group):
+    """``dtensor`` to ``target`` where either side has ``_StridedShard``: each local tensor as its
+    boxes (_piece_layout), one exchange, the target boxes assembled into the local tensor."""
+    from torch.distributed.tensor import DTensor
+
+    size = tuple(dtensor.shape)
+    src_offsets, src_sizes, src_owners, (src_shape, src_slices) = _piece_layout(
+        size, mesh, tuple(dtensor.placements), group
+    )
+    dst_offsets, dst_sizes, dst_owners, (dst_shape, dst_slices) = _piece_layout(size, mesh, tuple(target), group)
+    local = dtensor.to_local()
+    try:
+        if tuple(local.shape) != src_shape:
+            raise ValueError(
+                f"torch_shard.interop.redistribute: the local tensor on rank {dist.get_rank()} has size "
+                f"{list(local.shape)}, but its placements {list(dtensor.placements)} give it {list(src_shape)}"
+            )
+    except ValueError as exc:
+        abort_and_raise(_OP, exc, group)
+    pieces = torch.ops.torch_shard._redistribute(
+        [local[index].contiguous() for index in src_slices], local, list(size), src_offsets, src_sizes,
+        src_owners, dst_offsets, dst_sizes, dst_owners, group.group_name,
+    )
+    if len(pieces) == 1 and tuple(pieces[0].shape) == dst_shape:
+        moved = pieces[0]
+    else:
+        moved = local.new_empty(dst_shape)
+        for index, piece in zip(dst_slices, pieces):
+            moved[index] = piece
+    return DTensor.from_local(moved, mesh, target, run_check=False, shape=dtensor.shape, stride=_contiguous_strides(size))
+
+
+class _NarrowLocally(torch.autograd.Function):
+    """Forward: this rank's target part of its own local tensor (no communication: every rank already
+    holds its target box). Backward: the gradient moves back with the reverse exchange, as for any
+    redistribution (a Replicate source gets the whole gradient on every replica)."""
+
+    @staticmethod
+    def forward(ctx, local, index, reverse):
+        ctx.reverse = reverse
+        return local[index].contiguous()
+
+    @staticmethod
+    def backward(ctx, grad):
+        (back,) = torch.ops.torch_shard._redistribute([grad.contiguous()], grad, *ctx.reverse)
+        return back, None, None
 
 
 def _target_placements(placements, mesh, ndim: int) -> list:
@@ -77,8 +204,9 @@ def redistribute(dtensor, device_mesh=None, placements: Sequence | None = None):
     every replica).
 
     ``Partial`` source placements are first reduced by DTensor (to the target's ``Shard(d)`` on that mesh
-    dim, else to ``Replicate()``); a ``Partial`` target raises ValueError. ``_StridedShard`` on either
-    side goes through ``DTensor.redistribute`` itself.
+    dim, else to ``Replicate()``); a ``Partial`` target raises ValueError. ``_StridedShard`` (FSDP2 + TP's
+    right-to-left sharding) on either side moves in one exchange too: its local tensor is several boxes
+    of the tensor, found with each placement's own split.
 
     Args:
         dtensor (DTensor): the tensor to move.
@@ -91,7 +219,11 @@ def redistribute(dtensor, device_mesh=None, placements: Sequence | None = None):
 
     Collective over the mesh's group (every rank of the mesh calls it). Bad arguments on any rank (a
     placement list of the wrong length, a dim out of range, another mesh, a local tensor that does not
-    match its shard) raise on every rank of the mesh before any data moves. An n-D mesh must cover every
+    match its shard) raise on every rank of the mesh before any data moves. Where no element changes
+    rank (the same placements; Replicate -> Shard, or any change that only narrows what each rank
+    holds) nothing is communicated, as in DTensor: each rank takes its part of its own local tensor (a
+    view where that part is contiguous in it, as DTensor's split gives), and a rank whose placements
+    differ from its peers' is not detected there. An n-D mesh must cover every
     rank of the default group (its group is then the default one); a 1-D mesh may be any sub-group.
     """
     from torch.distributed.tensor import DTensor
@@ -125,7 +257,9 @@ def redistribute(dtensor, device_mesh=None, placements: Sequence | None = None):
     except (ValueError, TypeError, IndexError, NotImplementedError) as exc:
         abort_and_raise(_OP, exc, group)
     if strided:
-        return dtensor.redistribute(mesh, wanted)
+        if wanted == list(dtensor.placements):
+            return dtensor
+        return _redistribute_strided(dtensor, mesh, wanted, group)
     if any(p.is_partial() for p in dtensor.placements):
         dtensor = _reduce_partials(dtensor, target)
     source = _normalize_placements(dtensor.placements, mesh, len(size), _OP)
@@ -134,10 +268,15 @@ def redistribute(dtensor, device_mesh=None, placements: Sequence | None = None):
     src_offsets, src_sizes, src_owners = _layout_args(size, mesh, tuple(source), group)
     dst_offsets, dst_sizes, dst_owners = _layout_args(size, mesh, tuple(target), group)
     local = dtensor.to_local()
-    (moved,) = torch.ops.torch_shard._redistribute(
-        [local], local, list(size), src_offsets, src_sizes, src_owners, dst_offsets, dst_sizes, dst_owners,
-        group.group_name,
-    )
+    index = _local_slice(size, mesh, tuple(source), tuple(target))
+    if index is not None:
+        reverse = (list(size), dst_offsets, dst_sizes, dst_owners, src_offsets, src_sizes, src_owners, group.group_name)
+        moved = _NarrowLocally.apply(local, index, reverse)
+    else:
+        (moved,) = torch.ops.torch_shard._redistribute(
+            [local], local, list(size), src_offsets, src_sizes, src_owners, dst_offsets, dst_sizes, dst_owners,
+            group.group_name,
+        )
     return DTensor.from_local(
         moved, mesh, target, run_check=False, shape=dtensor.shape, stride=_contiguous_strides(size)
     )
