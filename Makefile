@@ -2,7 +2,9 @@
 # Both create .venv (once), install torch 2.13.0 (the CPU wheel on this machine's disk) and the test
 # dependencies, build the extension against that torch, then run the demo / the whole test suite.
 
-PYTHON ?= python3
+# The main leg's Python (.venv); the other admitted Pythons are in TORCH_LEGS below.
+MAIN_PYTHON_VERSION := 3.11
+PYTHON ?= $(shell scripts/find_python.sh $(MAIN_PYTHON_VERSION) 2>/dev/null || echo python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
