@@ -187,6 +187,14 @@ class TestRedistribute(ShardedTensorTestBase):
         target = [Replicate()] if self.rank == 3 else [DShard(1)]
         with self.assertRaisesRegex(ValueError, "target placements on rank"):
             redistribute(dt, mesh, target)
+        # A rank whose DTensor has another global shape: the agreement sees it before any data moves.
+        rows = 12 if self.rank == 1 else 8
+        other_shape = DTensor.from_local(
+            torch.zeros(rows // 4, 4, device=self.device), mesh, [DShard(0)], run_check=False, shape=(rows, 4),
+            stride=(4, 1),
+        )
+        with self.assertRaisesRegex(ValueError, "does not match the tensor on rank"):
+            redistribute(other_shape, mesh, [DShard(1)])
         # A rank whose local tensor does not match its shard (a DTensor built wrong).
         local = dt.to_local() if self.rank != 0 else torch.zeros(3, 4, device=self.device)
         wrong = DTensor.from_local(local, mesh, [DShard(0)], run_check=False, shape=dt.shape, stride=dt.stride())
