@@ -126,6 +126,8 @@ def test_supported_pythons_are_what_pyproject_admits():
     assert f'requires-python = ">={lo_major}.{lo_minor},<{hi_major}.{hi_minor + 1}"' in pyproject
     for minor in range(lo_minor, hi_minor + 1):
         assert f'"Programming Language :: Python :: 3.{minor}"' in pyproject
+    if not os.path.exists(os.path.join(root, "Makefile")):
+        return  # the wheel's test run has the tests and pyproject.toml, not the Makefile's legs
     with open(os.path.join(root, "Makefile")) as f:
         makefile = f.read().splitlines()
     main = [line.split()[-1] for line in makefile if line.startswith("MAIN_PYTHON_VERSION :=")]
