@@ -28,7 +28,7 @@ from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 from torch_shard.interop import redistribute
 from torch_shard.interop._dtensor import _default_group_for_mesh
-from torch_shard.interop._redistribute import _layout_args
+from torch_shard.interop._redistribute import _group_ranks, _layout_args
 
 S0, S1, R = Shard(0), Shard(1), Replicate()
 CASES_1D = [([S0], [S1]), ([S1], [S0]), ([S0], [R]), ([R], [S1])]
@@ -43,8 +43,8 @@ def _moved_counts(size, mesh, src, dst) -> tuple[list[int], list[int]]:
     """Elements this rank sends to / receives from every rank in a redistribution from ``src`` to
     ``dst`` (torch_shard's plan; its own entries are what stays local)."""
     group = _default_group_for_mesh(mesh)
-    src_args = _layout_args(tuple(size), mesh, tuple(src), group)
-    dst_args = _layout_args(tuple(size), mesh, tuple(dst), group)
+    src_args = _layout_args(tuple(size), mesh, tuple(src), _group_ranks(group))
+    dst_args = _layout_args(tuple(size), mesh, tuple(dst), _group_ranks(group))
     send, recv = torch.ops.torch_shard._transfer_counts(
         list(size), *src_args, *dst_args, dist.get_rank(group), dist.get_world_size(group)
     )

@@ -26,14 +26,22 @@ __all__ = ["redistribute"]
 _OP = "redistribute"
 
 
+def _group_ranks(group) -> tuple[int, ...]:
+    """The global ranks of ``group`` in group-rank order: what the cached layouts below are keyed by
+    (not the group object, which a cache would keep alive past destroy_process_group)."""
+    return tuple(dist.get_process_group_ranks(group))
+
+
 @functools.lru_cache(maxsize=256)
-def _layout_args(size: tuple[int, ...], mesh, placements: tuple, group) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+def _layout_args(
+    size: tuple[int, ...], mesh, placements: tuple, group_ranks: tuple[int, ...]
+) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """(offsets, sizes, owners) of every mesh coordinate's box for ``torch_shard._redistribute``: one row
-    per coordinate in row-major order, replicas included, owners as ranks of ``group``."""
+    per coordinate in row-major order, replicas included, owners as group ranks."""
     layout = _mesh_layout(size, mesh, placements, replicas=True)
     offsets = torch.tensor([box[0] for _, box in layout], dtype=torch.int64).view(len(layout), len(size))
     sizes = torch.tensor([box[1] for _, box in layout], dtype=torch.int64).view(len(layout), len(size))
-    owners = [dist.get_group_rank(group, rank) for rank, _ in layout]
+    owners = [group_ranks.index(rank) for rank, _ in layout]
     return offsets, sizes, owners
 
 
@@ -71,7 +79,7 @@ def _runs(index: list[int]) -> list[tuple[int, int, int]]:
 
 
 @functools.lru_cache(maxsize=64)
-def _piece_layout(size: tuple[int, ...], mesh, placements: tuple, group):
+def _piece_layout(size: tuple[int, ...], mesh, placements: tuple, group_ranks: tuple[int, ...]):
     """For layouts with ``_StridedShard``: a local tensor is then several boxes of the tensor
     (interleaved pieces of a dim). Per mesh coordinate, the global indices it holds along each dim are
     found by applying each placement's own split (torch's ``_split_tensor``) to index vectors, mesh dim
@@ -102,7 +110,7 @@ def _piece_layout(size: tuple[int, ...], mesh, placements: tuple, group):
         for combo in itertools.product(*runs):
             offsets.append([start for start, _, _ in combo])
             sizes.append([length for _, length, _ in combo])
-            owners.append(dist.get_group_rank(group, ranks[pos]))
+            owners.append(group_ranks.index(ranks[pos]))
             slices.append(tuple(slice(at, at + length) for _, length, at in combo))
         if ranks[pos] == me:
             mine = (tuple(len(ix) for ix in index), slices)
@@ -121,10 +129,11 @@ def _redistribute_strided(dtensor, mesh, target: list, group):
     from torch.distributed.tensor import DTensor
 
     size = tuple(dtensor.shape)
+    ranks = _group_ranks(group)
     src_offsets, src_sizes, src_owners, (src_shape, src_slices) = _piece_layout(
-        size, mesh, tuple(dtensor.placements), group
+        size, mesh, tuple(dtensor.placements), ranks
     )
-    dst_offsets, dst_sizes, dst_owners, (dst_shape, dst_slices) = _piece_layout(size, mesh, tuple(target), group)
+    dst_offsets, dst_sizes, dst_owners, (dst_shape, dst_slices) = _piece_layout(size, mesh, tuple(target), ranks)
     local = dtensor.to_local()
     try:
         if tuple(local.shape) != src_shape:
@@ -265,8 +274,9 @@ def redistribute(dtensor, device_mesh=None, placements: Sequence | None = None):
     source = _normalize_placements(dtensor.placements, mesh, len(size), _OP)
     if source == target:
         return dtensor
-    src_offsets, src_sizes, src_owners = _layout_args(size, mesh, tuple(source), group)
-    dst_offsets, dst_sizes, dst_owners = _layout_args(size, mesh, tuple(target), group)
+    ranks = _group_ranks(group)
+    src_offsets, src_sizes, src_owners = _layout_args(size, mesh, tuple(source), ranks)
+    dst_offsets, dst_sizes, dst_owners = _layout_args(size, mesh, tuple(target), ranks)
     local = dtensor.to_local()
     index = _local_slice(size, mesh, tuple(source), tuple(target))
     if index is not None:
