@@ -12,8 +12,9 @@ from . import _build_info, _cxx_runtime
 # Before the library loads: ImportError, naming both torches and the fix, if it was built for a torch
 # whose C++ ABI differs from the running one's (another minor release, another C++11 ABI flag), or
 # with a private copy of the C++ runtime (NOTE [ One C++ runtime ]).
-_build_record = _build_info.check()
-_cxx_runtime.check()
+_library = _build_info.library_path()
+_build_record = _build_info.check(_library)
+_cxx_runtime.check(_library)
 
 from . import (  # noqa: E402
     _C,  # noqa: F401  (registers torch.ops.torch_shard.*)

@@ -238,18 +238,23 @@ def fix_command(recorded: dict[str, str] | None, running: dict[str, str]) -> str
     return f"{python} -m pip install {shlex.quote(requirement(recorded))}"
 
 
+def library_path() -> str:
+    """The file of ``torch_shard._C`` (not loaded); ImportError saying how to build it when there is none."""
+    spec = importlib.util.find_spec(f"{__package__ or 'torch_shard'}._C")
+    if spec is None or not spec.origin:
+        raise ImportError(
+            "torch_shard's C++ library (torch_shard._C) is not built; build it with: "
+            f"{shlex.quote(sys.executable)} -m pip install -e "
+            f"{shlex.quote(_source_tree() or '<the torch_shard source folder>')}"
+        )
+    return spec.origin
+
+
 def check(library: str | None = None) -> dict[str, str]:
     """Raise ImportError unless the library (``torch_shard._C`` by default) can run with the running
     torch; return its record. Called by ``torch_shard/__init__.py`` before it loads the library."""
     if library is None:
-        spec = importlib.util.find_spec(f"{__package__ or 'torch_shard'}._C")
-        if spec is None or not spec.origin:
-            raise ImportError(
-                "torch_shard's C++ library (torch_shard._C) is not built; build it with: "
-                f"{shlex.quote(sys.executable)} -m pip install -e "
-                f"{shlex.quote(_source_tree() or '<the torch_shard source folder>')}"
-            )
-        library = spec.origin
+        library = library_path()
     recorded = read_record(library)
     running = torch_facts()
     reason = incompatibility(recorded, running)

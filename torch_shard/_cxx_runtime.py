@@ -17,7 +17,6 @@ Standard library only: setup.py loads this file by path, before torch_shard is i
 
 from __future__ import annotations
 
-import importlib.util
 import mmap
 import struct
 
@@ -88,14 +87,9 @@ def problem(path: str) -> str | None:
     )
 
 
-def check(library: str | None = None) -> None:
-    """Raise ImportError if the library (``torch_shard._C`` by default) carries its own C++ runtime.
-    Reads the file; does not load it."""
-    if library is None:
-        spec = importlib.util.find_spec(f"{__package__ or 'torch_shard'}._C")
-        if spec is None or not spec.origin:
-            return  # _build_info.check() has said how to build it
-        library = spec.origin
+def check(library: str) -> None:
+    """Raise ImportError if the library at ``library`` carries its own C++ runtime. Reads the file;
+    does not load it."""
     reason = problem(library)
     if reason is not None:
         raise ImportError(

@@ -135,14 +135,12 @@ def _redistribute_strided(dtensor, mesh, target: list, group):
     )
     dst_offsets, dst_sizes, dst_owners, (dst_shape, dst_slices) = _piece_layout(size, mesh, tuple(target), ranks)
     local = dtensor.to_local()
-    try:
-        if tuple(local.shape) != src_shape:
-            raise ValueError(
-                f"torch_shard.interop.redistribute: the local tensor on rank {dist.get_rank()} has size "
-                f"{list(local.shape)}, but its placements {list(dtensor.placements)} give it {list(src_shape)}"
-            )
-    except ValueError as exc:
-        abort_and_raise(_OP, exc, group)
+    if tuple(local.shape) != src_shape:
+        mismatch = ValueError(
+            f"torch_shard.interop.redistribute: the local tensor on rank {dist.get_rank()} has size "
+            f"{list(local.shape)}, but its placements {list(dtensor.placements)} give it {list(src_shape)}"
+        )
+        abort_and_raise(_OP, mismatch, group)
     pieces = torch.ops.torch_shard._redistribute(
         [local[index].contiguous() for index in src_slices], local, list(size), src_offsets, src_sizes,
         src_owners, dst_offsets, dst_sizes, dst_owners, group.group_name,

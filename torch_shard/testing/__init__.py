@@ -158,9 +158,11 @@ def full_tensor(dt) -> torch.Tensor:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import DTensor
 
+    if dt.device.type != "cuda":
+        return dt.full_tensor()
     mesh = dt.device_mesh
     groups = [mesh.get_group(d) for d in range(mesh.ndim)]
-    if dt.device.type != "cuda" or dist.get_backend(groups[0]) != "gloo":
+    if dist.get_backend(groups[0]) != "gloo":
         return dt.full_tensor()
     cpu_mesh = DeviceMesh.from_group(groups if mesh.ndim > 1 else groups[0], "cpu", mesh=mesh.mesh)
     local = DTensor.from_local(
