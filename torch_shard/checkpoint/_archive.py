@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ._timing import read_from_storage
+
 # A zip local file header is 30 bytes; the name and extra-field lengths sit at bytes 26 and 28.
 _LOCAL_HEADER = struct.Struct("<4s22xHH")
 
@@ -134,12 +136,14 @@ class FileSource(Source):
             return
         # One system call per row, no Python frames between them (a column block of a 16 Ki-row chunk
         # is 16 Ki rows); a short read, rare on a regular file, finishes through _read_exact.
-        pread, at = os.preadv, self.base + offset
+        pread, at, short = os.preadv, self.base + offset, 0
         for i in range(count):
             row = buffer[i * width : (i + 1) * width]
             if pread(fileno, [row], at) != width:
                 _read_exact(self.handle, row, at)
+                short += width
             at += stride
+        read_from_storage(count * width - short)
 
 
 def _copy_rows(source: memoryview, offset: int, stride: int, width: int, count: int, out: memoryview) -> None:
@@ -195,6 +199,7 @@ def _read_exact(handle, buffer: memoryview, offset: int) -> None:
         if not got:
             raise OSError(f"unexpected end of checkpoint file at byte {offset + done}")
         done += got
+    read_from_storage(done)
 
 
 class _SourceFile(io.RawIOBase):

@@ -24,12 +24,15 @@ class LoadTimings:
             unpickling bytes items.
         agree_s: the ranks' agreement on the outcome (NOTE [ Agreeing on a load's outcome ]).
         write_s: copying the checked buffers into the destinations.
+        read_bytes: bytes this rank read from the checkpoint's data files (the load's reads of
+            stored chunks; ``.metadata`` and ``.checksums`` are not counted).
     """
 
     read_s: float = 0.0
     check_s: float = 0.0
     agree_s: float = 0.0
     write_s: float = 0.0
+    read_bytes: int = 0
 
 
 _local = threading.local()
@@ -54,3 +57,10 @@ def spent(field: str, since: float) -> float:
     if timings is not None:
         setattr(timings, field, getattr(timings, field) + now - since)
     return now
+
+
+def read_from_storage(nbytes: int) -> None:
+    """Count ``nbytes`` read from a checkpoint data file into the load being recorded."""
+    timings = getattr(_local, "timings", None)
+    if timings is not None:
+        timings.read_bytes += nbytes
