@@ -20,6 +20,14 @@ As a tool (from the repository root)::
 
     python scripts/torchrun_hosts.py --hosts 2 --nproc-per-node 2 -- bench/bench_data_paths.py --sizes 64
     python scripts/torchrun_hosts.py --hosts 1 --nproc-per-node 8 -- bench/bench_data_paths.py
+
+With --storage DIR, any number of hosts (1 to 18) read DIR over sshfs served from a storage namespace,
+the server's link capped at --storage-rate (1gbit by default): a cluster's network filesystem, each
+host with its own page cache (:class:`StorageHosts`; the notes above it say how). One command starts
+and stops it: nothing stays mounted, no server runs and no key stays authorised after it::
+
+    python scripts/torchrun_hosts.py --hosts 2 --nproc-per-node 2 --storage /tmp/ckpt --storage-rate 1gbit \\
+        -- bench/bench_checkpoint.py --state replicated --mib 32
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ PREFIX_LEN = 24
 MASTER_PORT = 29500
 # Interface names hold at most 15 characters: "tsmh" + pid (<= 7 digits) + "x" + counter (< 100) + a/b.
 _NAME_PREFIX = "tsmh"
-_NAME = re.compile(rf"^{_NAME_PREFIX}(\d+)x(\d+)[ab]$")
+_NAME = re.compile(rf"^{_NAME_PREFIX}(\d+)x(\d+)[a-z]$")
 _counter = itertools.count()
 _ETC_NETNS = "/etc/netns/"
 # Variables a launcher may have left in the environment that would change where the ranks connect or
@@ -160,7 +168,7 @@ def _reap_stale() -> None:
             shutil.rmtree(_ETC_NETNS + name, ignore_errors=True)
 
 
-def _write_hosts_file(ns: str) -> None:
+def _write_hosts_file(ns: str, addresses: Sequence[str] = ADDRESSES) -> None:
     """Give the namespace an /etc/hosts naming both hosts (`ip netns exec` mounts /etc/netns/<ns>/hosts
     over /etc/hosts). c10d's store looks up the name of every peer that connects; without an entry
     the lookup goes to a DNS server the namespace cannot reach: a warning per connection, and a wait
@@ -170,7 +178,7 @@ def _write_hosts_file(ns: str) -> None:
             hosts = f.read().rstrip("\n") + "\n"
     except OSError:
         hosts = "127.0.0.1 localhost\n"
-    for i, address in enumerate(ADDRESSES):
+    for i, address in enumerate(addresses):
         # The store listens on IPv6 too: its peers show up as IPv4-mapped addresses.
         hosts += f"{address} {_NAME_PREFIX}-host{i}\n::ffff:{address} {_NAME_PREFIX}-host{i}\n"
     try:
@@ -208,11 +216,12 @@ def _worker_env(base: dict[str, str] | None, ifname: str) -> dict[str, str]:
     return env
 
 
-def _torchrun_argv(nnodes: int, node_rank: int, nproc: int, script_argv: Sequence[str]) -> list[str]:
+def _torchrun_argv(nnodes: int, node_rank: int, nproc: int, script_argv: Sequence[str],
+                   master_addr: str = ADDRESSES[0]) -> list[str]:
     if nnodes == 1:
         rdzv = ["--standalone"]
     else:
-        rdzv = [f"--nnodes={nnodes}", f"--node-rank={node_rank}", f"--master-addr={ADDRESSES[0]}",
+        rdzv = [f"--nnodes={nnodes}", f"--node-rank={node_rank}", f"--master-addr={master_addr}",
                 f"--master-port={MASTER_PORT}"]
     return [sys.executable, "-m", "torch.distributed.run", *rdzv, f"--nproc-per-node={nproc}",
             "--max-restarts=0", *script_argv]
@@ -389,6 +398,396 @@ class TwoHosts:
         return _run_nodes(launch, 2, timeout, capture)
 
 
+# --- Storage: hosts reading one directory over a network filesystem served from another namespace ---
+#
+# StorageHosts makes N host namespaces and a "storage" namespace. The storage namespace holds a bridge
+# (the cluster's switch) with the server's address, and one veth per host: the host's end, addressed
+# 10.214.0.<i+1>, sits in the host's namespace, the other end is a port of the bridge. sshd runs in the
+# storage namespace and serves the directory over SFTP; each host mounts it with sshfs (FUSE) at its
+# own path in this machine's mount namespace, the mount started through `nsenter --net` so its SSH
+# connection leaves from the host's namespace and crosses the host's veth (`ip netns exec` would give
+# the mount a mount namespace of its own, unseen by anything else). Each mount is a FUSE filesystem of
+# its own, so each host has its own page cache of the files, as each machine of a cluster has.
+#
+# The server's link is capped with a token-bucket filter on the bridge's egress: everything the server
+# sends (to any host) leaves through the bridge device, so all hosts share one capped link, while
+# traffic between hosts (gloo) is forwarded from port to port and does not pass that qdisc. The bytes
+# the server sent are the bridge's tx counter (TORCH_SHARD_RIG_LINK names it).
+#
+# Nothing of a run outlives it: the teardown stops the ranks, unmounts every mount (fusermount3 -u,
+# else umount -l), stops sshfs and sshd, deletes the namespaces, and deletes the run's directory
+# under /run/torch_shard_rig (host key, client key, authorized_keys, sshd_config and the mount
+# points: nothing is added to ~/.ssh or /etc/ssh). A run whose owner was SIGKILLed is cleaned up by
+# the next one.
+
+STORAGE_SUBNET = "10.214.0"
+STORAGE_ADDRESS = STORAGE_SUBNET + ".254"
+STORAGE_BRIDGE = "br0"
+RIG_ROOT = "/run/torch_shard_rig"
+_RUN_DIR_NAME = re.compile(rf"^{_NAME_PREFIX}(\d+)x(\d+)$")
+_SSHD = "/usr/sbin/sshd"
+_PRIVSEP_DIR = "/run/sshd"  # Debian's sshd refuses to start without it
+# Present while /run/sshd is one a rig made (deleted by the last run to end, even after a SIGKILL).
+_PRIVSEP_MARK = RIG_ROOT + "/made-run-sshd"
+_STORAGE_TOOLS = {"sshfs": "sshfs", "fusermount3": "fuse3", "nsenter": "util-linux",
+                  "ssh-keygen": "openssh-client", "ssh": "openssh-client", "tc": "iproute2"}
+_MAX_STORAGE_HOSTS = 18  # host namespaces end in a..r; the storage namespace ends in s
+
+# sshfs's options, chosen to behave like a cluster's network filesystem (NFS-like):
+#   auto_cache: a host keeps a file's pages in its page cache across opens while the file's mtime and
+#     size on the server are unchanged (NFS's close-to-open consistency): a second read on the same
+#     host, caches not dropped, does not cross the link again. FUSE's default drops a file's cached
+#     pages at every open (every read crosses the link); kernel_cache would keep them even after the
+#     file changed on the server.
+#   dcache_timeout=1, attr_timeout=1, entry_timeout=1: sshfs's own cache of names and attributes (20 s
+#     by default) and the kernel's (1 s) expire after a second, so files written straight into the
+#     exported directory show on the mounts at once (NFS's attribute cache is 3-60 s; a checkpoint's
+#     files are new names, never cached as absent: negative_timeout stays 0).
+#   max_conns=1: one SSH connection per host (an NFS mount's single TCP connection). Reads of
+#     different files and read-ahead still go in parallel on it (SFTP requests are pipelined); at a
+#     1 Gbit/s cap one connection is not the limit (measured, see the rig's test and the docstring).
+# SSH: one fixed, fast cipher (AES-GCM), no compression (a checkpoint's floats do not compress, and it
+# would hide the link's cost), keys and host checks confined to the run's directory.
+SSHFS_OPTIONS = ("auto_cache", "dcache_timeout=1", "attr_timeout=1", "entry_timeout=1", "max_conns=1")
+_SSH_OPTIONS = ("Ciphers=aes128-gcm@openssh.com", "Compression=no", "BatchMode=yes", "IdentitiesOnly=yes",
+                "StrictHostKeyChecking=no", "UserKnownHostsFile=/dev/null", "GlobalKnownHostsFile=/dev/null",
+                "LogLevel=ERROR", "ConnectTimeout=10")
+
+
+def storage_unavailable_reason() -> str | None:
+    """Why the storage rig cannot run here (one line), or None when it can."""
+    reason = unavailable_reason()
+    if reason is not None:
+        return reason
+    missing = sorted({pkg for tool, pkg in _STORAGE_TOOLS.items() if shutil.which(tool) is None}
+                     | (set() if os.access(_SSHD, os.X_OK) else {"openssh-server"}))
+    if missing:
+        return f"the storage rig needs Debian's {', '.join(missing)} (install_storage_tools() installs them)"
+    if not os.path.exists("/dev/fuse"):
+        return "no /dev/fuse: FUSE (sshfs) mounts are not possible here"
+    return None
+
+
+def install_storage_tools() -> str | None:
+    """Install sshfs and openssh-server from Debian's packages where they are missing (apt-get, as
+    root), without starting the system's sshd. Returns why the rig still cannot run, or None."""
+    reason = storage_unavailable_reason()
+    if reason is None or "install_storage_tools" not in reason:
+        return reason
+    if shutil.which("apt-get") is None:
+        return reason + "; no apt-get to install them"
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    policy = "/usr/sbin/policy-rc.d"
+    made_policy = not os.path.exists(policy)
+    try:
+        if made_policy:
+            # Tells the packages' scripts not to start services: installing must not leave a server running.
+            with open(policy, "w") as f:
+                f.write("#!/bin/sh\nexit 101\n")
+            os.chmod(policy, 0o755)
+        argv = ["apt-get", "install", "-y", "--no-install-recommends", "sshfs", "openssh-server"]
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+        if done.returncode != 0:
+            subprocess.run(["apt-get", "update"], capture_output=True, text=True, env=env, timeout=600)
+            done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+        if done.returncode != 0:
+            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or [str(done.returncode)]
+            return f"{reason}; apt-get install sshfs openssh-server failed: {tail[0]}"
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{reason}; installing them failed: {exc}"
+    finally:
+        if made_policy:
+            try:
+                os.unlink(policy)
+            except OSError:
+                pass
+    return storage_unavailable_reason()
+
+
+def _unescape_mountinfo(field: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def mounts_under(path: str) -> list[str]:
+    """Mount points at or below ``path`` in this process's mount namespace."""
+    path = path.rstrip("/")
+    found = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            target = _unescape_mountinfo(line.split()[4])
+            if target == path or target.startswith(path + "/"):
+                found.append(target)
+    return found
+
+
+def _unmount(target: str) -> None:
+    """Unmount a FUSE mount: fusermount3 -u, else a lazy unmount (busy, or its daemon gone)."""
+    for argv in (["fusermount3", "-u", "-q", target], ["umount", "-l", target], ["fusermount3", "-u", "-z", "-q", target]):
+        if target not in mounts_under(target):
+            return
+        try:
+            subprocess.run(argv, capture_output=True, timeout=30, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+
+
+def _remove_run_dir(run_dir: str) -> None:
+    """Delete a run's directory, never through a mount: what is still mounted below it is detached
+    first, and if anything stays mounted the directory is left (deleting it would delete the
+    exported files through the mount)."""
+    for target in sorted(mounts_under(run_dir), key=len, reverse=True):
+        _unmount(target)
+    if mounts_under(run_dir):
+        print(f"torchrun_hosts: {run_dir} still has mounts, left in place: {mounts_under(run_dir)}", file=sys.stderr)
+        return
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _reap_stale_rigs() -> None:
+    """Unmount and delete the run directories of storage rigs whose owner process is gone."""
+    try:
+        entries = os.listdir(RIG_ROOT)
+    except OSError:
+        return
+    for name in entries:
+        match = _RUN_DIR_NAME.match(name)
+        if match is not None and not _alive(int(match.group(1))):
+            _remove_run_dir(f"{RIG_ROOT}/{name}")
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def link_bytes(link: str) -> int:
+    """Bytes sent so far by the server's link, named as in TORCH_SHARD_RIG_LINK ("<netns>:<ifname>")."""
+    import json
+
+    ns, ifname = link.split(":", 1)
+    out = _ip("-n", ns, "-s", "-j", "link", "show", ifname).stdout
+    return int(json.loads(out)[0]["stats64"]["tx"]["bytes"])
+
+
+class StorageHosts:
+    """``hosts`` network namespaces that read ``storage`` (a directory of this machine) over sshfs from
+    a storage namespace, for as long as the ``with`` block runs (see the notes above the class).
+
+    ``names[i]`` is host i's namespace and the name of its veth end, ``addresses[i]`` its address,
+    ``mounts[i]`` where the directory is mounted for it (a path in this machine's mount namespace, seen
+    by the processes started with :meth:`popen` / :meth:`torchrun`). ``storage_rate`` (tc's units,
+    e.g. "1gbit"; None: uncapped) caps what the server sends, shared by all hosts; ``rate`` caps each
+    host's own egress (to the other hosts and its requests to the server).
+
+    The processes started on host i get TORCH_SHARD_RIG_MOUNT (its mount), TORCH_SHARD_RIG_EXPORT (the
+    directory itself: writing there is writing on the server), TORCH_SHARD_RIG_LINK ("<netns>:<ifname>"
+    of the server's link: :func:`link_bytes`, or ``ip -n NS -s -j link show IF``, reads its tx bytes),
+    TORCH_SHARD_RIG_HOST (i) and TORCH_SHARD_RIG_HOSTS (the number of hosts).
+    """
+
+    def __init__(self, hosts: int, storage: str, *, storage_rate: str | None = "1gbit", rate: str | None = None,
+                 mtu: int = 1500, sshfs_options: Sequence[str] = SSHFS_OPTIONS):
+        if not 1 <= hosts <= _MAX_STORAGE_HOSTS:
+            raise ValueError(f"hosts must be 1..{_MAX_STORAGE_HOSTS}, got {hosts}")
+        self.storage = os.path.realpath(storage)
+        if not os.path.isdir(self.storage):
+            raise ValueError(f"storage must be a directory, got {storage!r}")
+        if "," in self.storage:
+            raise ValueError("the storage directory's path must not hold a comma (sshfs's option lists)")
+        for r in (rate, storage_rate):
+            if r is not None:
+                _shaping_args(r, "check")
+        self.rate, self.storage_rate, self.mtu = rate, storage_rate, mtu
+        self.sshfs_options = tuple(sshfs_options)
+        stem = f"{_NAME_PREFIX}{os.getpid()}x{next(_counter) % 100}"
+        self.names = tuple(stem + chr(ord("a") + i) for i in range(hosts))
+        self.storage_ns = stem + "s"
+        self.addresses = tuple(f"{STORAGE_SUBNET}.{i + 1}" for i in range(hosts))
+        self.run_dir = f"{RIG_ROOT}/{stem}"
+        self.mounts = tuple(f"{self.run_dir}/host{i}" for i in range(hosts))
+        self.link = f"{self.storage_ns}:{STORAGE_BRIDGE}"
+        self._ssh_dir = f"{self.run_dir}/ssh"
+        self._sshd: subprocess.Popen | None = None
+        self._signals = _ExitOnSignal()
+
+    # -- set-up ------------------------------------------------------------------------------------
+
+    def __enter__(self) -> StorageHosts:
+        self._signals.__enter__()
+        try:
+            _reap_stale_rigs()
+            _reap_stale()
+            os.makedirs(RIG_ROOT, exist_ok=True)
+            os.mkdir(self.run_dir, 0o700)
+            os.mkdir(self._ssh_dir, 0o700)
+            self._network()
+            self._start_sshd()
+            for i in range(len(self.names)):
+                self._mount(i)
+        except BaseException as exc:
+            self.__exit__(type(exc), exc, exc.__traceback__)
+            if isinstance(exc, subprocess.CalledProcessError):
+                raise RuntimeError(f"setting up the storage rig failed: {' '.join(exc.cmd)}: "
+                                   f"{(exc.stderr or '').strip()}") from exc
+            raise
+        return self
+
+    def _tc(self, ns: str, rate: str, dev: str) -> None:
+        subprocess.run(["tc", "-n", ns, *_shaping_args(rate, dev)], capture_output=True, text=True,
+                       check=True, timeout=30)
+
+    def _network(self) -> None:
+        s = self.storage_ns
+        for ns in (*self.names, s):
+            _ip("netns", "add", ns)
+        _ip("-n", s, "link", "set", "lo", "up")
+        _ip("-n", s, "link", "add", STORAGE_BRIDGE, "mtu", str(self.mtu), "type", "bridge")
+        _ip("-n", s, "addr", "add", f"{STORAGE_ADDRESS}/{PREFIX_LEN}", "dev", STORAGE_BRIDGE)
+        for i, (ns, address) in enumerate(zip(self.names, self.addresses)):
+            port = f"port{i}"
+            _ip("link", "add", ns, "netns", ns, "mtu", str(self.mtu), "type", "veth",
+                "peer", "name", port, "netns", s, "mtu", str(self.mtu))
+            _ip("-n", s, "link", "set", port, "master", STORAGE_BRIDGE)
+            _ip("-n", s, "link", "set", port, "up")
+            _ip("-n", ns, "addr", "add", f"{address}/{PREFIX_LEN}", "dev", ns)
+            _ip("-n", ns, "link", "set", "lo", "up")
+            _ip("-n", ns, "link", "set", ns, "up")
+            if self.rate is not None:
+                self._tc(ns, self.rate, ns)
+            _write_hosts_file(ns, self.addresses)
+        _ip("-n", s, "link", "set", STORAGE_BRIDGE, "up")
+        if self.storage_rate is not None:
+            self._tc(s, self.storage_rate, STORAGE_BRIDGE)
+
+    def _start_sshd(self) -> None:
+        d = self._ssh_dir
+        for key in ("host_key", "client_key"):
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "torch_shard_rig", "-f", f"{d}/{key}"],
+                           capture_output=True, text=True, check=True, timeout=30)
+        with open(f"{d}/client_key.pub") as f:
+            public = f.read().strip()
+        with open(f"{d}/authorized_keys", "w") as f:
+            f.write(f"restrict {public}\n")  # SFTP only: no pty, no forwarding
+        config = f"""\
+ListenAddress {STORAGE_ADDRESS}
+Port 22
+HostKey {d}/host_key
+PidFile {d}/sshd.pid
+AuthorizedKeysFile {d}/authorized_keys
+AuthenticationMethods publickey
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+AllowUsers root
+UsePAM no
+StrictModes no
+X11Forwarding no
+AllowTcpForwarding no
+AllowAgentForwarding no
+PrintMotd no
+Subsystem sftp internal-sftp
+"""
+        with open(f"{d}/sshd_config", "w") as f:
+            f.write(config)
+        if not os.path.isdir(_PRIVSEP_DIR):
+            os.mkdir(_PRIVSEP_DIR, 0o755)
+            open(_PRIVSEP_MARK, "w").close()
+        log_path = f"{d}/sshd.log"
+        with open(log_path, "w") as log:
+            self._sshd = subprocess.Popen(
+                ["nsenter", f"--net=/run/netns/{self.storage_ns}", _SSHD, "-D", "-e", "-f", f"{d}/sshd_config"],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 15.0
+        while True:
+            with open(log_path) as f:
+                text = f.read()
+            if "Server listening" in text:
+                return
+            if self._sshd.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"sshd did not start in the storage namespace:\n{text.strip()}")
+            time.sleep(0.05)
+
+    def _mount(self, i: int) -> None:
+        os.mkdir(self.mounts[i], 0o755)
+        ssh = [f"IdentityFile={self._ssh_dir}/client_key", *_SSH_OPTIONS]
+        argv = ["nsenter", f"--net=/run/netns/{self.names[i]}", "sshfs", "-F", "/dev/null",
+                f"root@{STORAGE_ADDRESS}:{self.storage}", self.mounts[i], "-o", ",".join((*self.sshfs_options, *ssh))]
+        # Its output goes to a file, not a pipe: the daemonised sshfs and its ssh keep the stderr they
+        # were started with, and a pipe would never reach its end.
+        log_path = f"{self._ssh_dir}/sshfs{i}.log"
+        with open(log_path, "w") as log:
+            done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, timeout=60)
+        if done.returncode != 0 or self.mounts[i] not in mounts_under(self.mounts[i]):
+            with open(log_path) as f:
+                raise RuntimeError(f"sshfs mount for host {i} failed (exit {done.returncode}): {f.read().strip()}")
+
+    # -- teardown ----------------------------------------------------------------------------------
+
+    def __exit__(self, *exc) -> bool:
+        try:
+            with _Deferred():
+                # 1. The ranks and whatever else runs on the hosts, but not the mounts' daemons yet.
+                for ns in self.names:
+                    _stop([p for p in _pids_in_namespace(ns) if _comm(p) not in ("sshfs", "ssh")], grace=3.0)
+                # 2. The mounts (sshfs exits once its mount is gone).
+                for target in self.mounts:
+                    _unmount(target)
+                # 3. What is left: sshfs, ssh, sshd.
+                for ns in (*self.names, self.storage_ns):
+                    _stop(_pids_in_namespace(ns), grace=3.0)
+                if self._sshd is not None:
+                    _stop([self._sshd.pid], grace=3.0)
+                    self._sshd.wait()
+                for ns in (*self.names, self.storage_ns):
+                    _ip("netns", "del", ns, check=False)
+                    shutil.rmtree(_ETC_NETNS + ns, ignore_errors=True)
+                # 4. Keys, sshd's config and the mount points.
+                _remove_run_dir(self.run_dir)
+                others = [n for n in (os.listdir(RIG_ROOT) if os.path.isdir(RIG_ROOT) else []) if _RUN_DIR_NAME.match(n)]
+                if not others and os.path.exists(_PRIVSEP_MARK):
+                    try:
+                        os.rmdir(_PRIVSEP_DIR)
+                    except OSError:
+                        pass
+                    os.unlink(_PRIVSEP_MARK)
+                try:
+                    os.rmdir(RIG_ROOT)
+                except OSError:
+                    pass  # another run's directory is there
+        finally:
+            self._signals.__exit__(*exc)
+        return False
+
+    # -- running -----------------------------------------------------------------------------------
+
+    def env(self, node: int, base: dict[str, str] | None = None) -> dict[str, str]:
+        env = _worker_env(base, self.names[node])
+        env.update(TORCH_SHARD_RIG_MOUNT=self.mounts[node], TORCH_SHARD_RIG_EXPORT=self.storage,
+                   TORCH_SHARD_RIG_LINK=self.link, TORCH_SHARD_RIG_HOST=str(node),
+                   TORCH_SHARD_RIG_HOSTS=str(len(self.names)))
+        return env
+
+    def popen(self, node: int, argv: Sequence[str], env: dict[str, str] | None = None, **kwargs) -> subprocess.Popen:
+        """Start ``argv`` on host ``node`` (its network namespace; the mounts are visible), in a new session."""
+        return subprocess.Popen(["ip", "netns", "exec", self.names[node], *argv], env=self.env(node, env),
+                                start_new_session=True, **kwargs)
+
+    def torchrun(self, script_argv: Sequence[str], nproc_per_node: int, *, env: dict[str, str] | None = None,
+                 timeout: float = 600.0, capture: bool = True) -> list[NodeResult]:
+        """Run ``torchrun ... script_argv`` on every host (``nproc_per_node`` ranks each, host 0 first,
+        rendezvous on host 0's address) and wait for all; raises TorchrunError unless all exit 0."""
+        n = len(self.names)
+
+        def launch(node, log):
+            argv = _torchrun_argv(n, node, nproc_per_node, script_argv, master_addr=self.addresses[0])
+            return self.popen(node, argv, env, stdout=log, stderr=subprocess.STDOUT if log else None)
+
+        return _run_nodes(launch, n, timeout, capture)
+
+
 def run_one_host(script_argv: Sequence[str], nproc_per_node: int, *, env: dict[str, str] | None = None,
                  timeout: float = 600.0, capture: bool = True) -> NodeResult:
     """``torchrun --standalone`` on this host, gloo over loopback; raises TorchrunError unless it exits 0."""
@@ -403,18 +802,36 @@ def run_one_host(script_argv: Sequence[str], nproc_per_node: int, *, env: dict[s
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hosts", type=int, choices=(1, 2), default=2)
+    parser.add_argument("--hosts", type=int, default=2, help="1 or 2; with --storage, 1 to 18")
     parser.add_argument("--nproc-per-node", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before both sides are stopped")
     parser.add_argument("--mtu", type=int, default=1500, help="veth MTU (two hosts)")
     parser.add_argument("--rate", help="cap the link between the hosts, in tc's units (e.g. 1gbit)")
+    parser.add_argument("--storage", metavar="DIR",
+                        help="the hosts read DIR over sshfs from a storage namespace (each at the path in "
+                             "$TORCH_SHARD_RIG_MOUNT); installs sshfs and openssh-server where missing")
+    parser.add_argument("--storage-rate", default="1gbit",
+                        help="cap on what the storage server sends, shared by all hosts (tc's units; 'none': uncapped)")
+    parser.add_argument("--sshfs-options", default=",".join(SSHFS_OPTIONS),
+                        help="sshfs's mount options (default: %(default)s)")
     parser.add_argument("script", nargs=argparse.REMAINDER, help="-- SCRIPT [ARGS...]")
     args = parser.parse_args()
     script = args.script[1:] if args.script[:1] == ["--"] else args.script
     if not script:
         parser.error("give the script to run after --")
+    if args.storage is None and args.hosts not in (1, 2):
+        parser.error("--hosts must be 1 or 2 without --storage")
     try:
-        if args.hosts == 1:
+        if args.storage is not None:
+            reason = install_storage_tools()
+            if reason is not None:
+                sys.exit(reason)
+            storage_rate = None if args.storage_rate.lower() == "none" else args.storage_rate
+            options = [o for o in args.sshfs_options.split(",") if o]
+            with StorageHosts(args.hosts, args.storage, storage_rate=storage_rate, rate=args.rate, mtu=args.mtu,
+                              sshfs_options=options) as hosts:
+                hosts.torchrun(script, args.nproc_per_node, timeout=args.timeout, capture=False)
+        elif args.hosts == 1:
             run_one_host(script, args.nproc_per_node, timeout=args.timeout, capture=False)
         else:
             reason = unavailable_reason()
