@@ -20,6 +20,7 @@ Both classes run again with every load through torch_shard.checkpoint.ByteRangeF
 TestByteRangeReader checks that it reads only the bytes a rank needs.
 """
 
+import functools
 import itertools
 import math
 import warnings
@@ -49,7 +50,7 @@ from torch.distributed.tensor import zeros as dtensor_zeros
 from torch.testing._internal.distributed.checkpoint_utils import Rot13Example, get_test_extension_registry
 
 from torch_shard import shard_parameter, sharded_tensor
-from torch_shard.checkpoint import ByteRangeFileSystemReader, ChecksumFileSystemWriter, _reader
+from torch_shard.checkpoint import ByteRangeFileSystemReader, ChecksumFileSystemWriter, _read_chunk
 from torch_shard.sharding_spec import ChunkShardingSpec, EnumerableShardingSpec, ShardMetadata
 from torch_shard.testing import ShardedTensorTestBase, full_tensor, placement, run_tests, with_comms
 
@@ -462,6 +463,19 @@ class TestCrossLibraryCheckpointsByteRange(TestCrossLibraryCheckpoints):
     reader_cls = ByteRangeFileSystemReader
 
 
+# The same scenarios read once across the ranks (every saved chunk read by one rank, handed to the
+# others through the exchange): sub-groups, empty shards, DTensor and upstream layouts.
+_read_once_reader = functools.partial(ByteRangeFileSystemReader, read_once=True)
+
+
+class TestCheckpointScenariosReadOnce(TestCheckpointScenarios):
+    reader_cls = _read_once_reader
+
+
+class TestCrossLibraryCheckpointsReadOnce(TestCrossLibraryCheckpoints):
+    reader_cls = _read_once_reader
+
+
 def _bytes_read_by_this_process() -> int:
     """Bytes this process has read through read()-family system calls (``rchar``)."""
     with open("/proc/self/io") as f:
@@ -520,7 +534,7 @@ class TestByteRangeReader(ShardedTensorTestBase):
             same_layout = self._load_counting(ByteRangeFileSystemReader, path, rows, full, **kwargs)
             self.assertGreaterEqual(same_layout, nbytes // 4)
             self.assertLess(same_layout, nbytes // 4 + 64 * 1024)
-        with mock.patch.object(_reader, "_READ_TWICE_FROM", 0):
+        with mock.patch.object(_read_chunk, "_READ_TWICE_FROM", 0):
             twice = self._load_counting(ByteRangeFileSystemReader, path, rows, full)
         self.assertGreaterEqual(twice, 2 * (nbytes // 4))
         self.assertLess(twice, 2 * (nbytes // 4) + 64 * 1024)

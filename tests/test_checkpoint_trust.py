@@ -34,6 +34,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+import xxhash
 from _shared import box_slice, chunks, filled, shared_tmp_dir
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
@@ -46,6 +47,7 @@ from torch_shard.checkpoint import (
     ChecksumFileSystemWriter,
     _checksums,
     _metadata,
+    _read_chunk,
     _reader,
     load,
     verify_checkpoint,
@@ -155,13 +157,13 @@ class TestCheckpointTrust(ShardedTensorTestBase):
     def test_checksums_hold_every_ranks_items_and_each_names_its_item(self):
         # Each rank's checksums travel to the coordinator as one encoded string, joined there: every
         # stored item of every rank (sharded chunks, a tensor and a bytes item saved per rank, a big
-        # tensor whose CRC is read back from its archive) has exactly one entry, under its own place.
+        # tensor hashed on the writer's thread) has exactly one entry, under its own place.
         path = self._tmp_dir()
         state = {
             "w": filled(_values(3), chunks(0)),
             f"plain{self.rank}": torch.full((5, 3), float(self.rank)),
             f"note{self.rank}": {"rank": self.rank},
-            f"big{self.rank}": torch.full((512, 1024), float(self.rank)),  # 2 MiB: CRC read back
+            f"big{self.rank}": torch.full((512, 1024), float(self.rank)),  # 2 MiB: hashed on a thread
         }
         dcp.save(state, storage_writer=ChecksumFileSystemWriter(path))
         if self.rank == 0:
@@ -319,8 +321,8 @@ class TestCheckpointTrust(ShardedTensorTestBase):
                     data = f.read()
                 if how == "truncated":
                     data = data[: len(data) // 2]
-                elif how == "digit":  # one hex digit of the first data CRC
-                    at = data.index(b'"crc":"') + len(b'"crc":"')
+                elif how == "digit":  # one hex digit of the first data digest
+                    at = data.index(b'"digest":"') + len(b'"digest":"')
                     data = data[:at] + (b"1" if data[at : at + 1] != b"1" else b"2") + data[at + 1 :]
                 else:  # a later save by DCP's own writer leaves this save's .checksums behind
                     dcp.save({"w": full}, storage_writer=dcp.FileSystemWriter(path), no_dist=True)
@@ -395,7 +397,7 @@ class TestCheckpointTrust(ShardedTensorTestBase):
 
         target = sharded_tensor.full(chunks(0), (ROWS, COLS), FILL)
         # Every whole chunk read twice, however small (the reader stages chunks under 32 MiB).
-        with mock.patch.object(_reader, "exchange", agree_then_change), mock.patch.object(_reader, "_READ_TWICE_FROM", 0):
+        with mock.patch.object(_reader, "exchange", agree_then_change), mock.patch.object(_read_chunk, "_READ_TWICE_FROM", 0):
             with self.assertRaises(CheckpointCorruptionError) as cm:
                 load({"w": target}, path)
         self.assertEqual(len(calls), 1)  # one agreement; DCP's read step gathers what the copy found
@@ -427,9 +429,9 @@ class TestCheckpointTrust(ShardedTensorTestBase):
 
 def test_checksums_file_catches_every_changed_character():
     tensor = torch.arange(300 * 70, dtype=torch.float32).view(300, 70)
-    grid, tiles = _checksums.tensor_tile_crcs(tensor)
+    grid, tiles = _checksums.tensor_tile_digests(tensor)
     items = {
-        "__0_0.distcp:0": _checksums.ItemChecksums("w", 0x1234ABCD, grid, tuple(tiles)),
+        "__0_0.distcp:0": _checksums.ItemChecksums("w", 0x1234ABCD5678EF90, grid, tuple(tiles)),
         "__0_0.distcp:99": _checksums.ItemChecksums("note", 0x0BADF00D),
     }
     data = _checksums.dump("save-1", "d" * 64, [_checksums.encode_items(items)])
@@ -462,7 +464,7 @@ def test_checksums_hold_the_sha256_of_the_metadata_file_and_catch_any_change_to_
         raw = f.read()
     with open(tmp_path / ".checksums", "rb") as f:
         sums = _checksums.parse(f.read())
-    assert sums.version == _checksums.VERSION == 3
+    assert sums.version == _checksums.VERSION == 4
     assert sums.metadata_digest == hashlib.sha256(raw).hexdigest()
     assert verify_checkpoint(str(tmp_path), progress=False).ok
     # The same content pickled again (as another torch would): different bytes, so refused, and
@@ -491,51 +493,32 @@ def test_a_dcp_that_writes_metadata_without_a_rename_still_gets_checksums(tmp_pa
     assert verify_checkpoint(str(tmp_path), progress=False).ok
 
 
-def _as_version_2(path) -> None:
-    """Rewrite a checkpoint's .checksums as torch_shard's version 2 wrote it (content digest of the
-    metadata, check over the re-encoded body)."""
-    with open(os.path.join(path, ".checksums"), "rb") as f:
+def test_checksums_of_an_unreleased_version_are_refused_with_how_to_load_without_them(tmp_path):
+    # Versions 1 to 3 (CRC-32s) were never released: a .checksums of version 3, whole and self-consistent,
+    # is refused by name, and the message says how to load the data against their zip CRC-32s alone.
+    import zlib
+
+    full = torch.arange(64 * 6, dtype=torch.float32).view(64, 6)
+    _save_alone(tmp_path, {"w": full})
+    with open(tmp_path / ".checksums", "rb") as f:
         body = json.loads(f.read())
     del body["check"]
-    body["version"] = 2
-    body["metadata"] = _metadata.legacy_digest(dcp.FileSystemReader(str(path)).read_metadata())
-    body["check"] = f"{_checksums.crc32(_checksums._canonical(body)):08x}"
-    with open(os.path.join(path, ".checksums"), "wb") as f:
-        f.write(_checksums._canonical(body))
-
-
-def test_version_2_checksums_are_still_read_and_checked(tmp_path):
-    full = torch.arange(64 * 6, dtype=torch.float32).view(64, 6)
-    _save_alone(tmp_path, {"w": full, "note": {"a": 1}})
-    _as_version_2(tmp_path)
-    with open(tmp_path / ".checksums", "rb") as f:
-        assert _checksums.parse(f.read()).version == 2
-    target = {"w": torch.zeros(64, 6), "note": {"a": 0}}
+    body.update(version=3, algorithm="crc32")
+    head = json.dumps(body, separators=(",", ":")).encode()[:-1]
+    with open(tmp_path / ".checksums", "wb") as f:
+        f.write(head + b',"check":"%08x"}' % zlib.crc32(head))
+    with open(tmp_path / ".checksums", "rb") as f, pytest.raises(ValueError, match="has version 3 / algorithm 'crc32'; "
+                                                                 "this torch_shard reads version 4 of xxh3_64"):
+        _checksums.parse(f.read())
+    report = verify_checkpoint(str(tmp_path), progress=False)
+    assert not report.ok and [c.file for c in report.corruptions] == [".checksums"], report.corruptions
+    assert "has version 3" in report.corruptions[0].what and "checksums=False" in report.corruptions[0].what
+    assert verify_checkpoint(str(tmp_path), progress=False, checksums=False).ok
+    target = {"w": torch.zeros(64, 6)}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        dcp.load(target, storage_reader=ByteRangeFileSystemReader(str(tmp_path)), no_dist=True)
-    assert torch.equal(target["w"], full) and target["note"] == {"a": 1}
-    assert verify_checkpoint(str(tmp_path), progress=False).ok
-    # Its digest is of the content: a chunk moved in .metadata is caught, and so is a changed digest.
-    md = dcp.FileSystemReader(str(tmp_path)).read_metadata()
-    again = pickle.loads(pickle.dumps(md))
-    again.storage_meta.load_id = "another load"  # what a load sets: not part of the digest
-    assert _metadata.legacy_digest(again) == _metadata.legacy_digest(md)
-    assert not _metadata.check_structure(md)
-    [chunk] = again.state_dict_metadata["w"].chunks
-    again.state_dict_metadata["w"].chunks = [ChunkStorageMetadata(torch.Size([1, 0]), chunk.sizes)]
-    assert _metadata.legacy_digest(again) != _metadata.legacy_digest(md)
-    problems = _metadata.check_structure(again)
-    assert problems and all(p.fqn == "w" for p in problems), problems
-    with open(tmp_path / ".checksums", "rb") as f:
-        body = json.loads(f.read())
-    body["metadata"] = "0" * 64
-    del body["check"]
-    body["check"] = f"{_checksums.crc32(_checksums._canonical(body)):08x}"
-    with open(tmp_path / ".checksums", "wb") as f:
-        f.write(_checksums._canonical(body))
-    report = verify_checkpoint(str(tmp_path), progress=False)
-    assert not report.ok and [c.file for c in report.corruptions] == [".metadata"], report.corruptions
+        dcp.load(target, storage_reader=ByteRangeFileSystemReader(str(tmp_path), checksums=False), no_dist=True)
+    assert torch.equal(target["w"], full)
 
 
 def test_checksums_entries_are_decoded_when_read_and_a_malformed_one_is_named():
@@ -545,8 +528,8 @@ def test_checksums_entries_are_decoded_when_read_and_a_malformed_one_is_named():
     assert "__0_0.distcp:0" in parsed.items and len(parsed.items) == 1 and not parsed.items._decoded
     assert parsed.items["__0_0.distcp:0"] == items["__0_0.distcp:0"]
     # An entry that passes the file's check but is malformed (its writer wrote it so): named on use.
-    head = data[: -len(b',"check":"00000000"}')].replace(b'"crc":"1234abcd"', b'"crc":"zz"')
-    parsed = _checksums.parse(head + b',"check":"%08x"}' % _checksums.crc32(head))
+    head = data[: -len(b',"check":"0000000000000000"}')].replace(b'"digest":"000000001234abcd"', b'"digest":"zz"')
+    parsed = _checksums.parse(head + b',"check":"%016x"}' % xxhash.xxh3_64_intdigest(head))
     with pytest.raises(ValueError, match="malformed entry for '__0_0.distcp:0'"):
         parsed.items["__0_0.distcp:0"]
 
@@ -555,14 +538,14 @@ if __name__ == "__main__":
     run_tests()
 
 
-def test_big_tensors_take_their_data_crc_from_the_archive(tmp_path):
-    # Tensors of 1 MiB or more: the data CRC is the zip record's, read back after the write (one hash
-    # of the data, by torch.save); with torch.save's CRCs off it is hashed from memory instead.
-    import zlib
-
+def test_tensors_record_the_xxh3_of_their_storage(tmp_path):
+    # Every item's digest is the XXH3-64 of the bytes torch.save stores as its data record, hashed from
+    # memory (in one pass with the tile digests for a big row-major tensor, on the writer's thread),
+    # whether or not torch.save computes its own CRC-32s.
     big = torch.arange(512 * 1024, dtype=torch.float32).view(512, 1024)  # 2 MiB
     small = torch.arange(100, dtype=torch.float32)
-    expected = {"big": zlib.crc32(big.numpy().tobytes()), "small": zlib.crc32(small.numpy().tobytes())}
+    expected = {"big": xxhash.xxh3_64_intdigest(big.numpy().tobytes()),
+                "small": xxhash.xxh3_64_intdigest(small.numpy().tobytes())}
     for crcs_on in (True, False):
         path = str(tmp_path / f"crc_{crcs_on}")
         before = torch.serialization.get_crc32_options()
@@ -575,11 +558,11 @@ def test_big_tensors_take_their_data_crc_from_the_archive(tmp_path):
             torch.serialization.set_crc32_options(before)
         with open(os.path.join(path, ".checksums"), "rb") as f:
             sums = _checksums.parse(f.read())
-        assert {item.fqn: item.crc for item in sums.items.values()} == expected, crcs_on
-        # Tile CRCs only for a chunk a reader may read in parts (a small one is read whole).
+        assert {item.fqn: item.digest for item in sums.items.values()} == expected, crcs_on
+        # Tile digests only for a chunk a reader may read in parts (a small one is read whole).
         assert {item.fqn: item.grid is not None for item in sums.items.values()} == {"big": True, "small": False}
         assert verify_checkpoint(path, progress=False).ok
-        # A flipped data byte of the big tensor is caught, by its CRC from this save.
+        # A flipped data byte of the big tensor is caught, by its digest from this save.
         [(_, info)] = [(i, s) for i, s in _storage(path).items() if i.fqn == "big"]
         with open(os.path.join(path, info.relative_path), "r+b") as f:
             f.seek(info.offset)

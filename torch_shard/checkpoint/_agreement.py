@@ -50,7 +50,7 @@ def this_rank() -> int | None:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else None
 
 
-def _group_of(ranks: tuple[int, ...]):
+def group_of(ranks: tuple[int, ...]):
     if len(ranks) == dist.get_world_size() and sorted(ranks) == list(range(len(ranks))):
         return dist.group.WORLD
     wanted = set(ranks)
@@ -60,7 +60,7 @@ def _group_of(ranks: tuple[int, ...]):
     raise RuntimeError(f"torch_shard.checkpoint: no process group with the loading ranks {sorted(ranks)}")
 
 
-def _flag_device(group) -> torch.device:
+def flag_device(group) -> torch.device:
     """Where the group's collectives take a tensor: as ``all_gather_object`` chooses (CUDA for NCCL)."""
     choose = getattr(dist.distributed_c10d, "_get_object_coll_device", None)
     kind = choose(group) if choose is not None else "cpu"
@@ -79,9 +79,9 @@ def exchange(outcome: Outcome, participants: Participants | None) -> list[Outcom
         return [outcome]
     if this_rank() not in participants.ranks:
         return [outcome]
-    group = _group_of(participants.ranks)
+    group = group_of(participants.ranks)
     troubled = bool(outcome.corruptions) or outcome.error is not None
-    flag = torch.tensor([int(troubled)], dtype=torch.int32, device=_flag_device(group))
+    flag = torch.tensor([int(troubled)], dtype=torch.int32, device=flag_device(group))
     dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
     if not flag.item():
         return [outcome]

@@ -20,8 +20,9 @@ class LoadTimings:
 
     Attributes:
         read_s: reading checkpoint bytes into the reader's own buffers (and parsing archives).
-        check_s: hashing what was read (CRC-32) and comparing with what the checkpoint recorded, and
+        check_s: hashing what was read (XXH3-64 or CRC-32) and comparing with what the checkpoint recorded, and
             unpickling bytes items.
+        exchange_s: handing bytes read for other ranks over the process group (read-once loads).
         agree_s: the ranks' agreement on the outcome (NOTE [ Agreeing on a load's outcome ]).
         write_s: copying the checked buffers into the destinations.
         read_bytes: bytes this rank read from the checkpoint's data files (the load's reads of
@@ -30,6 +31,7 @@ class LoadTimings:
 
     read_s: float = 0.0
     check_s: float = 0.0
+    exchange_s: float = 0.0
     agree_s: float = 0.0
     write_s: float = 0.0
     read_bytes: int = 0
