@@ -26,14 +26,38 @@ largest per-rank growth of ``rchar`` in /proc/self/io over one load: what the pr
 read()-family system calls (checkpoint data, archive headers, the metadata file on the coordinator).
 The files sit in the page cache after the save, so the times are of reading memory and
 deserialising, not of a disk.
+
+``--state replicated`` (issue 43) is a cluster's checkpoint instead: ``--mib`` MiB of a row-sharded
+float32 ``ShardedTensor`` (``ChunkShardingSpec(dim=0)``) and ``--mib`` MiB of a plain tensor every
+rank holds (replicated), saved once with ``FileSystemWriter`` and once with ``ChecksumFileSystemWriter``
+(the "save" table: one run each, max over ranks), then loaded from the latter, caches dropped before
+each load (``/proc/sys/vm/drop_caches``, by local rank 0 of each host, when root), by DCP's
+``FileSystemReader``, ``ByteRangeFileSystemReader(path, read_once=False)`` (each rank reads what it
+needs itself) and ``ByteRangeFileSystemReader(path, read_once=True)`` ("read_once: not available"
+where the reader has no such keyword), each in the same layout and resharded (loaded into column
+chunks; the replicated tensor stays replicated). Per load: time (max over ranks), bytes read summed
+over ranks (``reader.timings.read_bytes``; ``FileSystemReader``: rchar growth), the union of what the
+ranks need (each element once), bytes over the storage server's link, and peak RSS (sampled during
+the load, max over ranks). Under the storage rig (``scripts/torchrun_hosts.py --storage DIR``) it
+saves into DIR (the server's directory) and loads through each host's sshfs mount::
+
+    python scripts/torchrun_hosts.py --hosts 2 --nproc-per-node 2 --storage /tmp/ckpt --storage-rate 1gbit \\
+        -- bench/bench_checkpoint.py --state replicated --mib 256
+    torchrun --standalone --nproc-per-node 8 bench/bench_checkpoint.py --state replicated --mib 256
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
+import math
+import os
 import shutil
+import subprocess
 import tempfile
+import threading
+import time
 import warnings
 
 import torch
@@ -101,8 +125,18 @@ def main() -> None:
         default="torch_shard,DTensor,upstream,torch_shard+checksums",
         help="comma-separated rows to run (torch_shard, DTensor, upstream, torch_shard+checksums)",
     )
+    parser.add_argument("--state", choices=("square", "replicated"), default="square",
+                        help="square: the tables above (default); replicated: a cluster's checkpoint, "
+                             "--mib MiB row-sharded + --mib MiB replicated, loads with caches dropped")
+    parser.add_argument("--mib", type=int, default=256, help="(--state replicated) MiB of each of the two tensors")
+    parser.add_argument("--cols", type=int, default=1024, help="(--state replicated) columns of both tensors")
+    parser.add_argument("--dir", help="(--state replicated) directory to save under (default: $TORCH_SHARD_RIG_EXPORT "
+                                      "under the rig, else a temporary directory)")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")  # upstream's deprecation notices, one per call
+    if args.state == "replicated":
+        _cluster_main(args)
+        return
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -196,7 +230,8 @@ def main() -> None:
                     cells[reader_name].append((1e3 * times[reader_name], read / 2**20))
                 if name.startswith("torch_shard") and "ByteRange, checked" in targets:
                     reader = _load(targets["ByteRange, checked"], ByteRangeFileSystemReader, paths[name])
-                    spent[(name, layout)] = {k: 1e3 * _max_over_ranks(v) for k, v in vars(reader.timings).items()}
+                    spent[(name, layout)] = {k: 1e3 * _max_over_ranks(v) for k, v in vars(reader.timings).items()
+                                             if k.endswith("_s")}  # read_bytes is no time
             for reader_name, reader_cls in mine:
                 first = reader_cls is dcp.FileSystemReader
                 rows_out.append((name, reader_name, 1e3 * save_s[name] if first else None, cells[reader_name]))
@@ -252,6 +287,219 @@ def _dtensor_offsets(dt, rank: int, world: int, n: int) -> list[int]:
     offsets = [0, 0]
     offsets[dim] = min(rank * split, n)
     return offsets
+
+
+# --- --state replicated: a cluster's checkpoint (issue 43) ------------------------------------------
+
+_RSS_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * _RSS_PAGE
+
+
+class _PeakRss:
+    """Samples this process's resident set (/proc/self/statm) on a thread every ``interval`` seconds
+    while the block runs: ``peak`` is the largest seen (ru_maxrss only grows over a process's life, so
+    it cannot tell one load from the ones before it). A peak shorter than the interval (plus the GIL's
+    switch interval while the load runs Python code) can be missed."""
+
+    def __init__(self, interval: float = 0.002):
+        self.interval = interval
+        self.before = self.peak = 0
+
+    def __enter__(self):
+        self.before = self.peak = _rss()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self):
+        while not self._stop.wait(self.interval):
+            self.peak = max(self.peak, _rss())
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _rss())
+        return False
+
+
+def _link_bytes(link: str | None) -> int | None:
+    """Bytes the rig's server link has sent (TORCH_SHARD_RIG_LINK = "<netns>:<ifname>"), None without the rig."""
+    if not link:
+        return None
+    ns, ifname = link.split(":", 1)
+    out = subprocess.run(["ip", "-n", ns, "-s", "-j", "link", "show", ifname], capture_output=True, text=True,
+                         check=True, timeout=30).stdout
+    return int(json.loads(out)[0]["stats64"]["tx"]["bytes"])
+
+
+def _drop_caches() -> bool:
+    """Drop this machine's page cache (one rank per host; FUSE mounts' caches go too). False when not
+    permitted (not root)."""
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        try:
+            os.sync()
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("3\n")
+        except OSError:
+            return False
+    return True
+
+
+def _sharded_values(offsets, sizes, cols: int) -> torch.Tensor:
+    """The row-sharded tensor's values at a box: element (i, j) holds (i * cols + j) mod 65521 (exact
+    in float32, and no rank ever builds the whole tensor)."""
+    rows = torch.arange(offsets[0], offsets[0] + sizes[0], dtype=torch.int64)[:, None] * cols
+    return (rows + torch.arange(offsets[1], offsets[1] + sizes[1], dtype=torch.int64)[None, :]).remainder_(65521).float()
+
+
+def _replicated_values(rows: int, cols: int) -> torch.Tensor:
+    return torch.arange(rows * cols, dtype=torch.int32).remainder_(65519).float().view(rows, cols)
+
+
+def _union_bytes(state: dict) -> int:
+    """Bytes of the union of what the ranks load: each rank's boxes (per tensor: a shard's offsets and
+    sizes, a plain tensor whole), gathered, each distinct box counted once (the boxes here are either
+    the same or disjoint)."""
+    boxes = []
+    for name, value in state.items():
+        if isinstance(value, torch.Tensor) and not hasattr(value, "local_shards"):
+            boxes.append((name, (0,) * value.dim(), tuple(value.shape), value.element_size()))
+        else:
+            for shard in value.local_shards():
+                md = shard.metadata
+                boxes.append((name, tuple(md.shard_offsets), tuple(md.shard_sizes), shard.tensor.element_size()))
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, boxes)
+    distinct = {box for rank_boxes in gathered for box in rank_boxes}
+    return sum(math.prod(sizes) * itemsize for _name, _offsets, sizes, itemsize in distinct)
+
+
+def _cluster_main(args) -> None:
+    """Save a state dict of a row-sharded tensor and a replicated one, then load it through each reader,
+    caches dropped before each load, in the same layout and resharded (see the module's docstring)."""
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cols = args.cols
+    rows = args.mib * 2**20 // (4 * cols)
+    if rows < world:
+        raise SystemExit(f"--mib {args.mib} is too small for {world} ranks at --cols {cols}")
+    export, mount = os.environ.get("TORCH_SHARD_RIG_EXPORT"), os.environ.get("TORCH_SHARD_RIG_MOUNT")
+    link = os.environ.get("TORCH_SHARD_RIG_LINK")
+    placements = [f"rank:{r}/cpu" for r in range(world)]
+    by_rows, by_cols = ChunkShardingSpec(0, placements), ChunkShardingSpec(1, placements)
+
+    sharded = sharded_tensor.empty(by_rows, rows, cols)
+    for shard in sharded.local_shards():
+        shard.tensor.copy_(_sharded_values(shard.metadata.shard_offsets, shard.metadata.shard_sizes, cols))
+    replicated = _replicated_values(rows, cols)
+    saved = {"sharded": sharded, "replicated": replicated}
+
+    # The checkpoint is written straight into the directory (under the rig: the server's own), and read
+    # back through this host's mount when there is one.
+    root = [tempfile.mkdtemp(prefix="torch_shard_bench_cluster_", dir=args.dir or export) if rank == 0 else None]
+    dist.broadcast_object_list(root, src=0)
+    save_root = root[0]
+    load_root = os.path.join(mount, os.path.relpath(save_root, export)) if mount and export else save_root
+    dropped = True
+    save_rows, load_rows = [], []
+    try:
+        for writer_name, writer in (("FileSystemWriter", dcp.FileSystemWriter),
+                                    ("ChecksumFileSystemWriter", ChecksumFileSystemWriter)):
+            dist.barrier()
+            start = time.perf_counter()
+            dcp.save(dict(saved), storage_writer=writer(f"{save_root}/{writer_name}"))
+            save_rows.append((writer_name, _max_over_ranks(time.perf_counter() - start)))
+        path = f"{load_root}/ChecksumFileSystemWriter"
+
+        def byte_range(**kwargs):
+            return lambda: ByteRangeFileSystemReader(path, **kwargs)
+
+        def byte_range_each_own():
+            # Where read_once exists its default turns it on for network file systems: off, explicitly.
+            try:
+                return ByteRangeFileSystemReader(path, read_once=False)
+            except TypeError:
+                return ByteRangeFileSystemReader(path)
+
+        readers = [
+            ("FileSystemReader", lambda: dcp.FileSystemReader(path)),
+            ("ByteRange (each rank its own)", byte_range_each_own),
+            ("ByteRange read_once=True", byte_range(read_once=True)),
+        ]
+        for layout, spec in (("same layout", by_rows), ("resharded", by_cols)):
+            for reader_name, make_reader in readers:
+                try:
+                    reader = make_reader()
+                except TypeError:
+                    load_rows.append((reader_name, layout, None))
+                    continue
+                targets = {"sharded": sharded_tensor.zeros(spec, rows, cols), "replicated": torch.zeros(rows, cols)}
+                needed = _union_bytes(targets)
+                dropped &= _drop_caches()
+                dist.barrier()
+                link_before = _link_bytes(link) if rank == 0 else None
+                dist.barrier()
+                rchar = _rchar()
+                with _PeakRss() as rss:
+                    start = time.perf_counter()
+                    dcp.load(targets, storage_reader=reader)
+                    elapsed = time.perf_counter() - start
+                rchar = _rchar() - rchar
+                dist.barrier()
+                crossed = _link_bytes(link) - link_before if rank == 0 and link else None
+                timings = getattr(reader, "timings", None)
+                read = timings.read_bytes if timings is not None else rchar
+                ok = torch.equal(targets["replicated"], replicated) and all(
+                    torch.equal(s.tensor, _sharded_values(s.metadata.shard_offsets, s.metadata.shard_sizes, cols))
+                    for s in targets["sharded"].local_shards())
+                stats = torch.tensor([elapsed, read, rss.peak, rss.peak - rss.before, 0.0 if ok else 1.0],
+                                     dtype=torch.float64)
+                maxed, summed = stats.clone(), stats.clone()
+                dist.all_reduce(maxed, op=dist.ReduceOp.MAX)
+                dist.all_reduce(summed, op=dist.ReduceOp.SUM)
+                if maxed[4].item():
+                    raise RuntimeError(f"{reader_name}, {layout}: loaded values differ from the saved")
+                load_rows.append((reader_name, layout, {
+                    "s": maxed[0].item(), "read": summed[1].item(), "needed": needed, "link": crossed,
+                    "rss": maxed[2].item(), "rss_growth": maxed[3].item(),
+                    "read_from": "timings.read_bytes" if timings is not None else "rchar"}))
+                del targets, reader
+    finally:
+        dist.barrier()
+        if rank == 0:
+            shutil.rmtree(save_root, ignore_errors=True)
+
+    if rank == 0:
+        hosts = os.environ.get("TORCH_SHARD_RIG_HOSTS")
+        where = (f"{hosts} hosts reading over sshfs (rig), server link capped at "
+                 f"{os.environ.get('TORCH_SHARD_RIG_RATE') or 'no cap'}" if mount else "one host, local file system")
+        mib = 2**20
+        print(f"\n{args.mib} MiB row-sharded + {args.mib} MiB replicated float32 ({rows} x {cols} each), "
+              f"{world} ranks, {where}")
+        print("caches dropped before each load" if dropped else "caches NOT dropped (not root): loads read the page cache")
+        print("\n| save | s (max over ranks) |\n|---|---|")
+        for writer_name, seconds in save_rows:
+            print(f"| {writer_name} | {seconds:.2f} |")
+        print("\n| reader | layout | load s (max over ranks) | MiB read, sum over ranks | MiB needed (union) "
+              "| read / needed | MiB over the server link | peak RSS MiB (max rank) | RSS growth MiB (max rank) |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for reader_name, layout, cell in load_rows:
+            if cell is None:
+                print(f"| {reader_name} | {layout} | read_once: not available | | | | | | |")
+                continue
+            crossed = "" if cell["link"] is None else f"{cell['link'] / mib:.1f}"
+            print(f"| {reader_name} | {layout} | {cell['s']:.2f} | {cell['read'] / mib:.1f} | {cell['needed'] / mib:.1f} "
+                  f"| {cell['read'] / cell['needed']:.2f} | {crossed} | {cell['rss'] / mib:.0f} | {cell['rss_growth'] / mib:.0f} |")
+        print("\nMiB read: FileSystemReader's from /proc/self/io rchar (data files and .metadata), ByteRange's from "
+              "reader.timings.read_bytes (data files only). Peak RSS: /proc/self/statm sampled every 2 ms on a "
+              "thread during the load (growth: above the RSS before it, the destinations already allocated). "
+              "One run each.")
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

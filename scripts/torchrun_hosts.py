@@ -585,7 +585,8 @@ class StorageHosts:
     The processes started on host i get TORCH_SHARD_RIG_MOUNT (its mount), TORCH_SHARD_RIG_EXPORT (the
     directory itself: writing there is writing on the server), TORCH_SHARD_RIG_LINK ("<netns>:<ifname>"
     of the server's link: :func:`link_bytes`, or ``ip -n NS -s -j link show IF``, reads its tx bytes),
-    TORCH_SHARD_RIG_HOST (i) and TORCH_SHARD_RIG_HOSTS (the number of hosts).
+    TORCH_SHARD_RIG_HOST (i), TORCH_SHARD_RIG_HOSTS (the number of hosts) and TORCH_SHARD_RIG_RATE (the
+    server link's cap; empty: none).
     """
 
     def __init__(self, hosts: int, storage: str, *, storage_rate: str | None = "1gbit", rate: str | None = None,
@@ -767,7 +768,7 @@ Subsystem sftp internal-sftp
         env = _worker_env(base, self.names[node])
         env.update(TORCH_SHARD_RIG_MOUNT=self.mounts[node], TORCH_SHARD_RIG_EXPORT=self.storage,
                    TORCH_SHARD_RIG_LINK=self.link, TORCH_SHARD_RIG_HOST=str(node),
-                   TORCH_SHARD_RIG_HOSTS=str(len(self.names)))
+                   TORCH_SHARD_RIG_HOSTS=str(len(self.names)), TORCH_SHARD_RIG_RATE=self.storage_rate or "")
         return env
 
     def popen(self, node: int, argv: Sequence[str], env: dict[str, str] | None = None, **kwargs) -> subprocess.Popen:
