@@ -100,7 +100,38 @@ def _stall_scenario(rank: int, action: str, fault_rank: int):
     st.gather(0, torch.empty(64, 64) if rank == 0 else None)
 
 
-SCENARIOS = {"reshard": _reshard_scenario, "embedding": _embedding_scenario, "stall": _stall_scenario}
+def _checkpoint_dir() -> str:
+    """The read-once scenario's checkpoint: named after the test process (the ranks' parent), which
+    removes it."""
+    return os.path.join(tempfile.gettempdir(), f"torch_shard_faults_ckpt_{os.getppid()}")
+
+
+def _read_once_scenario(rank: int, action: str, fault_rank: int):
+    """A checkpoint load read once across the ranks (issue 43): a replicated tensor that one rank
+    reads and hands to the others. The faulty rank dies as it starts its reads (its process exits),
+    so the others wait for it in the exchange that follows."""
+    from unittest import mock
+
+    import torch.distributed.checkpoint as dcp
+
+    from torch_shard.checkpoint import ByteRangeFileSystemReader, ChecksumFileSystemWriter, load
+
+    path = _checkpoint_dir()
+    dcp.save({"rep": torch.arange(256 * 512, dtype=torch.float32).view(256, 512)},
+             storage_writer=ChecksumFileSystemWriter(path))
+    dist.barrier()
+    target = {"rep": torch.zeros(256, 512)}
+    if rank == fault_rank and action == "exit":
+        def die(*args, **kwargs):
+            os._exit(INJECTED_EXIT_CODE)
+
+        with mock.patch.object(ByteRangeFileSystemReader, "_read_units", die):
+            load(target, path, read_once=True)
+    load(target, path, read_once=True)
+
+
+SCENARIOS = {"reshard": _reshard_scenario, "embedding": _embedding_scenario, "stall": _stall_scenario,
+             "read_once": _read_once_scenario}
 
 
 def _rank_main(rank: int, store_path: str, scenario: str, action: str, fault_rank: int, conn) -> None:
@@ -242,6 +273,26 @@ class TestFaultsAfterAgreement(TestCase):
         kind, cls, message, _ = reports[FAULT_RANK]
         self.assertEqual(kind, "raised", message)
         self.assertIn(cls, ("RuntimeError", "DistBackendError"), message)
+
+    def test_rank_dying_in_a_read_once_load(self):
+        # Every rank loads a replicated tensor read once across the ranks; rank 2 dies as it starts its
+        # reads. The others reach the exchange, see it gone, and raise within seconds (gloo: a closed
+        # connection, the hub reporting a lost peer), never hang.
+        import shutil
+
+        try:
+            reports, exit_codes = _launch("read_once", "exit")
+        finally:
+            shutil.rmtree(os.path.join(tempfile.gettempdir(), f"torch_shard_faults_ckpt_{os.getpid()}"), True)
+        self.assertNotIn(FAULT_RANK, reports)
+        self.assertEqual(exit_codes[FAULT_RANK], INJECTED_EXIT_CODE, f"reports {reports}")
+        for rank in range(WORLD):
+            if rank == FAULT_RANK:
+                continue
+            self.assertIn(rank, reports, f"rank {rank} sent no report (exit code {exit_codes[rank]})")
+            kind, cls, message, seconds = reports[rank]
+            self.assertEqual(kind, "raised", f"rank {rank} did not raise: {reports[rank]}")
+            self.assertLess(seconds, TIMEOUT.total_seconds() + 20, f"rank {rank}: {message}")
 
     def test_rank_raising_after_sharing_embedding_inputs(self):
         self._check_raise("embedding")
