@@ -35,6 +35,7 @@ from torch_shard.checkpoint import (
     CheckpointLoadError,
     ChecksumFileSystemWriter,
     _archive,
+    _read_chunk,
     _read_once,
     load,
 )
@@ -95,6 +96,13 @@ class TestReadOnce(ShardedTensorTestBase):
             self._holds(each, full, rep, name)
             # Each rank for itself: the replicated tensor once per rank.
             self.assertGreaterEqual(read_each, ROWS * COLS * 4 + self.world_size * REP * COLS * 4, name)
+        # Whole chunks checked, then read again into their destinations (as chunks of 32 MiB and more
+        # are): the second reads are counted apart, as read again.
+        with mock.patch.object(_read_chunk, "_READ_TWICE_FROM", 0):
+            once, read_once, reader = self._load(path, chunks(0), read_once=True)
+        self._holds(once, full, rep, "read twice")
+        self.assertLessEqual(read_once, 1.05 * union)
+        self.assertGreaterEqual(reader.timings.reread_bytes, ROWS // self.world_size * COLS * 4, str(reader.timings))
 
     @with_comms(init_rpc=False)
     def test_bands_and_rounds(self):

@@ -46,6 +46,7 @@ from ._chunk import (
     read_whole,
 )
 from ._errors import Corruption
+from ._timing import reading_again
 
 # Whole chunks from this size on are checked, then read again into the destination; smaller ones are
 # staged (NOTE [ Whole chunks are checked, then read again into the destination ]).
@@ -187,21 +188,22 @@ def read_again(deferred: Deferred, raw, target: torch.Tensor, corruptions: list[
     ``raw``, hashing it again; a different digest (the file changed on disk) is a corruption."""
     source: Source | None = None
     archive, record = deferred.archive, deferred.archive.data
-    try:
-        source = FileSource(raw, deferred.base, deferred.length)
-        view = writable_view(target) if target.dtype == archive.meta.dtype and archive.contiguous else None
-        if view is not None and len(view) == record.size:
-            found = hash_record_into(source, record, view)
-        else:
-            buffer, found = read_record(source, record)
-            if found == deferred.digest:
-                target.copy_(as_saved_tensor(buffer, archive))
-    except OSError as e:
-        corruptions.append(deferred.place.corruption(
-            None, None, None, None,
-            f"cannot be read again after it was checked ({type(e).__name__}: {e}); the destinations may be partly written",
-        ))
-        return
+    with reading_again():
+        try:
+            source = FileSource(raw, deferred.base, deferred.length)
+            view = writable_view(target) if target.dtype == archive.meta.dtype and archive.contiguous else None
+            if view is not None and len(view) == record.size:
+                found = hash_record_into(source, record, view)
+            else:
+                buffer, found = read_record(source, record)
+                if found == deferred.digest:
+                    target.copy_(as_saved_tensor(buffer, archive))
+        except OSError as e:
+            corruptions.append(deferred.place.corruption(
+                None, None, None, None,
+                f"cannot be read again after it was checked ({type(e).__name__}: {e}); the destinations may be partly written",
+            ))
+            return
     if found != deferred.digest:
         corruptions.append(deferred.place.corruption(
             source, record.data_offset, deferred.digest, found,

@@ -13,9 +13,10 @@ final plans hands each rank its part, so planning costs no collective of ours:
   one band, since checking any part of it needs its whole record). Each distinct intersection of a
   band with a box some rank needs is a unit; a unit knows every rank that needs it.
 * Readers. The units of one band are read together by one rank (read as :func:`read_chunk_boxes`
-  reads any chunk: one reading of the band's bytes). Bands go, largest first, to the least loaded
-  rank that needs them, or to a rank that needs nothing of them when that rank is less loaded by the
-  whole band's bytes (bytes read are balanced; a rank's own needs are not sent).
+  reads any chunk: one reading of the band's bytes). A band only one rank needs is that rank's read
+  (a load into the saved layout moves nothing); the others go, largest first, to the least loaded
+  rank that needs them, so bytes read are balanced over the ranks that share them, and no rank reads
+  what it would only send (a rank that needs nothing reads nothing).
 * Rounds. Each reader reads its bands in rounds of at most ``ROUND_BYTES`` of units for other ranks
   (a band larger than that alone); after each round the units that cross ranks move in one
   ``torch_shard._redistribute`` exchange over the load's group (a 1-D byte layout: each unit's bytes
@@ -189,20 +190,19 @@ def plan_read_once(plans: list[LoadPlan], participants: Participants, storage_da
                 nbytes = sum(math.prod(box[1]) for box in boxes) * dtype.itemsize
                 jobs.append((nbytes, key, b, dtype, list(boxes.items())))
 
-    # Readers: largest band first, to the least loaded rank needing it, unless another rank is less
-    # loaded by the whole band.
+    # Readers: a band one rank needs alone is its own read (nothing to send); the others, largest
+    # first, go to the least loaded rank that needs them.
     load = [0] * world
-    order = sorted(range(len(jobs)), key=lambda j: (-jobs[j][0], j))
     reader_of = {}
-    for j in order:
-        nbytes, _, _, _, boxes = jobs[j]
-        needers = sorted({rank for _, ranks in boxes for rank in ranks})
-        best = min(needers, key=lambda r: (load[r], r))
-        idle = min(range(world), key=lambda r: (load[r], r))
-        if load[idle] + nbytes <= load[best]:
-            best = idle
-        reader_of[j] = best
-        load[best] += nbytes
+    needers_of = [sorted({rank for _, ranks in jobs[j][4] for rank in ranks}) for j in range(len(jobs))]
+    for j in range(len(jobs)):
+        if len(needers_of[j]) == 1:
+            reader_of[j] = needers_of[j][0]
+            load[reader_of[j]] += jobs[j][0]
+    for j in sorted(range(len(jobs)), key=lambda j: (-jobs[j][0], j)):
+        if j not in reader_of:
+            reader_of[j] = min(needers_of[j], key=lambda r: (load[r], r))
+            load[reader_of[j]] += jobs[j][0]
 
     # Rounds, per reader in storage order; the units.
     units: list[Unit] = []
