@@ -26,7 +26,10 @@ class LoadTimings:
         agree_s: the ranks' agreement on the outcome (NOTE [ Agreeing on a load's outcome ]).
         write_s: copying the checked buffers into the destinations.
         read_bytes: bytes this rank read from the checkpoint's data files (the load's reads of
-            stored chunks; ``.metadata`` and ``.checksums`` are not counted).
+            stored chunks; ``.metadata`` and ``.checksums`` are not counted), each byte once.
+        reread_bytes: bytes read a second time after the agreement, straight into a destination (a
+            whole chunk of 32 MiB or more, checked first: NOTE [ Whole chunks are checked, then read
+            again into the destination ]), which the first read left in the page cache.
     """
 
     read_s: float = 0.0
@@ -35,6 +38,7 @@ class LoadTimings:
     agree_s: float = 0.0
     write_s: float = 0.0
     read_bytes: int = 0
+    reread_bytes: int = 0
 
 
 _local = threading.local()
@@ -65,4 +69,18 @@ def read_from_storage(nbytes: int) -> None:
     """Count ``nbytes`` read from a checkpoint data file into the load being recorded."""
     timings = getattr(_local, "timings", None)
     if timings is not None:
-        timings.read_bytes += nbytes
+        if getattr(_local, "again", False):
+            timings.reread_bytes += nbytes
+        else:
+            timings.read_bytes += nbytes
+
+
+@contextmanager
+def reading_again() -> Iterator[None]:
+    """Count what is read while the block runs as read again (``reread_bytes``)."""
+    previous = getattr(_local, "again", False)
+    _local.again = True
+    try:
+        yield
+    finally:
+        _local.again = previous
