@@ -170,7 +170,9 @@ setup(
     name="torch_shard",
     version=build_info.version(FACTS),
     packages=find_packages(include=["torch_shard", "torch_shard.*"]),
-    install_requires=[build_info.requirement(FACTS), "zlib-ng"],
+    # xxhash: the digests .checksums records (4.1: XXH3 dispatched to AVX2/AVX-512 at run time, the GIL
+    # let go while hashing); zlib-ng: the zip CRC-32s of checkpoints without .checksums.
+    install_requires=[build_info.requirement(FACTS), "xxhash>=4.1", "zlib-ng"],
     ext_modules=[
         CppExtension(
             name,

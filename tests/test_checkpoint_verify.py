@@ -1,9 +1,10 @@
 """Checked checkpoint loads (issue 27): a flipped byte is caught on every rank, nothing is half-loaded.
 
 TestVerifiedLoads (4 ranks): a byte of tensor data flipped in the first, a middle or the last saved
-chunk of a tensor (float32, bf16, int64), loaded into the saved layout (whole chunks: the zip CRC-32)
-and into columns (every chunk read in part: block CRCs from ChecksumFileSystemWriter, or the whole
-record for a plain FileSystemWriter checkpoint). Each load raises CheckpointCorruptionError on every
+chunk of a tensor (float32, bf16, int64), loaded into the saved layout (whole chunks: the writer's
+XXH3-64 digest, or the zip CRC-32 for a plain FileSystemWriter checkpoint) and into columns (every chunk
+read in part: tile digests from ChecksumFileSystemWriter, or the whole record for a plain
+FileSystemWriter checkpoint). Each load raises CheckpointCorruptionError on every
 rank and leaves every destination as it was; the same load with verify=False succeeds and returns the
 flipped value, which proves the flip hits data the load uses. async_save with ShardedTensors, the
 offline verifier and its command line are tested too.
@@ -22,6 +23,7 @@ from unittest import mock
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+import xxhash
 from _shared import box_slice, chunks, filled, shared_tmp_dir
 from torch.distributed.checkpoint.api import CheckpointException
 
@@ -35,7 +37,7 @@ from torch_shard.checkpoint import (
     verify_checkpoint,
 )
 from torch_shard.checkpoint._archive import BytesSource, read_archive
-from torch_shard.checkpoint._checksums import ItemChecksums, tensor_tile_crcs
+from torch_shard.checkpoint._checksums import ItemChecksums, tensor_tile_digests
 from torch_shard.checkpoint._chunk import ItemPlace, read_box_by_tiles
 from torch_shard.testing import ShardedTensorTestBase, run_tests, with_comms
 
@@ -95,7 +97,7 @@ class TestVerifiedLoads(ShardedTensorTestBase):
             for dtype, chunk_row, element in cases:
                 full = _values(dtype)
                 path = self._tmp_dir()
-                with _whole_up_to(0):  # tile CRCs even for these small chunks, for the tiled loads
+                with _whole_up_to(0):  # tile digests even for these small chunks, for the tiled loads
                     dcp.save({"model.w": filled(full, chunks(0)), "step": 3}, storage_writer=writer_cls(path))
                 dist.barrier()
                 if self.rank == 0:
@@ -248,12 +250,16 @@ class TestVerifiedLoads(ShardedTensorTestBase):
         dist.barrier()
 
 
+def _xxh3(tensor) -> int:
+    return xxhash.xxh3_64_intdigest(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+
+
 def _saved(tensor):
     buffer = io.BytesIO()
     torch.save(tensor, buffer)
     source = BytesSource(buffer.getvalue(), 0)
-    grid, crcs = tensor_tile_crcs(tensor)
-    return source, read_archive(source), ItemChecksums("t", None, grid, tuple(crcs))
+    grid, tiles = tensor_tile_digests(tensor)
+    return source, read_archive(source), ItemChecksums("t", _xxh3(tensor), grid, tuple(tiles))
 
 
 def test_crc32_is_zlibs_whatever_the_backend():
@@ -274,20 +280,86 @@ def test_crc32_is_zlibs_whatever_the_backend():
     assert crc32(b"") == 0
 
 
-def test_tile_crcs_are_crcs_of_each_tiles_bytes():
-    import zlib
+def test_tile_digests_are_xxh3s_of_each_tiles_bytes():
+    from torch_shard.checkpoint._digest import hasher
 
     torch.manual_seed(0)
     for shape in [(300, 700), (65, 256), (5, 3000), (1, 17), (128, 1024)]:
         t = torch.randn(shape)
-        grid, crcs = tensor_tile_crcs(t)
+        whole = hasher()
+        grid, tiles = tensor_tile_digests(t, whole)
         m = t.reshape(-1).view(torch.uint8).view(grid.rows, grid.row_bytes)
         expected = []
         for r in range(0, grid.rows, grid.tile_rows):
             for c in range(0, grid.row_bytes, grid.tile_bytes):
                 tile = m[r : r + grid.tile_rows, c : c + grid.tile_bytes].contiguous().numpy().tobytes()
-                expected.append(zlib.crc32(tile))
-        assert crcs == expected, shape
+                expected.append(xxhash.xxh3_64_intdigest(tile))
+        assert tiles == expected, shape
+        # The whole digest, handed the bytes band by band on the way, is the tensor's XXH3-64.
+        assert whole.intdigest() == xxhash.xxh3_64_intdigest(t.numpy().tobytes()), shape
+
+
+def test_a_damaged_tile_of_a_saved_chunk_is_caught_by_its_xxh3(tmp_path):
+    # A chunk saved by ChecksumFileSystemWriter, opened as a load opens it: its data record is checked
+    # by XXH3-64 (whole: check_whole / read_whole / hash_record_into agree on the digest, the writer's);
+    # a box read by tiles checks each tile against its recorded XXH3-64, and a flipped byte in a tile
+    # the box touches is named by its block.
+    import warnings
+
+    from torch_shard.checkpoint import ChecksumFileSystemWriter
+    from torch_shard.checkpoint._archive import FileSource
+    from torch_shard.checkpoint._checksums import location_key, parse
+    from torch_shard.checkpoint._chunk import (
+        Expected,
+        check_whole,
+        hash_record_into,
+        open_chunk,
+        piece_scratch,
+        read_record,
+        read_whole,
+    )
+
+    tensor = torch.arange(512 * 1024, dtype=torch.float32).view(512, 1024)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"t": tensor}, storage_writer=ChecksumFileSystemWriter(str(tmp_path)), no_dist=True)
+    [(index, info)] = dcp.FileSystemReader(str(tmp_path)).read_metadata().storage_data.items()
+    sums = parse((tmp_path / ".checksums").read_bytes()).items[location_key(info.relative_path, info.offset)]
+    assert sums.grid is not None and sums.digest == xxhash.xxh3_64_intdigest(tensor.numpy())
+    place = ItemPlace("t", (0, 0), info.relative_path)
+    file = tmp_path / info.relative_path
+    with open(file, "rb") as f:
+        plain = Expected(place, (512, 1024), torch.float32, None)
+        checked = Expected(place, (512, 1024), torch.float32, sums)
+        # Without checksums: the zip CRC-32, as before; with: the writer's XXH3-64.
+        for expected, value in ((plain, None), (checked, sums.digest)):
+            source = FileSource(f, info.offset, info.length)
+            archive, bad = open_chunk(source, expected)
+            assert not bad
+            found, bad = check_whole(source, archive, expected, piece_scratch())
+            assert not bad and found == (archive.data.crc if value is None else value)
+            assert read_record(source, archive.data)[1] == found
+            assert hash_record_into(source, archive.data, memoryview(bytearray(archive.data.size))) == found
+            assert not read_whole(source, archive, expected)[1]
+        assert archive.data.checked_by == "xxh3_64"
+        box = ([100, 256], [200, 256])
+        value, bad = read_box_by_tiles(source, archive, sums, *box, place)
+        assert not bad and torch.equal(value, tensor[100:300, 256:512])
+        at = info.offset + archive.data.data_offset + (150 * 1024 + 300) * 4 + 1
+    data = bytearray(file.read_bytes())
+    data[at] ^= 0x04
+    file.write_bytes(bytes(data))
+    with open(file, "rb") as f:
+        source = FileSource(f, info.offset, info.length)
+        _, bad = read_box_by_tiles(source, archive, sums, *box, place)
+        [corruption] = bad
+        k = int(corruption.what.split()[1])
+        assert corruption.what.startswith("block") and corruption.expected == sums.tile_digests[k] != corruption.found
+        assert corruption.found > 0xFFFFFFFF or sums.tile_digests[k] > 0xFFFFFFFF  # 64-bit digests, not CRC-32s
+        # A box beside it, in other tiles, reads clean; the whole record fails its digest.
+        assert not read_box_by_tiles(source, archive, sums, [100, 512], [200, 256], place)[1]
+        [whole] = check_whole(source, archive, checked, piece_scratch())[1]
+        assert whole.expected == sums.digest and "not the data this save wrote" in whole.what
 
 
 def test_box_reads_match_slicing():
@@ -359,6 +431,12 @@ def test_boxes_of_a_whole_record_match_slicing_and_any_flipped_byte_is_caught():
         data[archive.data.data_offset + rng.randrange(archive.data.size)] ^= 0x10
         _, bad = read_boxes_of_whole(BytesSource(bytes(data), 0), archive, expected, boxes[:1])
         assert len(bad) == 1 and bad[0].expected != bad[0].found, shape
+        # With the writer's digest (a chunk of a checkpoint with .checksums): checked by XXH3-64.
+        with_sums = Expected(place, tuple(shape), dtype, ItemChecksums("t", _xxh3(tensor)))
+        values, bad = read_boxes_of_whole(source, archive, with_sums, boxes[:1])
+        assert not bad and torch.equal(values[0], tensor[tuple(slice(o, o + n) for o, n in zip(*boxes[0]))]), shape
+        [wrong] = read_boxes_of_whole(BytesSource(bytes(data), 0), archive, with_sums, boxes[:1])[1]
+        assert wrong.expected == with_sums.sums.digest, shape
 
 
 def test_row_reads_match_the_file_however_they_are_read(tmp_path):

@@ -4,8 +4,8 @@
   and checking every one of them, against what the writer recorded for this save where it can
   (:class:`CheckpointCorruptionError` otherwise, on every rank, nothing loaded).
 * :class:`ChecksumFileSystemWriter`: DCP's ``FileSystemWriter`` that also records, in ``.checksums``,
-  every item's data CRC-32, block CRC-32s (so partial reads are checked without reading whole chunks)
-  and the SHA-256 of ``.metadata``; it stages ShardedTensors for ``dcp.async_save``.
+  every item's data digest and tile digests (XXH3-64; partial reads are checked without reading whole
+  chunks) and the SHA-256 of ``.metadata``; it stages ShardedTensors for ``dcp.async_save``.
 * :func:`load`: ``dcp.load`` through the checking reader, raising :class:`CheckpointCorruptionError`
   or :class:`CheckpointLoadError` (``Exception`` subclasses) rather than DCP's ``BaseException``.
 * :func:`verify_checkpoint` and ``python -m torch_shard.checkpoint verify DIR``: offline checks, the

@@ -232,12 +232,17 @@ class _SourceFile(io.RawIOBase):
 
 @dataclass(frozen=True)
 class Record:
-    """One zip record: where its bytes start in the archive, how many, and their recorded CRC-32."""
+    """One zip record: where its bytes start in the archive, how many, and their recorded CRC-32.
+
+    ``checked_by`` names the hash a check of the record's bytes computes: ``"crc32"``, compared with
+    ``crc``; or, for a tensor's data record in a checkpoint with ``.checksums``, that file's algorithm,
+    compared with the digest the writer recorded (``_chunk.open_chunk`` sets it; ``_digest.py``)."""
 
     name: str
     data_offset: int
     size: int
     crc: int
+    checked_by: str = "crc32"
 
     @property
     def has_crc(self) -> bool:

@@ -2,24 +2,33 @@
 
 The reader and the offline verifier both go through here, so a load and ``verify`` check the same
 things. :func:`open_chunk` parses a chunk's archive and checks everything but its data (the small
-records, the saved tensor against the chunk ``.metadata`` records, the data record's CRC against the
-one this save recorded); then the data record is checked whole, hashed once and compared with the zip
-CRC-32 and the writer's data CRC (NOTE [ The checksums a DCP chunk already carries ], NOTE [ What
-.checksums binds to one save ]): :func:`check_whole` through a one-piece scratch buffer, keeping
-nothing, or :func:`read_whole` into memory of its own; or :func:`read_box_by_tiles` reads the tiles a
-box touches, each checked against the writer's tile CRCs (NOTE [ Block checksums for byte-range reads
-]). None of them writes a destination; each returns the checks that failed, and the caller decides.
+records against their zip CRC-32s, the saved tensor against the chunk ``.metadata`` records); then the
+data record is checked whole, hashed once: with ``.checksums``, by the writer's hash (XXH3-64)
+compared with the digest this save recorded; without, by CRC-32 compared with the zip record's
+(NOTE [ The checksums a DCP chunk already carries ], NOTE [ What .checksums binds to one save ],
+NOTE [ Which hash .checksums records ]): :func:`check_whole` through a one-piece scratch buffer,
+keeping nothing, or :func:`read_whole` into memory of its own; or :func:`read_box_by_tiles` reads the
+tiles a box touches, each checked against the writer's tile digests (NOTE [ Block checksums for
+byte-range reads ]). None of them writes a destination; each returns the checks that failed, and the
+caller decides.
+
+A whole record's *digest*, what :func:`check_whole`, :func:`hash_record_into` and :func:`read_record`
+return, is of the hash its data record's ``checked_by`` names: the ``.checksums`` algorithm's (an
+unsigned 64-bit int) for an archive :func:`open_chunk` opened with the writer's checksums, the zip
+CRC-32 (an unsigned 32-bit int) otherwise; so two hashes of one record, before and after, compare.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
 import torch
 
 from ._archive import Archive, Record, Source, crc32, read_archive
-from ._checksums import ItemChecksums, band_crcs, band_scratch, reads_archive_whole
+from ._checksums import ItemChecksums, band_digests, reads_archive_whole
+from ._digest import ALGORITHM, ZIP_CRC32, digest, hasher
 from ._errors import Corruption
 from ._timing import spent
 
@@ -70,7 +79,8 @@ def check_small_records(source: Source, archive: Archive, place: ItemPlace) -> l
 
 def open_chunk(source: Source, expected: Expected) -> tuple[Archive | None, list[Corruption]]:
     """Parse a tensor chunk's archive and check all but its data bytes; None when they cannot be read
-    (the corruptions say why)."""
+    (the corruptions say why). With the writer's checksums (``expected.sums``), the archive's data
+    record is checked by their hash (its ``checked_by``), not by its zip CRC-32."""
     place, sums = expected.place, expected.sums
     try:
         archive = read_archive(source)
@@ -89,15 +99,25 @@ def open_chunk(source: Source, expected: Expected) -> tuple[Archive | None, list
             f"{list(expected.sizes)} {expected.dtype} chunk",
         )]
     if sums is not None:
-        if sums.crc is not None and archive.data.has_crc and archive.data.crc != sums.crc:
-            # The record is consistent with itself but is not what this save wrote.
-            return None, [place.corruption(
-                source, archive.data.data_offset, sums.crc, archive.data.crc,
-                "data record is not the one this save wrote (a chunk of another save, or of another item?)",
-            )]
         if sums.grid is not None and not tiles_usable(archive, sums):
             return None, [place.corruption(source, 0, None, None, "the .checksums entry does not match the saved chunk's layout")]
+        archive = _checked_by(archive, ALGORITHM)
     return archive, []
+
+
+def _checked_by(archive: Archive, algorithm: str) -> Archive:
+    """``archive`` with its data record checked by ``algorithm`` (see ``Record.checked_by``)."""
+    if archive.data.checked_by == algorithm:
+        return archive
+    data = dataclasses.replace(archive.data, checked_by=algorithm)
+    records = tuple(data if r is archive.data else r for r in archive.records)
+    return dataclasses.replace(archive, records=records, data=data)
+
+
+def _data_record(archive: Archive, expected: Expected) -> Record:
+    """The data record as a whole check of ``expected`` hashes it: by the writer's algorithm where
+    there are checksums, else by its zip CRC-32."""
+    return _checked_by(archive, ALGORITHM if expected.sums is not None else ZIP_CRC32).data
 
 
 # Whole records are read and hashed a piece at a time, each piece hashed while it is in the cache.
@@ -110,83 +130,80 @@ def piece_scratch() -> memoryview:
 
 
 def _hash_pieces(source: Source, record: Record, piece_at, piece_bytes: int = _PIECE, then=None) -> int:
-    """Read ``record`` ``piece_bytes`` at a time into ``piece_at(offset, length)`` and return the CRC-32
-    of what was read, each piece hashed (then handed to ``then(offset, piece)``) while it is in the cache."""
-    found = 0
+    """Read ``record`` ``piece_bytes`` at a time into ``piece_at(offset, length)`` and return the digest
+    (by ``record.checked_by``) of what was read, each piece hashed (then handed to ``then(offset,
+    piece)``) while it is in the cache."""
+    running = hasher(record.checked_by)
     clock = time.perf_counter()
     for at in range(0, record.size, piece_bytes):
         piece = piece_at(at, min(piece_bytes, record.size - at))
         source.read_into(piece, record.data_offset + at)
         clock = spent("read_s", clock)
-        found = crc32(piece, found)
+        running.update(piece)
         clock = spent("check_s", clock)
         if then is not None:
             then(at, piece)
             clock = spent("read_s", clock)
-    return found
+    return running.intdigest()
 
 
 def hash_record_into(source: Source, record: Record, view: memoryview) -> int:
-    """Read ``record`` into ``view`` (exactly its size) and return the CRC-32 of what was read: what
-    is hashed is what lands in ``view``."""
+    """Read ``record`` into ``view`` (exactly its size) and return the digest of what was read, by the
+    hash ``record.checked_by`` names (as :func:`check_whole` of the archive :func:`open_chunk` gave
+    returns it): what is hashed is what lands in ``view``."""
     return _hash_pieces(source, record, lambda at, n: view[at : at + n])
 
 
 def hash_record(source: Source, record: Record, scratch: memoryview) -> int:
-    """The CRC-32 of ``record``'s bytes, read through ``scratch`` (see :func:`piece_scratch`), keeping
-    none of them."""
+    """The digest (by ``record.checked_by``) of ``record``'s bytes, read through ``scratch`` (see
+    :func:`piece_scratch`), keeping none of them."""
     return _hash_pieces(source, record, lambda at, n: scratch[:n])
 
 
 def read_record(source: Source, record: Record) -> tuple[torch.Tensor, int]:
-    """A record's bytes (uint8, in memory of their own) and their CRC-32: what is hashed is what the
-    caller hands on."""
+    """A record's bytes (uint8, in memory of their own) and their digest (by ``record.checked_by``):
+    what is hashed is what the caller hands on."""
     buffer = torch.empty(record.size, dtype=torch.uint8)
     view = memoryview(buffer.numpy()).cast("B") if record.size else memoryview(b"")
     return buffer, hash_record_into(source, record, view)
 
 
 def needs_the_bytes(expected: Expected) -> bool:
-    """Whether checking a whole data record needs its bytes kept (a version-1 ``.checksums`` checks
-    a whole record tile by tile) rather than only its CRC-32."""
-    sums = expected.sums
-    return sums is not None and sums.crc is None and sums.grid is not None
+    """False: a whole data record is checked by its digest alone. (Kept for callers from when a
+    version-1 ``.checksums`` checked a whole record tile by tile.)"""
+    return False
 
 
-def _whole_problems(found: int, buffer: torch.Tensor | None, source: Source, archive: Archive,
-                    expected: Expected) -> list[Corruption]:
-    """What is wrong with a whole data record whose bytes hash to ``found``: checked against the zip
-    CRC-32 and the writer's data CRC, and, where :func:`needs_the_bytes`, its bytes (``buffer``)
-    against the writer's tile CRCs."""
-    place, sums, record = expected.place, expected.sums, archive.data
+def _whole_problems(found: int, source: Source, record: Record, expected: Expected) -> list[Corruption]:
+    """What is wrong with a whole data record whose bytes hash to ``found`` (by ``record.checked_by``):
+    compared with the writer's data digest where there are checksums, else with the zip CRC-32."""
+    place, sums = expected.place, expected.sums
+    if sums is not None:
+        if found != sums.digest:
+            return [place.corruption(
+                source, record.data_offset, sums.digest, found,
+                f"record '{record.name}' is not the data this save wrote",
+            )]
+        return []
     if record.has_crc and found != record.crc:
-        expect = sums.crc if sums is not None and sums.crc is not None else record.crc
-        return [place.corruption(source, record.data_offset, expect, found, f"record '{record.name}'")]
-    if sums is not None and sums.crc is not None and found != sums.crc:
-        return [place.corruption(
-            source, record.data_offset, sums.crc, found,
-            f"record '{record.name}' is not the data this save wrote",
-        )]
-    if needs_the_bytes(expected):
-        return check_tiles_of_whole(buffer, archive, sums, source, place)
+        return [place.corruption(source, record.data_offset, record.crc, found, f"record '{record.name}'")]
     return []
 
 
 def check_whole(source: Source, archive: Archive, expected: Expected, scratch: memoryview) -> tuple[int, list[Corruption]]:
-    """Check the chunk's data record whole as :func:`read_whole` does, keeping none of its bytes (but
-    where :func:`needs_the_bytes`); returns their CRC-32 and what is wrong."""
-    if needs_the_bytes(expected):
-        buffer, found = read_record(source, archive.data)
-    else:
-        buffer, found = None, hash_record(source, archive.data, scratch)
-    return found, _whole_problems(found, buffer, source, archive, expected)
+    """Check the chunk's data record whole as :func:`read_whole` does, keeping none of its bytes;
+    returns their digest (the module's docstring) and what is wrong."""
+    record = _data_record(archive, expected)
+    found = hash_record(source, record, scratch)
+    return found, _whole_problems(found, source, record, expected)
 
 
 def read_whole(source: Source, archive: Archive, expected: Expected) -> tuple[torch.Tensor, list[Corruption]]:
-    """The chunk's data record whole (uint8), checked against the zip CRC-32 and the writer's data
-    CRC (or, in a version-1 ``.checksums``, its tile CRCs)."""
-    buffer, found = read_record(source, archive.data)
-    return buffer, _whole_problems(found, buffer, source, archive, expected)
+    """The chunk's data record whole (uint8), checked against the writer's data digest (with
+    ``.checksums``) or the zip CRC-32 (without)."""
+    record = _data_record(archive, expected)
+    buffer, found = read_record(source, record)
+    return buffer, _whole_problems(found, source, record, expected)
 
 
 # A chunk whose dim-0 slices are bigger than this is not read in parts of whole slices.
@@ -195,13 +212,12 @@ _SLICES_UP_TO = 8 << 20
 
 def boxes_readable_whole(archive: Archive, expected: Expected, archive_bytes: int) -> bool:
     """Whether :func:`read_boxes_of_whole` can read boxes of this chunk: a contiguous tensor with
-    dims, in this host's byte order, checked by one CRC-32 of its data, big enough that a staged whole
-    copy would cost (a small archive is in memory already), with dim-0 slices of at most 8 MiB."""
+    dims, in this host's byte order, big enough that a staged whole copy would cost (a small archive is
+    in memory already), with dim-0 slices of at most 8 MiB."""
     m = archive.meta
     return (
         archive.contiguous
         and archive.in_host_order
-        and not needs_the_bytes(expected)
         and m.dim() >= 1
         and m.numel() > 0
         and not reads_archive_whole(archive_bytes)
@@ -232,48 +248,36 @@ def read_boxes_of_whole(source: Source, archive: Archive, expected: Expected,
                 out[lo - offsets[0] : hi - offsets[0]].copy_(rows[(slice(lo - r0, hi - r0), *inner)])
 
     view = memoryview(scratch.numpy())
-    found = _hash_pieces(source, archive.data, lambda at, n: view[:n], piece_bytes, copy_out)
-    return outs, _whole_problems(found, None, source, archive, expected)
+    record = _data_record(archive, expected)
+    found = _hash_pieces(source, record, lambda at, n: view[:n], piece_bytes, copy_out)
+    return outs, _whole_problems(found, source, record, expected)
 
 
 def read_bytes_item(source: Source, expected: Expected) -> tuple[bytes, list[Corruption]]:
-    """A bytes item's bytes, checked against the writer's CRC-32 when there is one."""
+    """A bytes item's bytes, checked against the writer's digest when there is one."""
     data = source.read(0, source.length)
     sums = expected.sums
-    if sums is not None and sums.crc is not None:
-        found = crc32(data)
-        if found != sums.crc:
-            return data, [expected.place.corruption(source, 0, sums.crc, found, "bytes item")]
+    if sums is not None:
+        found = digest(data)
+        if found != sums.digest:
+            return data, [expected.place.corruption(source, 0, sums.digest, found, "bytes item")]
     return data, []
 
 
-def check_tiles_of_whole(buffer: torch.Tensor, archive: Archive, sums: ItemChecksums, source: Source,
-                         place: ItemPlace) -> list[Corruption]:
-    """Check a whole data record's bytes against the writer's tile CRCs."""
-    grid = sums.grid
-    matrix = buffer.view(grid.rows, grid.row_bytes)
-    bad = []
-    scratch = band_scratch(grid)
-    for band, start in enumerate(range(0, grid.rows, grid.tile_rows)):
-        found = band_crcs(matrix[start : start + grid.tile_rows], grid, scratch)
-        bad += _compare_band(found, sums, grid, band, 0, start, archive, source, place)
-    return bad
-
-
 def tiles_usable(archive: Archive, sums: ItemChecksums | None) -> bool:
-    """Whether block CRCs can check a byte range of this chunk (a contiguous tensor whose recorded
+    """Whether tile digests can check a byte range of this chunk (a contiguous tensor whose recorded
     tile grid fits its layout)."""
     if sums is None or sums.grid is None or not archive.contiguous:
         return False
     m = archive.meta
-    return sums.grid.fits(m.shape, m.element_size()) and len(sums.tile_crcs) == sums.grid.count
+    return sums.grid.fits(m.shape, m.element_size()) and len(sums.tile_digests) == sums.grid.count
 
 
 def read_box_by_tiles(
     source: Source, archive: Archive, sums: ItemChecksums, offsets, lengths, place: ItemPlace
 ) -> tuple[torch.Tensor, list[Corruption]]:
     """The box ``offsets`` / ``lengths`` of the chunk (its saved dtype), read as the whole tiles it
-    touches, each checked against its CRC-32. The result may be a view of the tiles read (not
+    touches, each checked against its digest. The result may be a view of the tiles read (not
     contiguous)."""
     meta, grid, e = archive.meta, sums.grid, archive.meta.element_size()
     shape, lengths = list(meta.shape), list(lengths)
@@ -307,7 +311,7 @@ def read_box_by_tiles(
             view = memoryview(part.numpy()).cast("B")
             source.read_rows(view, base + first * grid.row_bytes + w0, grid.row_bytes, width, height)
         clock = spent("read_s", clock)
-        found = band_crcs(part, grid, scratch)
+        found = band_digests(part, grid, scratch)
         bad += _compare_band(found, sums, grid, band, w0 // grid.tile_bytes, first, archive, source, place, w0)
         clock = spent("check_s", clock)
         at += height
@@ -327,12 +331,12 @@ def read_box_by_tiles(
 
 def _compare_band(found, sums, grid, band, first_col, first_row, archive, source, place, w0=0) -> list[Corruption]:
     bad = []
-    for j, crc in enumerate(found):
+    for j, value in enumerate(found):
         k = band * grid.tile_cols + first_col + j
-        if crc != sums.tile_crcs[k]:
+        if value != sums.tile_digests[k]:
             offset = archive.data.data_offset + first_row * grid.row_bytes + w0 + j * grid.tile_bytes
             what = f"block {k} of {grid.count} (rows {first_row}.., bytes {w0 + j * grid.tile_bytes}.. of each row)"
-            bad.append(place.corruption(source, offset, sums.tile_crcs[k], crc, what))
+            bad.append(place.corruption(source, offset, sums.tile_digests[k], value, what))
     return bad
 
 

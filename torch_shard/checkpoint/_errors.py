@@ -40,7 +40,7 @@ class Corruption:
         """One line naming the item (or file), the place and the two checksums."""
         sums = ""
         if self.expected is not None or self.found is not None:
-            sums = f": crc32 expected {_hex(self.expected)}, found {_hex(self.found)}"
+            sums = f": checksum expected {_hex(self.expected)}, found {_hex(self.found)}"
         by = f", read by rank {self.rank}" if self.rank is not None else ""
         at = f" at byte {self.offset}" if self.offset is not None else ""
         if self.fqn is None:

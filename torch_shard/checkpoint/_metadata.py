@@ -15,8 +15,7 @@ between it and the data:
   ``.metadata`` file's bytes as DCP's ``finish`` wrote them, taken just before DCP renames the file
   into place (:func:`hashing_renames`), and a load compares it with the SHA-256 of the bytes it
   unpickles (:func:`read_checked`): exactly the file the save wrote, at the cost of hashing it
-  (a fraction of unpickling it). ``.checksums`` of version 2 hold a digest of the metadata's
-  content instead (:func:`legacy_digest`, a walk of every entry that costs more than unpickling).
+  (a fraction of unpickling it).
 
 :func:`read_checked` does both, and the ``.checksums`` checks of NOTE [ What .checksums binds to one
 save ], for the reader and for ``verify``: one list of what is wrong, so both check the same things.
@@ -25,13 +24,9 @@ save ], for the reader and for ``verify``: one list of what is wrong, so both ch
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import enum
 import hashlib
 import io
-import json
 import os
-import pickle
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,48 +44,9 @@ from .. import _native
 from . import _checksums
 from ._errors import Corruption
 
-__all__ = ["Checked", "check_structure", "file_sha256", "hashing_renames", "legacy_digest", "read_checked"]
+__all__ = ["Checked", "check_structure", "file_sha256", "hashing_renames", "read_checked"]
 
 METADATA_FILE = ".metadata"
-
-
-def _canonical(value: Any) -> Any:
-    """A JSON-able form of metadata content that is equal exactly when the content is."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, torch.Size):
-        return ["Size", list(value)]
-    if isinstance(value, (torch.dtype, torch.layout, torch.memory_format, torch.device)):
-        return str(value)
-    if isinstance(value, enum.Enum):
-        return [type(value).__name__, value.name]
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        # Fields that take no part in equality (MetadataIndex.index, a lookup hint) are left out.
-        fields = {f.name: _canonical(getattr(value, f.name, None)) for f in dataclasses.fields(value) if f.compare}
-        return [type(value).__name__, fields]
-    if isinstance(value, dict):
-        pairs = [[_canonical(k), _canonical(v)] for k, v in value.items()]
-        return ["dict", sorted(pairs, key=lambda kv: json.dumps(kv[0], sort_keys=True))]
-    if isinstance(value, (list, tuple)):
-        return [type(value).__name__, [_canonical(v) for v in value]]
-    if isinstance(value, (bytes, bytearray)):
-        return ["bytes", bytes(value).hex()]
-    # Anything else a planner stores: its pickle (deterministic for plain objects; never its repr,
-    # which may hold an address).
-    return ["pickle", type(value).__qualname__, pickle.dumps(value, protocol=4).hex()]
-
-
-def legacy_digest(metadata: Metadata) -> str:
-    """The digest a version-2 ``.checksums`` holds: SHA-256 of the metadata content a load uses,
-    leaving out the checkpoint's path when saved and the load id."""
-    save_id = getattr(getattr(metadata, "storage_meta", None), "save_id", None)
-    content = {
-        "state_dict_metadata": _canonical(metadata.state_dict_metadata),
-        "storage_data": _canonical(metadata.storage_data),
-        "planner_data": _canonical(metadata.planner_data),
-        "save_id": save_id,
-    }
-    return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 class _HashingReads:
@@ -338,7 +294,7 @@ def _open_checked(fs, path, metadata: Metadata | None, rank: int | None, *, use_
     # The bytes the save wrote, to the bit (the SHA-256 its .checksums holds): their structure is
     # DCP's own, not checked again.
     written = (
-        metadata is not None and sums is not None and sums.version >= 3 and sums.save_id == save_id
+        metadata is not None and sums is not None and sums.save_id == save_id
         and metadata_sha256 is not None and metadata_sha256 == sums.metadata_digest
     )
     if metadata is not None and not written:
@@ -362,11 +318,8 @@ def _open_checked(fs, path, metadata: Metadata | None, rank: int | None, *, use_
             f"holds parts of two saves (a save that stopped between the two files, or a later save by a "
             f"writer that records no checksums; in that case delete {name})"
         )
-    if not written and sums.metadata_digest is not None:
-        found = metadata_sha256 if sums.version >= 3 else legacy_digest(metadata)
-        if found != sums.metadata_digest:
-            return wrong(f"does not hold what its save wrote: its digest differs from the one in {name}",
-                         metadata_file)
+    if not written:
+        return wrong(f"does not hold what its save wrote: its digest differs from the one in {name}", metadata_file)
     missing = [
         index for index, info in metadata.storage_data.items()
         if _checksums.location_key(info.relative_path, info.offset) not in sums.items

@@ -143,7 +143,7 @@ def _verify_item(reader, index, md, expected: Expected, info, stream, report: Ve
         data, bad = read_bytes_item(source, expected)
         report.corruptions.extend(bad)
         if expected.sums is None:
-            report.unchecked.append(f"{place.fqn} (bytes item, no CRC recorded)")
+            report.unchecked.append(f"{place.fqn} (bytes item, no checksum recorded)")
         if not bad:
             try:  # as a load does (DCP's planner unpickles it)
                 torch.load(io.BytesIO(data), weights_only=False)
