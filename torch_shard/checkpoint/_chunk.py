@@ -168,12 +168,6 @@ def read_record(source: Source, record: Record) -> tuple[torch.Tensor, int]:
     return buffer, hash_record_into(source, record, view)
 
 
-def needs_the_bytes(expected: Expected) -> bool:
-    """False: a whole data record is checked by its digest alone. (Kept for callers from when a
-    version-1 ``.checksums`` checked a whole record tile by tile.)"""
-    return False
-
-
 def _whole_problems(found: int, source: Source, record: Record, expected: Expected) -> list[Corruption]:
     """What is wrong with a whole data record whose bytes hash to ``found`` (by ``record.checked_by``):
     compared with the writer's data digest where there are checksums, else with the zip CRC-32."""

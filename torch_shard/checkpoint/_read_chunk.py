@@ -38,7 +38,6 @@ from ._chunk import (
     boxes_readable_whole,
     check_whole,
     hash_record_into,
-    needs_the_bytes,
     piece_scratch,
     read_box_by_tiles,
     read_boxes_of_whole,
@@ -73,10 +72,10 @@ class Deferred:
     place: ItemPlace
 
 
-def usable_in_place(archive: Archive, expected: Expected) -> bool:
+def usable_in_place(archive: Archive) -> bool:
     """Whether a whole chunk can be checked now and read into its destination later: its bytes are
-    in this host's byte order and its check needs only their digest."""
-    return archive.in_host_order and not needs_the_bytes(expected)
+    in this host's byte order."""
+    return archive.in_host_order
 
 
 def reads_whole(length: int, expected: Expected, boxes: list[Box], chunk_sizes) -> bool:
@@ -125,7 +124,7 @@ def read_chunk_boxes(
             and may_defer[k]
             and archive.data.size >= _READ_TWICE_FROM
             and isinstance(source, FileSource)
-            and usable_in_place(archive, expected)
+            and usable_in_place(archive)
         ):
             if "piece" not in scratch:  # one scratch buffer for the whole load
                 scratch["piece"] = piece_scratch()

@@ -10,24 +10,29 @@ byte ranges of a DCP checkpoint ] (``_read_unchecked.py``).
 NOTE [ Verified loads ]
 Before any data: ``.metadata`` and ``.checksums`` are checked (NOTE [ Checking a checkpoint's
 metadata ]); a problem with either raises on every rank when DCP sets the reader up. Then per saved
-chunk the reader parses the ``torch.save`` archive's zip directory, checks its small records, the
-saved tensor's shape and dtype against ``.metadata``, and the data record's CRC against the one the
-writer recorded for this save (``_chunk.open_chunk``). It reads the tensor's bytes one of two ways:
-the whole data record, hashed once and checked against its zip CRC-32 and the writer's data CRC, when
-the rank needs the whole chunk, the chunk is small (an archive up to 256 KiB: one read of it costs
-less than the reads of a part's rows; the writer records no tiles for it), or the checkpoint has no
-``.checksums`` (plain DCP checkpoints: a partial read then costs the whole record, as with
-``FileSystemReader``, and the reader warns once; only the part's bytes are kept, the record hashed a
-run of dim-0 slices at a time); or the tiles its box touches, each checked against the writer's tile
-CRC (NOTE [ Block checksums for byte-range reads ]). The archive's directory, pickle and small records
-come from read windows (``_archive.FileSource``: a small archive read whole in one read, a bigger
-one's first and last bytes), and a pickle ``torch.load`` already made sense of is not unpickled
-again. Stream-transformed chunks are checked after decoding. Bytes items are checked
-against the writer's CRC-32 and unpickled, as ``DCP``'s planner will unpickle them, so an item that
-cannot be (its class gone, a damaged pickle) fails here. The ranks then agree on the outcome (NOTE [
-Agreeing on a load's outcome ]), and only when no rank found a problem is any destination written. A
-failed check raises :class:`CheckpointCorruptionError`, any other failure
-:class:`CheckpointLoadError`, on every rank of the load, with every destination as it was.
+chunk the reader parses the ``torch.save`` archive's zip directory, checks its small records against
+their zip CRC-32s and the saved tensor's shape and dtype against ``.metadata`` (``_chunk.open_chunk``),
+and reads the bytes it needs as ``_read_chunk.read_chunk_boxes`` decides: the whole data record,
+checked against the writer's XXH3-64 digest where the checkpoint has a ``.checksums``, else against
+its zip CRC-32 (plain DCP checkpoints: a partial read then costs the whole record, as with
+``FileSystemReader``, and the reader warns once), when the rank needs the whole chunk, the chunk is
+small (an archive up to 256 KiB: one read of it costs less than the reads of a part's rows; the
+writer records no tiles for it) or has no tile digests; or the tiles its box touches, each checked
+against the writer's tile digest (NOTE [ Block checksums for byte-range reads ]). The archive's
+directory, pickle and small records come from read windows (``_archive.FileSource``: a small archive
+read whole in one read, a bigger one's first and last bytes). Stream-transformed chunks are checked
+after decoding. Bytes items are checked against the writer's digest and unpickled, as ``DCP``'s
+planner will unpickle them, so an item that cannot be (its class gone, a damaged pickle) fails here.
+The ranks then agree on the outcome (NOTE [ Agreeing on a load's outcome ]), and only when no rank
+found a problem is any destination written. A failed check raises :class:`CheckpointCorruptionError`,
+any other failure :class:`CheckpointLoadError`, on every rank of the load, with every destination as
+it was.
+
+What a checkpoint without ``.checksums`` (any ``FileSystemWriter``'s) cannot catch: a chunk or file
+from another save, or another rank's chunk, whose archive is intact and of the right shape and dtype
+(its zip CRC-32s prove only that each record is consistent with itself), and a ``.metadata`` that
+still unpickles, into other but well-formed metadata (offsets of chunks that still tile the tensor,
+file offsets that still land on archives of the right shape).
 
 NOTE [ When read-once is on ]
 ``read_once=None`` (the default) turns it on when the checkpoint lies on a network or FUSE file system
