@@ -62,7 +62,7 @@ from ._checksums import location_key
 from ._chunk import Expected, ItemPlace, open_chunk, read_bytes_item
 from ._errors import CheckpointCorruptionError, CheckpointLoadError, Corruption
 from ._read_chunk import Deferred, read_again, read_chunk_boxes, reads_whole
-from ._read_once import ReadOnce, exchange_round, on_network_filesystem, plan_read_once
+from ._read_once import Prefetcher, ReadOnce, exchange_round, on_network_filesystem, plan_read_once, prefetch_ranges
 from ._read_unchecked import read_unchecked
 from ._timing import LoadTimings, recording, spent
 
@@ -212,6 +212,8 @@ class ByteRangeFileSystemReader(FileSystemReader):
                     raise AssertionError(f"req {item.storage_index} mismatch sizes {list(target.shape)} vs {list(item.lengths)}")
                 if isinstance(value, Deferred):
                     read_again(value, self._handle(value.relative_path), target, changed)
+                elif isinstance(value, _Pieces):
+                    value.copy_into(target)
                 else:
                     target.copy_(value)
                 planner.commit_tensor(item, target)
@@ -327,6 +329,28 @@ class ByteRangeFileSystemReader(FileSystemReader):
                 wanted.setdefault(piece.unit, []).append((i, piece.at))
         values_of_items: dict[int, object] = {}
         failure = None
+        try:
+            ranges = prefetch_ranges(units, schedule.rounds, me, self.storage_data, self._metadata)
+        except Exception:  # noqa: BLE001 - a hint only; the reads themselves report any problem
+            ranges = []
+        prefetcher = Prefetcher(self.path, ranges)
+        try:
+            failure = self._rounds(plan, schedule, me, group, device, wanted, values_of_items, outcome)
+        finally:
+            prefetcher.stop()
+        for i, (item, pieces) in enumerate(zip(plan.items, schedule.pieces)):
+            if pieces is None:
+                continue
+            value = values_of_items.get(i)
+            if value is None and 0 in item.lengths:
+                dtype = self._metadata.state_dict_metadata[item.storage_index.fqn].properties.dtype
+                value = torch.empty(list(item.lengths), dtype=dtype)
+            if value is not None:
+                staged.append((item, value))
+        return failure
+
+    def _rounds(self, plan, schedule: ReadOnce, me: int, group, device, wanted, values_of_items, outcome):
+        units, failure = schedule.units, None
         for ids in schedule.rounds:
             values: dict[int, object] = {}
             try:
@@ -348,15 +372,6 @@ class ByteRangeFileSystemReader(FileSystemReader):
             except Exception as e:  # noqa: BLE001 - as above
                 failure = failure or e
                 outcome.error = outcome.error or f"{type(e).__name__}: {e}"
-        for i, (item, pieces) in enumerate(zip(plan.items, schedule.pieces)):
-            if pieces is None:
-                continue
-            value = values_of_items.get(i)
-            if value is None and 0 in item.lengths:
-                dtype = self._metadata.state_dict_metadata[item.storage_index.fqn].properties.dtype
-                value = torch.empty(list(item.lengths), dtype=dtype)
-            if value is not None:
-                staged.append((item, value))
         return failure
 
     def _read_units(self, units, mine: list[int], me: int, wanted, plan, values: dict, corruptions: list) -> None:
@@ -384,17 +399,23 @@ class ByteRangeFileSystemReader(FileSystemReader):
 
     @staticmethod
     def _place_piece(item: ReadItem, i: int, value, unit, at, values_of_items: dict, count: int) -> None:
-        """Put a unit's value into item ``i``'s staged value: the value itself where the item is that
-        one unit, else its box of a buffer of the item's size."""
+        """Stage a unit's value for item ``i``: the value itself where the item is that one unit, else
+        one of the item's :class:`_Pieces` (copied into the destination after the agreement: no
+        buffer of the item's size is made)."""
         if value is None:
             return
         if count == 1 and tuple(unit.lengths) == tuple(item.lengths):
             values_of_items[i] = value
             return
-        buffer = values_of_items.get(i)
-        if buffer is None:
-            buffer = values_of_items[i] = torch.empty(list(item.lengths), dtype=unit.dtype)
-        buffer[tuple(slice(a, a + n) for a, n in zip(at, unit.lengths))].copy_(value)
+        values_of_items.setdefault(i, _Pieces()).append((at, value))
+
+
+class _Pieces(list):
+    """An item's staged value as its parts: ``(offsets within the item, tensor)``."""
+
+    def copy_into(self, target: torch.Tensor) -> None:
+        for at, value in self:
+            target[tuple(slice(a, a + n) for a, n in zip(at, value.shape))].copy_(value)
 
 
 def _done() -> Future[None]:
