@@ -357,6 +357,10 @@ def _sharded_values(offsets, sizes, cols: int) -> torch.Tensor:
     return (rows + torch.arange(offsets[1], offsets[1] + sizes[1], dtype=torch.int64)[None, :]).remainder_(65521).float()
 
 
+# ByteRangeFileSystemReader.timings' time fields, reported per load of the replicated state.
+_SPLIT = ("read_s", "check_s", "exchange_s", "agree_s", "write_s")
+
+
 def _replicated_values(rows: int, cols: int) -> torch.Tensor:
     return torch.arange(rows * cols, dtype=torch.int32).remainder_(65519).float().view(rows, cols)
 
@@ -457,7 +461,8 @@ def _cluster_main(args) -> None:
                 ok = torch.equal(targets["replicated"], replicated) and all(
                     torch.equal(s.tensor, _sharded_values(s.metadata.shard_offsets, s.metadata.shard_sizes, cols))
                     for s in targets["sharded"].local_shards())
-                stats = torch.tensor([elapsed, read, rss.peak, rss.peak - rss.before, 0.0 if ok else 1.0],
+                split = [getattr(timings, f, 0.0) for f in _SPLIT] if timings is not None else [0.0] * len(_SPLIT)
+                stats = torch.tensor([elapsed, read, rss.peak, rss.peak - rss.before, 0.0 if ok else 1.0, *split],
                                      dtype=torch.float64)
                 maxed, summed = stats.clone(), stats.clone()
                 dist.all_reduce(maxed, op=dist.ReduceOp.MAX)
@@ -467,6 +472,7 @@ def _cluster_main(args) -> None:
                 load_rows.append((reader_name, layout, {
                     "s": maxed[0].item(), "read": summed[1].item(), "needed": needed, "link": crossed,
                     "rss": maxed[2].item(), "rss_growth": maxed[3].item(),
+                    "split": maxed[5:].tolist() if timings is not None else None,
                     "read_from": "timings.read_bytes" if timings is not None else "rchar"}))
                 del targets, reader
     finally:
@@ -495,6 +501,11 @@ def _cluster_main(args) -> None:
             crossed = "" if cell["link"] is None else f"{cell['link'] / mib:.1f}"
             print(f"| {reader_name} | {layout} | {cell['s']:.2f} | {cell['read'] / mib:.1f} | {cell['needed'] / mib:.1f} "
                   f"| {cell['read'] / cell['needed']:.2f} | {crossed} | {cell['rss'] / mib:.0f} | {cell['rss_growth'] / mib:.0f} |")
+        print("\nWhere ByteRange's load time went, seconds (each the slowest rank's): " + ", ".join(_SPLIT) + "\n")
+        print("| reader | layout | " + " | ".join(_SPLIT) + " |\n|---|---|" + "---|" * len(_SPLIT))
+        for reader_name, layout, cell in load_rows:
+            if cell is not None and cell.get("split") is not None:
+                print(f"| {reader_name} | {layout} | " + " | ".join(f"{v:.2f}" for v in cell["split"]) + " |")
         print("\nMiB read: FileSystemReader's from /proc/self/io rchar (data files and .metadata), ByteRange's from "
               "reader.timings.read_bytes (data files only). Peak RSS: /proc/self/statm sampled every 2 ms on a "
               "thread during the load (growth: above the RSS before it, the destinations already allocated). "

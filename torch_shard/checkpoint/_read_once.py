@@ -21,7 +21,9 @@ final plans hands each rank its part, so planning costs no collective of ours:
   (a band larger than that alone); after each round the units that cross ranks move in one
   ``torch_shard._redistribute`` exchange over the load's group (a 1-D byte layout: each unit's bytes
   owned by its reader, held by each rank that needs it). A load whose units all stay on their reader
-  (every rank loads the layout it saved) exchanges nothing. So that the storage link does not idle
+  (every rank loads the layout it saved) exchanges nothing. A reader's bands that no other rank
+  needs are read in the last round, so the bands others wait for are read and moved first. So that
+  the storage link does not idle
   while the ranks exchange, a thread asks the kernel to read ahead every band this rank will read, in
   order (:class:`Prefetcher`: ``posix_fadvise`` WILLNEED, bands read whole only, with a margin of 64
   KiB either side for the data record's estimated place), and the reads find them in the page cache.
@@ -56,7 +58,7 @@ from ._checksums import location_key, reads_archive_whole
 # Bands of a saved chunk that one rank reads for all (about this many bytes; tile-aligned).
 BAND_BYTES = 16 << 20
 # At most this many bytes of units read for other ranks are held at once (a round's exchange).
-ROUND_BYTES = 32 << 20
+ROUND_BYTES = 16 << 20
 # Prefetched ranges reach this far past a band's estimated bytes on either side (torch.save's records
 # around the data: the estimate of where the data record starts is off by at most a few KiB).
 _PREFETCH_MARGIN = 64 << 10
@@ -212,7 +214,7 @@ def plan_read_once(plans: list[LoadPlan], participants: Participants, storage_da
 
     # Rounds, per reader in storage order; the units.
     units: list[Unit] = []
-    rounds: list[list[int]] = []
+    placed = []  # (round or None: read in the last round, job)
     held = [0] * world
     current = [0] * world
     for j in sorted(range(len(jobs)), key=lambda j: (storage_data[index_of[jobs[j][1]]].relative_path,
@@ -220,17 +222,22 @@ def plan_read_once(plans: list[LoadPlan], participants: Participants, storage_da
         _, key, _, dtype, boxes = jobs[j]
         reader = reader_of[j]
         remote = sum(math.prod(box[1]) * dtype.itemsize for box, ranks in boxes if set(ranks) - {reader})
-        if remote and held[reader] and held[reader] + remote > ROUND_BYTES:
+        if not remote:
+            placed.append((None, j))  # a reader's own: read last, while the others' bands move
+            continue
+        if held[reader] and held[reader] + remote > ROUND_BYTES:
             current[reader] += 1
             held[reader] = 0
         held[reader] += remote
-        k = current[reader] if remote else 0
-        while len(rounds) <= k:
-            rounds.append([])
+        placed.append((current[reader], j))
+    last = max(current) if any(k is not None for k, _ in placed) else 0
+    rounds: list[list[int]] = [[] for _ in range(last + 1)]
+    for k, j in placed:
+        _, key, _, dtype, boxes = jobs[j]
         for box, ranks in boxes:
             uid = len(units)
-            units.append(Unit(index_of[key], box[0], box[1], dtype, reader, tuple(sorted(ranks))))
-            rounds[k].append(uid)
+            units.append(Unit(index_of[key], box[0], box[1], dtype, reader_of[j], tuple(sorted(ranks))))
+            rounds[last if k is None else k].append(uid)
             for rank, places in ranks.items():
                 for i, at in places:
                     pieces[rank][i].append(Piece(uid, at))
