@@ -10,11 +10,13 @@ straight into the destination (a contiguous CPU tensor of the saved dtype; anyth
 buffer and ``copy_``), each piece hashed again as it lands. Staging a big chunk costs fresh memory as
 large as the chunk (the kernel zeroes every page of it) and one more copy, which made a checked load
 slower than DCP's ``FileSystemReader``; the second read comes from the page cache the first one
-filled. The threshold is where staging stops being cheaper on this machine kind (glibc's allocator
-recycles blocks under its mmap threshold, which grows to at most 32 MiB, so staging there costs no
-fresh pages), measured when it was chosen (docs/benchmarks.md, issue 32: 4 ranks, 16 MiB chunks:
-staged 1.17x ``FileSystemReader``, read twice 1.33-1.43x; 2 ranks, 32 MiB chunks: staged 1.15x, read
-twice 0.67-0.84x). The hash of the second read must equal the first: it differs only when the file
+filled. The threshold is where staging stops being cheaper, measured on this machine kind by
+``bench/bench_read_twice.py`` (4 ranks, one chunk each, page cache warm, 2026-11-28; staged / read
+twice, against ``FileSystemReader``): 16 MiB chunks 1.03x / 1.24x, 32 MiB 1.04x / 0.56x, 64 MiB 1.09x /
+0.50x, 128 MiB 1.06x / 0.38x. It is glibc's: its allocator recycles blocks under its mmap threshold,
+which grows to at most 32 MiB, so staging below it costs no fresh pages, while every larger buffer is
+fresh memory the kernel zeroes (FSR's own time jumps 2.4x from 16 to 32 MiB chunks). Another
+allocator moves the crossover; rerun the bench there. The hash of the second read must equal the first: it differs only when the file
 changed on disk between the two (another job saving into the same directory during the load). The
 rank that sees it raises :class:`CheckpointCorruptionError` naming the chunk, and DCP's own gathering
 of every rank's ``read_data`` outcome (the collective that ends its read step) makes every rank of
