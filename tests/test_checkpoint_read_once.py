@@ -209,6 +209,7 @@ def test_network_and_fuse_mounts_are_told_from_local_ones():
 
 
 def test_units_cover_every_needed_box_once_and_readers_are_balanced():
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
     from torch.distributed.checkpoint.metadata import (
         ChunkStorageMetadata,
         Metadata,
@@ -216,7 +217,6 @@ def test_units_cover_every_needed_box_once_and_readers_are_balanced():
         TensorProperties,
         TensorStorageMetadata,
     )
-    from torch.distributed.checkpoint.filesystem import _StorageInfo
     from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 
     from torch_shard.checkpoint._agreement import Participants

@@ -16,8 +16,10 @@ twice, against ``FileSystemReader``): 16 MiB chunks 1.03x / 1.24x, 32 MiB 1.04x 
 0.50x, 128 MiB 1.06x / 0.38x. It is glibc's: its allocator recycles blocks under its mmap threshold,
 which grows to at most 32 MiB, so staging below it costs no fresh pages, while every larger buffer is
 fresh memory the kernel zeroes (FSR's own time jumps 2.4x from 16 to 32 MiB chunks). Another
-allocator moves the crossover; rerun the bench there. The hash of the second read must equal the first: it differs only when the file
-changed on disk between the two (another job saving into the same directory during the load). The
+allocator moves the crossover; rerun the bench there.
+
+The hash of the second read must equal the first: it differs only when the file changed on disk
+between the two (another job saving into the same directory during the load). The
 rank that sees it raises :class:`CheckpointCorruptionError` naming the chunk, and DCP's own gathering
 of every rank's ``read_data`` outcome (the collective that ends its read step) makes every rank of
 ``dcp.load`` raise; the destinations may be partly written in that case alone, and the error says so.
