@@ -11,6 +11,8 @@ TestReadOnce (4 ranks, gloo): a state dict of a row-sharded tensor and a replica
 * a damaged byte in the replicated chunk (read by one rank for all) raises the same
   ``CheckpointCorruptionError`` on every rank with every destination unchanged;
 * a rank whose reads fail (EIO) makes every rank raise ``CheckpointLoadError``, destinations unchanged;
+* a chunk that changes on disk after the agreement, before its reader reads it again to send it,
+  raises on every rank, saying so;
 * the default: off for a checkpoint on a local file system (no schedule in the plan).
 
 The upstream-derived scenarios (sub-groups, empty shards, DTensor and upstream ShardedTensor layouts)
@@ -37,6 +39,7 @@ from torch_shard.checkpoint import (
     _archive,
     _read_chunk,
     _read_once,
+    _reader,
     load,
 )
 from torch_shard.testing import ShardedTensorTestBase, run_tests, with_comms
@@ -119,7 +122,7 @@ class TestReadOnce(ShardedTensorTestBase):
                 calls.append(1)
                 return exchange(*args, **kwargs)
 
-            with mock.patch("torch_shard.checkpoint._reader.exchange_round", counted):
+            with mock.patch("torch_shard.checkpoint._read_once_load.exchange_round", counted):
                 for spec in (chunks(0), chunks(1, (2, 0, 3, 1))):
                     calls.clear()
                     state, read, _ = self._load(path, spec, rep_rows, read_once=True)
@@ -145,6 +148,43 @@ class TestReadOnce(ShardedTensorTestBase):
         with self.assertRaises(CheckpointCorruptionError) as cm:
             load(state, path, read_once=True)
         self.assertIn("'rep'", str(cm.exception))
+        self._untouched(state)
+
+    @with_comms(init_rpc=False)
+    def test_a_chunk_changed_after_the_agreement_raises_on_every_rank(self):
+        # NOTE [ Read once: check, agree, then read again and deliver ]: the replicated tensor's file
+        # changes on disk after every rank checked its units and agreed, before the reader reads its
+        # band again to send it: the reader sees it, and every rank raises its error.
+        path, full, rep = self._save()
+        md = dcp.FileSystemReader(path).read_metadata()
+        (info,) = [md.storage_data[i] for i in md.storage_data if i.fqn == "rep"]
+        agree, calls = _reader.exchange, []
+
+        def agree_then_change(outcome, participants):
+            calls.append(outcome)
+            if len(calls) == 1 and self.rank == 0:
+                with open(f"{path}/{info.relative_path}", "r+b") as f:
+                    at = info.offset + info.length - 64 * 1024  # inside the data record
+                    f.seek(at)
+                    byte = f.read(1)[0]
+                    f.seek(at)
+                    f.write(bytes([byte ^ 0x40]))
+            return agree(outcome, participants)
+
+        state = self._targets(chunks(1))
+        with mock.patch.object(_reader, "exchange", agree_then_change), \
+                self.assertRaises(CheckpointCorruptionError) as cm:
+            load(state, path, read_once=True)
+        self.assertEqual(len(calls), 1)
+        self.assertIn("changed on disk during the load", str(cm.exception))
+        self.assertIn("partly written", str(cm.exception))
+        messages = [None] * dist.get_world_size()
+        dist.all_gather_object(messages, str(cm.exception))
+        self.assertEqual(len(set(messages)), 1)
+        # Loaded again, the changed chunk fails its first check: nothing is written anywhere.
+        state = self._targets(chunks(1))
+        with self.assertRaises(CheckpointCorruptionError):
+            load(state, path, read_once=True)
         self._untouched(state)
 
     @with_comms(init_rpc=False)

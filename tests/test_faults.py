@@ -108,13 +108,14 @@ def _checkpoint_dir() -> str:
 
 def _read_once_scenario(rank: int, action: str, fault_rank: int):
     """A checkpoint load read once across the ranks (issue 43): a replicated tensor that one rank
-    reads and hands to the others. The faulty rank dies as it starts its reads (its process exits),
-    so the others wait for it in the exchange that follows."""
+    reads and hands to the others. The faulty rank dies after the agreement, as it starts to read its
+    units again to send them (its process exits), so the others wait for it in the exchange."""
     from unittest import mock
 
     import torch.distributed.checkpoint as dcp
 
-    from torch_shard.checkpoint import ByteRangeFileSystemReader, ChecksumFileSystemWriter, load
+    from torch_shard.checkpoint import ChecksumFileSystemWriter, load
+    from torch_shard.checkpoint._read_once_load import ReadOnceLoad
 
     path = _checkpoint_dir()
     dcp.save({"rep": torch.arange(256 * 512, dtype=torch.float32).view(256, 512)},
@@ -125,7 +126,7 @@ def _read_once_scenario(rank: int, action: str, fault_rank: int):
         def die(*args, **kwargs):
             os._exit(INJECTED_EXIT_CODE)
 
-        with mock.patch.object(ByteRangeFileSystemReader, "_read_units", die):
+        with mock.patch.object(ReadOnceLoad, "_read_round", die):
             load(target, path, read_once=True)
     load(target, path, read_once=True)
 
@@ -281,9 +282,9 @@ class TestFaultsAfterAgreement(TestCase):
         self.assertIn(cls, ("RuntimeError", "DistBackendError"), message)
 
     def test_rank_dying_in_a_read_once_load(self):
-        # Every rank loads a replicated tensor read once across the ranks; rank 2 dies as it starts its
-        # reads. The others reach the exchange, see it gone, and raise within seconds (gloo: a closed
-        # connection, the hub reporting a lost peer), never hang.
+        # Every rank loads a replicated tensor read once across the ranks; rank 2 dies after the
+        # agreement, as it starts to deliver. The others reach the exchange, see it gone, and raise
+        # within seconds (gloo: a closed connection, the hub reporting a lost peer), never hang.
         import shutil
 
         try:

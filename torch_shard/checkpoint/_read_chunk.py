@@ -102,6 +102,7 @@ def read_chunk_boxes(
     relative_path: str,
     checkpoint: str,
     scratch: dict,
+    check_only: bool = False,
 ) -> tuple[list[torch.Tensor | Deferred | None], list[Corruption]]:
     """Read and check ``boxes`` of an opened chunk (see ``open_chunk``); returns a value per box (a
     tensor of the saved dtype, or a :class:`Deferred` where ``may_defer`` allows: a whole big chunk
@@ -109,7 +110,9 @@ def read_chunk_boxes(
     bytes failed gets None). Decides, for the chunk: a box that is part of a chunk with tile digests
     is read as the tiles it touches; a whole chunk of ``_READ_TWICE_FROM`` bytes and more may be
     deferred; anything else comes from the whole record, checked once (the boxes copied out of it a
-    run of dim-0 slices at a time where ``boxes_readable_whole``, else from a staged copy)."""
+    run of dim-0 slices at a time where ``boxes_readable_whole``, else from a staged copy). With
+    ``check_only`` every whole chunk is only hashed (a :class:`Deferred`, whatever its size), and
+    what else is read is only worth its check (the caller drops it)."""
     meta = archive.meta
     by_tiles = archive.in_host_order and expected.sums is not None and expected.sums.grid is not None
     values: list = [None] * len(boxes)
@@ -125,8 +128,7 @@ def read_chunk_boxes(
                 bad += found
         elif (
             is_whole
-            and may_defer[k]
-            and archive.data.size >= _READ_TWICE_FROM
+            and (check_only or (may_defer[k] and archive.data.size >= _READ_TWICE_FROM))
             and isinstance(source, FileSource)
             and usable_in_place(archive)
         ):
@@ -184,6 +186,30 @@ def writable_view(tensor: torch.Tensor) -> memoryview | None:
     if nbytes == 0 or tensor.device.type != "cpu" or not tensor.is_contiguous():
         return None
     return memoryview((ctypes.c_char * nbytes).from_address(tensor.data_ptr())).cast("B")
+
+
+def read_checked_copy(deferred: Deferred, raw, corruptions: list[Corruption]) -> torch.Tensor | None:
+    """A whole chunk checked before the agreement, read again into memory of its own and hashed; None
+    (and a corruption) where its bytes are not the ones checked."""
+    archive, record = deferred.archive, deferred.archive.data
+    with reading_again():
+        try:
+            source = FileSource(raw, deferred.base, deferred.length)
+            buffer, found = read_record(source, record)
+        except OSError as e:
+            corruptions.append(deferred.place.corruption(
+                None, None, None, None,
+                f"cannot be read again after it was checked ({type(e).__name__}: {e}); the destinations may be partly written",
+            ))
+            return None
+    if found != deferred.digest:
+        corruptions.append(deferred.place.corruption(
+            source, record.data_offset, deferred.digest, found,
+            f"record '{record.name}' changed on disk during the load (it was checked, then read again); "
+            f"the destinations may be partly written",
+        ))
+        return None
+    return _as_tensor(buffer, archive, source)
 
 
 def read_again(deferred: Deferred, raw, target: torch.Tensor, corruptions: list[Corruption]) -> None:

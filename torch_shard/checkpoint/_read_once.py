@@ -28,17 +28,18 @@ final plans hands each rank its part, so planning costs no collective of ours:
   order (:class:`Prefetcher`: ``posix_fadvise`` WILLNEED, bands read whole only, with a margin of 64
   KiB either side for the data record's estimated place), and the reads find them in the page cache.
 
-So bytes read from storage, summed over the ranks, are the union of what the ranks need, up to tile
-edges. Memory: a reader holds the units it reads for others for one round (``ROUND_BYTES``, the fixed
-staging budget, or one band where a band is bigger: a chunk without tile digests is one band); a
-rank holds what it receives until the agreement, as it holds what it reads for itself (a checked
-load writes no destination before every rank's bytes are checked and agreed).
+Each reader checks its units before the ranks agree and reads them again (from its host's page
+cache) to deliver them after (NOTE [ Read once: check, agree, then read again and deliver ],
+``_read_once_load.py``), so bytes read from storage, summed over the ranks, are the union of what the
+ranks need, up to tile edges, and a rank's memory beyond its destinations is one round: at most
+``ROUND_BYTES`` of units it reads for others (one band where a band is bigger: a chunk without tile
+digests is one band), what it receives in that round, and the exchange's buffers.
 
-Failures. A unit whose read or check fails is sent as zeros and its corruption reported at the
-agreement, as any rank's: every rank raises the same error with every destination unchanged. A rank
-whose reading raises anything else still takes part in every round (sending zeros) and reports its
-error at the agreement. A rank that dies makes the others' next exchange fail (gloo: the connection
-closes), so they raise instead of waiting.
+Failures. A unit whose read or check fails before the agreement is reported there, as any rank's
+corruption: every rank raises the same error with every destination unchanged. A rank whose reading
+raises anything else reports its error at the agreement. After it, a rank still takes part in every
+round whatever fails (sending zeros where a read failed). A rank that dies makes the others' next
+collective fail (gloo: the connection closes), so they raise instead of waiting.
 """
 
 from __future__ import annotations

@@ -56,13 +56,14 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.futures import Future
 
 from . import _metadata
-from ._agreement import LocalRank, Outcome, Participants, exchange, flag_device, group_of, this_rank
+from ._agreement import LocalRank, Outcome, Participants, exchange, this_rank
 from ._archive import BytesSource, FileSource, Source
 from ._checksums import location_key
 from ._chunk import Expected, ItemPlace, open_chunk, read_bytes_item
 from ._errors import CheckpointCorruptionError, CheckpointLoadError, Corruption
 from ._read_chunk import Deferred, read_again, read_chunk_boxes, reads_whole
-from ._read_once import Prefetcher, ReadOnce, exchange_round, on_network_filesystem, plan_read_once, prefetch_ranges
+from ._read_once import ReadOnce, on_network_filesystem, plan_read_once
+from ._read_once_load import ReadOnceLoad
 from ._read_unchecked import read_unchecked
 from ._timing import LoadTimings, recording, spent
 
@@ -184,8 +185,9 @@ class ByteRangeFileSystemReader(FileSystemReader):
             except Exception as e:  # noqa: BLE001 - reported to every rank, raised below
                 failure = e
                 outcome.error = f"{type(e).__name__}: {e}"
-            if schedule is not None:
-                failure = self._stage_read_once(plan, schedule, staged, outcome) or failure
+            once = ReadOnceLoad(self, plan, schedule) if schedule is not None else None
+            if once is not None:
+                failure = once.check(outcome) or failure
             clock = time.perf_counter()
             outcomes = exchange(outcome, participants)
             clock = self._spent("agree_s", clock)
@@ -212,14 +214,19 @@ class ByteRangeFileSystemReader(FileSystemReader):
                     raise AssertionError(f"req {item.storage_index} mismatch sizes {list(target.shape)} vs {list(item.lengths)}")
                 if isinstance(value, Deferred):
                     read_again(value, self._handle(value.relative_path), target, changed)
-                elif isinstance(value, _Pieces):
-                    value.copy_into(target)
                 else:
                     target.copy_(value)
                 planner.commit_tensor(item, target)
             self._spent("write_s", clock)
+            late = once.deliver(planner, changed) if once is not None else None
         if changed:
             raise CheckpointCorruptionError(str(self.path), changed)
+        if late is not None:
+            raise CheckpointLoadError(
+                str(self.path),
+                f"torch_shard.checkpoint: loading '{self.path}' failed after every rank's bytes were checked; "
+                f"the destinations may be partly written: {type(late).__name__}: {late}",
+            ) from late
         return _done()
 
     def _spent(self, field: str, since: float) -> float:
@@ -289,14 +296,15 @@ class ByteRangeFileSystemReader(FileSystemReader):
             corruptions.extend(bad)
             staged.extend((item, value) for item, value in zip(chunk_items, values) if value is not None)
 
-    def _read_boxes(self, source: Source, expected: Expected, boxes, may_defer, relative_path):
+    def _read_boxes(self, source: Source, expected: Expected, boxes, may_defer, relative_path, *,
+                    check_only: bool = False):
         clock = time.perf_counter()
         archive, bad = open_chunk(source, expected)
         spent("read_s", clock)
         if archive is None:
             return [None] * len(boxes), bad
         return read_chunk_boxes(source, archive, expected, boxes, may_defer, relative_path, str(self.path),
-                                self._scratch)
+                                self._scratch, check_only=check_only)
 
     def _stage_bytes(self, source, expected, items, staged, corruptions) -> None:
         data, bad = read_bytes_item(source, expected)
@@ -313,109 +321,6 @@ class ByteRangeFileSystemReader(FileSystemReader):
         finally:
             spent("check_s", clock)
         staged.extend((item, io.BytesIO(data)) for item in items)
-
-    def _stage_read_once(self, plan: LoadPlan, schedule: ReadOnce, staged: list, outcome: Outcome):
-        """Read this rank's units round by round, exchange each round's units that cross ranks, and
-        stage this rank's items from their pieces (NOTE [ Reading every stored byte once across the
-        ranks ]). Every rank takes part in every round whatever fails here (zeros go where a read
-        failed; the failure is reported at the agreement); returns the first exception raised."""
-        units = schedule.units
-        me = schedule.participants.ranks.index(this_rank())
-        group = group_of(schedule.participants.ranks)
-        device = flag_device(group)
-        wanted: dict[int, list[tuple[int, tuple[int, ...]]]] = {}  # unit -> [(item index, at)]
-        for i, pieces in enumerate(schedule.pieces):
-            for piece in pieces or ():
-                wanted.setdefault(piece.unit, []).append((i, piece.at))
-        values_of_items: dict[int, object] = {}
-        failure = None
-        try:
-            ranges = prefetch_ranges(units, schedule.rounds, me, self.storage_data, self._metadata)
-        except Exception:  # noqa: BLE001 - a hint only; the reads themselves report any problem
-            ranges = []
-        prefetcher = Prefetcher(self.path, ranges)
-        try:
-            failure = self._rounds(plan, schedule, me, group, device, wanted, values_of_items, outcome)
-        finally:
-            prefetcher.stop()
-        for i, (item, pieces) in enumerate(zip(plan.items, schedule.pieces)):
-            if pieces is None:
-                continue
-            value = values_of_items.get(i)
-            if value is None and 0 in item.lengths:
-                dtype = self._metadata.state_dict_metadata[item.storage_index.fqn].properties.dtype
-                value = torch.empty(list(item.lengths), dtype=dtype)
-            if value is not None:
-                staged.append((item, value))
-        return failure
-
-    def _rounds(self, plan, schedule: ReadOnce, me: int, group, device, wanted, values_of_items, outcome):
-        units, failure = schedule.units, None
-        for ids in schedule.rounds:
-            values: dict[int, object] = {}
-            try:
-                self._read_units(units, [u for u in ids if units[u].reader == me], me, wanted, plan, values,
-                                 outcome.corruptions)
-            except Exception as e:  # noqa: BLE001 - reported at the agreement; the rounds go on
-                failure = failure or e
-                outcome.error = outcome.error or f"{type(e).__name__}: {e}"
-            crossing = [u for u in ids if units[u].crosses_ranks]
-            if crossing:
-                clock = time.perf_counter()
-                values.update(exchange_round(units, crossing, me, values, group, device))
-                self._spent("exchange_s", clock)
-            try:
-                for u in ids:
-                    for i, at in wanted.get(u, ()):
-                        self._place_piece(plan.items[i], i, values.get(u), units[u], at, values_of_items,
-                                          len(schedule.pieces[i]))
-            except Exception as e:  # noqa: BLE001 - as above
-                failure = failure or e
-                outcome.error = outcome.error or f"{type(e).__name__}: {e}"
-        return failure
-
-    def _read_units(self, units, mine: list[int], me: int, wanted, plan, values: dict, corruptions: list) -> None:
-        """Read the units ``mine`` (this rank's, of one round) chunk by chunk into ``values``."""
-        per_chunk: dict[MetadataIndex, list[int]] = {}
-        for u in mine:
-            per_chunk.setdefault(units[u].chunk, []).append(u)
-        for index, ids in per_chunk.items():
-            relative_path = self.storage_data[index].relative_path
-            boxes = [(units[u].offsets, units[u].lengths) for u in ids]
-            # A unit only this rank needs, as one whole item of its own, may go straight into that
-            # item's destination after the agreement.
-            may_defer = [units[u].receivers == (me,) and len(wanted.get(u, ())) == 1
-                         and len(plan.items[wanted[u][0][0]].lengths) == len(units[u].lengths)
-                         and tuple(plan.items[wanted[u][0][0]].lengths) == units[u].lengths for u in ids]
-            try:
-                source, expected = self._source(index, boxes)
-                found, bad = self._read_boxes(source, expected, boxes, may_defer, relative_path)
-            except OSError as e:
-                place = self._place(index, relative_path)
-                corruptions.append(place.corruption(None, None, None, None, f"cannot be read ({type(e).__name__}: {e})"))
-                continue
-            corruptions.extend(bad)
-            values.update(zip(ids, found))
-
-    @staticmethod
-    def _place_piece(item: ReadItem, i: int, value, unit, at, values_of_items: dict, count: int) -> None:
-        """Stage a unit's value for item ``i``: the value itself where the item is that one unit, else
-        one of the item's :class:`_Pieces` (copied into the destination after the agreement: no
-        buffer of the item's size is made)."""
-        if value is None:
-            return
-        if count == 1 and tuple(unit.lengths) == tuple(item.lengths):
-            values_of_items[i] = value
-            return
-        values_of_items.setdefault(i, _Pieces()).append((at, value))
-
-
-class _Pieces(list):
-    """An item's staged value as its parts: ``(offsets within the item, tensor)``."""
-
-    def copy_into(self, target: torch.Tensor) -> None:
-        for at, value in self:
-            target[tuple(slice(a, a + n) for a, n in zip(at, value.shape))].copy_(value)
 
 
 def _done() -> Future[None]:
