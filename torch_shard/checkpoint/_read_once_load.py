@@ -111,9 +111,12 @@ class ReadOnceLoad:
         self.left = {i: len(pieces) for i, pieces in enumerate(schedule.pieces) if pieces is not None}
         self.planner = planner
         failure = None
-        for i, count in list(self.left.items()):
-            if count == 0:  # nothing to read: an empty destination
-                self._commit(i)
+        try:
+            for i, count in list(self.left.items()):
+                if count == 0:  # nothing to read: an empty destination
+                    self._commit(i)
+        except Exception as e:  # noqa: BLE001 - raised after the rounds; every rank takes part in each
+            failure = e
         for ids in schedule.rounds:
             values: dict[int, object] = {}
             try:

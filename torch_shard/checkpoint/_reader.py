@@ -200,11 +200,15 @@ class ByteRangeFileSystemReader(FileSystemReader):
                     str(self.path),
                     f"torch_shard.checkpoint: loading '{self.path}' failed, so nothing was loaded: {'; '.join(failed)}",
                 ) from failure
-            # Every rank read, checked and decoded everything: now write the destinations, the last
-            # read first (its bytes are the likeliest to be still in the cache; the regions do not
-            # overlap). Whole chunks are read again into them (NOTE [ Whole chunks are checked, then
-            # read again into the destination ]).
+            # Every rank read, checked and decoded everything: now write the destinations. A read-once
+            # load's deliveries first: every rank takes part in each of their exchanges, whatever fails
+            # in them; a failure in the writes below then keeps no rank waiting. Then what this rank
+            # staged, the last read first (its bytes are the likeliest to be still in the cache; the
+            # regions do not overlap). Whole chunks are read again into them (NOTE [ Whole chunks are
+            # checked, then read again into the destination ]).
             changed: list[Corruption] = []
+            late = once.deliver(planner, changed) if once is not None else None
+            clock = time.perf_counter()  # deliver counts its own exchange and write time
             for item, value in reversed(staged):
                 if isinstance(value, io.BytesIO):
                     planner.load_bytes(item, value)
@@ -218,7 +222,6 @@ class ByteRangeFileSystemReader(FileSystemReader):
                     target.copy_(value)
                 planner.commit_tensor(item, target)
             self._spent("write_s", clock)
-            late = once.deliver(planner, changed) if once is not None else None
         if changed:
             raise CheckpointCorruptionError(str(self.path), changed)
         if late is not None:
