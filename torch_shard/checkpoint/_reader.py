@@ -185,7 +185,13 @@ class ByteRangeFileSystemReader(FileSystemReader):
             except Exception as e:  # noqa: BLE001 - reported to every rank, raised below
                 failure = e
                 outcome.error = f"{type(e).__name__}: {e}"
-            once = ReadOnceLoad(self, plan, schedule) if schedule is not None else None
+            once = None
+            if schedule is not None:
+                try:
+                    once = ReadOnceLoad(self, plan, schedule)
+                except Exception as e:  # noqa: BLE001 - as above: every rank raises at the agreement
+                    failure = failure or e
+                    outcome.error = outcome.error or f"{type(e).__name__}: {e}"
             if once is not None:
                 failure = once.check(outcome) or failure
             clock = time.perf_counter()
