@@ -76,20 +76,14 @@ class Deferred:
     place: ItemPlace
 
 
-def usable_in_place(archive: Archive) -> bool:
-    """Whether a whole chunk can be checked now and read into its destination later: its bytes are
-    in this host's byte order."""
-    return archive.in_host_order
-
-
-def reads_whole(length: int, expected: Expected, boxes: list[Box], chunk_sizes) -> bool:
+def reads_whole(length: int, expected: Expected, boxes: list[Box]) -> bool:
     """Whether a chunk's data will be read whole: it is small (``reads_archive_whole``), every box is
     the whole chunk, or it has no tile digests to read a part by. (The archive's read windows follow.)"""
     return (
         reads_archive_whole(length)
         or expected.sums is None
         or expected.sums.grid is None
-        or all(chunk_sizes is not None and tuple(lengths) == tuple(chunk_sizes) for _, lengths in boxes)
+        or all(expected.sizes is not None and tuple(lengths) == tuple(expected.sizes) for _, lengths in boxes)
     )
 
 
@@ -130,7 +124,7 @@ def read_chunk_boxes(
             is_whole
             and (check_only or (may_defer[k] and archive.data.size >= _READ_TWICE_FROM))
             and isinstance(source, FileSource)
-            and usable_in_place(archive)
+            and archive.in_host_order  # its bytes go into the destination as they are
         ):
             if "piece" not in scratch:  # one scratch buffer for the whole load
                 scratch["piece"] = piece_scratch()

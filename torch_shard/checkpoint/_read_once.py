@@ -47,6 +47,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -74,6 +75,7 @@ class Unit:
     Attributes:
         chunk: the saved chunk (its storage index).
         offsets, lengths: the box within the chunk.
+        chunk_sizes: the whole chunk's sizes.
         dtype: the saved dtype.
         reader: the group rank that reads it.
         receivers: the group ranks that need it (sorted; the reader too, where it needs it).
@@ -82,6 +84,7 @@ class Unit:
     chunk: MetadataIndex
     offsets: tuple[int, ...]
     lengths: tuple[int, ...]
+    chunk_sizes: tuple[int, ...]
     dtype: torch.dtype
     reader: int
     receivers: tuple[int, ...]
@@ -237,7 +240,8 @@ def plan_read_once(plans: list[LoadPlan], participants: Participants, storage_da
         _, key, _, dtype, boxes = jobs[j]
         for box, ranks in boxes:
             uid = len(units)
-            units.append(Unit(index_of[key], box[0], box[1], dtype, reader_of[j], tuple(sorted(ranks))))
+            units.append(Unit(index_of[key], box[0], box[1], sizes_of[key][0], dtype, reader_of[j],
+                              tuple(sorted(ranks))))
             rounds[last if k is None else k].append(uid)
             for rank, places in ranks.items():
                 for i, at in places:
@@ -278,14 +282,12 @@ def on_network_filesystem(path: str) -> bool:
     return kind in _NETWORK_FILESYSTEMS or kind == "fuse" or kind.startswith("fuse.")
 
 
-def prefetch_ranges(units: tuple[Unit, ...], rounds, me: int, storage_data: dict,
-                    metadata: Metadata) -> list[tuple[str, int, int]]:
+def prefetch_ranges(units: tuple[Unit, ...], rounds, me: int, storage_data: dict) -> list[tuple[str, int, int]]:
     """(file, offset, length) of what this rank will read, in the order it reads it: per round and
     chunk, the rows its units cover, where they cover those rows whole (else nothing: a part of the
     rows is read by tiles, and prefetching whole rows would read more than the load needs). The data
     record's place in the archive is estimated (torch.save writes it last but for a few small records
     and the zip directory), with a margin either side."""
-    sizes_of = _chunk_sizes(metadata)
     out = []
     for ids in rounds:
         per_chunk: dict[MetadataIndex, list[Unit]] = {}
@@ -293,7 +295,7 @@ def prefetch_ranges(units: tuple[Unit, ...], rounds, me: int, storage_data: dict
             if units[u].reader == me:
                 per_chunk.setdefault(units[u].chunk, []).append(units[u])
         for index, mine in per_chunk.items():
-            sizes, dtype = sizes_of[(index.fqn, tuple(index.offset or ()))]
+            sizes, dtype = mine[0].chunk_sizes, mine[0].dtype
             if not sizes or not mine[0].lengths:
                 continue
             lo = min(u.offsets[0] for u in mine)
@@ -317,8 +319,6 @@ class Prefetcher:
     every stored byte once across the ranks ]). Nothing is read into Python; ``stop`` ends it early."""
 
     def __init__(self, root, ranges: list[tuple[str, int, int]]):
-        import threading
-
         self._stop = threading.Event()
         self._thread = None
         if ranges and hasattr(os, "posix_fadvise"):

@@ -37,7 +37,7 @@ from ._agreement import Outcome, flag_device, group_of, this_rank
 from ._errors import Corruption
 from ._read_chunk import Deferred, read_again, read_checked_copy
 from ._read_once import Prefetcher, ReadOnce, Unit, exchange_round, prefetch_ranges
-from ._timing import reading_again
+from ._timing import reading_again, spent
 
 
 class ReadOnceLoad:
@@ -83,7 +83,7 @@ class ReadOnceLoad:
         what fails goes into ``outcome``. Returns the exception raised, if one was."""
         reader, schedule = self.reader, self.schedule
         try:
-            ranges = prefetch_ranges(self.units, schedule.rounds, self.me, reader.storage_data, reader._metadata)
+            ranges = prefetch_ranges(self.units, schedule.rounds, self.me, reader.storage_data)
         except Exception:  # noqa: BLE001 - a hint only; the reads themselves report any problem
             ranges = []
         prefetcher = Prefetcher(reader.path, ranges)
@@ -104,7 +104,7 @@ class ReadOnceLoad:
         its destination (step 2 of the NOTE). Takes part in every round whatever fails (zeros go where
         a read failed); returns the first exception raised, and puts what changed on disk in
         ``changed``."""
-        reader, schedule = self.reader, self.schedule
+        schedule = self.schedule
         group = group_of(schedule.participants.ranks)
         device = flag_device(group)
         self.targets: dict[int, torch.Tensor] = {}
@@ -128,7 +128,7 @@ class ReadOnceLoad:
             if crossing:
                 clock = time.perf_counter()
                 values.update(exchange_round(self.units, crossing, self.me, values, group, device))
-                reader._spent("exchange_s", clock)
+                spent("exchange_s", clock)
             clock = time.perf_counter()
             try:
                 for u in ids:
@@ -137,7 +137,7 @@ class ReadOnceLoad:
                             self._write(i, at, values[u])
             except Exception as e:  # noqa: BLE001 - as above
                 failure = failure or e
-            reader._spent("write_s", clock)
+            spent("write_s", clock)
         return failure
 
     def _read_round(self, ids, values: dict, changed: list[Corruption]) -> None:

@@ -196,7 +196,7 @@ class ByteRangeFileSystemReader(FileSystemReader):
                 failure = once.check(outcome) or failure
             clock = time.perf_counter()
             outcomes = exchange(outcome, participants)
-            clock = self._spent("agree_s", clock)
+            clock = spent("agree_s", clock)
             corruptions = [c for o in outcomes for c in o.corruptions]
             if corruptions:
                 raise CheckpointCorruptionError(str(self.path), corruptions)
@@ -227,7 +227,7 @@ class ByteRangeFileSystemReader(FileSystemReader):
                 else:
                     target.copy_(value)
                 planner.commit_tensor(item, target)
-            self._spent("write_s", clock)
+            spent("write_s", clock)
         if changed:
             raise CheckpointCorruptionError(str(self.path), changed)
         if late is not None:
@@ -237,11 +237,6 @@ class ByteRangeFileSystemReader(FileSystemReader):
                 f"the destinations may be partly written: {type(late).__name__}: {late}",
             ) from late
         return _done()
-
-    def _spent(self, field: str, since: float) -> float:
-        now = time.perf_counter()
-        setattr(self.timings, field, getattr(self.timings, field) + now - since)
-        return now
 
     def _handle(self, relative_path: str):
         """The load's unbuffered handle on a data file, opened on first use (positioned reads: a
@@ -279,7 +274,7 @@ class ByteRangeFileSystemReader(FileSystemReader):
                     item, info.transform_descriptors, self._slice_file(stream, info)
                 ).read(-1)
             return BytesSource(decoded, info.offset), expected
-        whole = reads_whole(info.length, expected, boxes, expected.sizes)
+        whole = reads_whole(info.length, expected, boxes)
         return FileSource(self._handle(info.relative_path), info.offset, info.length, windows=whole), expected
 
     def _stage(self, items: list[ReadItem], staged: list, corruptions: list[Corruption]) -> None:
