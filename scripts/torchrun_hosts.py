@@ -158,14 +158,18 @@ def _reap_stale() -> None:
             continue
         _stop(_pids_in_namespace(name), grace=1.0)
         _ip("netns", "del", name, check=False)
+    for name in _orphans(_ETC_NETNS, _NAME):
+        shutil.rmtree(_ETC_NETNS + name, ignore_errors=True)
+
+
+def _orphans(directory: str, pattern: re.Pattern) -> list[str]:
+    """The entries of ``directory`` named by ``pattern`` (group 1: the owner's pid) whose owner is gone."""
     try:
-        left = os.listdir(_ETC_NETNS)
+        entries = os.listdir(directory)
     except OSError:
-        return
-    for name in left:
-        match = _NAME.match(name)
-        if match is not None and not _alive(int(match.group(1))):
-            shutil.rmtree(_ETC_NETNS + name, ignore_errors=True)
+        return []
+    return [name for name in entries
+            if (match := pattern.match(name)) is not None and not _alive(int(match.group(1)))]
 
 
 def _write_hosts_file(ns: str, addresses: Sequence[str] = ADDRESSES) -> None:
@@ -545,14 +549,8 @@ def _remove_run_dir(run_dir: str) -> None:
 
 def _reap_stale_rigs() -> None:
     """Unmount and delete the run directories of storage rigs whose owner process is gone."""
-    try:
-        entries = os.listdir(RIG_ROOT)
-    except OSError:
-        return
-    for name in entries:
-        match = _RUN_DIR_NAME.match(name)
-        if match is not None and not _alive(int(match.group(1))):
-            _remove_run_dir(f"{RIG_ROOT}/{name}")
+    for name in _orphans(RIG_ROOT, _RUN_DIR_NAME):
+        _remove_run_dir(f"{RIG_ROOT}/{name}")
 
 
 def _comm(pid: int) -> str:
