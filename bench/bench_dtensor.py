@@ -2,7 +2,8 @@
 all_to_all_single of exactly the bytes that change owner.
 
 Run: ``torchrun --standalone --nproc-per-node=4 bench/bench_dtensor.py`` (gloo on CPU; ``--device cuda``:
-NCCL, a rank per GPU). 4 ranks: a 1-D mesh of 4 and a 2 x 2 mesh.
+NCCL, a rank per GPU). 4 ranks: a 1-D mesh of 4 and a 2 x 2 mesh. ``--round-one no_follow`` measures
+torch_shard with a round-1 mechanism off (bench/_round_one.py).
 
 For every case (mesh, source placements -> target placements) and size (float32 squares, and an uneven
 size), it prints the median of --repeats (after a warm-up) of the slowest rank's time for:
@@ -22,6 +23,7 @@ import os
 
 import torch
 import torch.distributed as dist
+from _round_one import ROUND_ONE_MODES, set_round_one
 from _timing import timed_cases
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
@@ -57,6 +59,9 @@ def main() -> None:
     parser.add_argument("--sizes", default="64,256,512,1024,2048,4096", help="square sizes, comma-separated")
     parser.add_argument("--uneven", default="2047x2049", help="extra sizes ROWSxCOLS, comma-separated ('' for none)")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--round-one", choices=ROUND_ONE_MODES, help="torch_shard's round-1 exchange mode (default: the product's)"
+    )
     args = parser.parse_args()
 
     cuda = args.device == "cuda"
@@ -64,6 +69,8 @@ def main() -> None:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    if args.round_one is not None and not set_round_one(args.round_one) and rank == 0:
+        print(f"this build has no torch_shard._testing_C: --round-one {args.round_one} not applied")
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     meshes = {"1-D": (init_device_mesh(args.device, (world,)), CASES_1D)}
     if world == 4:
@@ -73,7 +80,8 @@ def main() -> None:
     if rank == 0:
         print(
             f"torch {torch.__version__}, {world} {'NCCL' if cuda else 'gloo'} ranks on {args.device}, float32, "
-            f"median of {args.repeats}; ratios are torch_shard's time over the other's"
+            f"median of {args.repeats}; round 1: {args.round_one or 'auto'}; ratios are torch_shard's time over "
+            "the other's"
         )
         print(
             f"{'mesh':5} {'case':11} {'size':>10} {'DTensor ms':>11} {'ours ms':>9} {'raw a2a ms':>11} "

@@ -22,6 +22,7 @@ MECHANISMS = {
     "hub": ("auto", "all_to_all", ("scatter", "gather", "reshard"), None),
     "ride": ("auto", "no_ride", ("scatter", "gather"), (512, 2048)),
     "hub at 16 ranks": ("auto", "hub8", ("scatter", "gather", "reshard"), None),
+    "round 1 follows the last op": ("auto", "no_follow", ("scatter", "gather", "reshard"), None),
     # Measured at 0461a72 (then "auto" meant the hub up to 8 ranks) and decided there: ahead sends and
     # the slot history were removed, the hub's limit went from 8 to 16 ranks. Kept so those sweeps read.
     "ahead (removed)": ("auto", "no_ahead", ("scatter",), (2048,)),

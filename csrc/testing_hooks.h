@@ -23,6 +23,9 @@ struct ExchangeOptions {
   bool ride = true;
   // The largest group round 1 goes through the hub in (0: the product's).
   int64_t hub_max_world = 0;
+  // Round 1 follows the group's last op (NOTE [ Round 1 follows the group's last op ]): after a dense op
+  // whose messages fit the all-to-all's slot, the next round 1 is an all-to-all instead of the hub.
+  bool follow = true;
 };
 
 // Called by every exchange of a data op (`op`: "shard", "gather", ...) as it starts (before_agreement)
@@ -60,7 +63,7 @@ struct TestingHooks {
 };
 
 // Bumped whenever TestingHooks changes; the testing library refuses a product of another version.
-constexpr int64_t kTestingHooksVersion = 4;
+constexpr int64_t kTestingHooksVersion = 5;
 
 // The product's hooks (csrc/testing_hooks.cpp).
 const TestingHooks& testing_hooks();

@@ -355,55 +355,105 @@ class TestPlanCacheAndRounds(ShardedTensorTestBase):
             self.assertEqual(st.local_tensor(), full[self.rank * n // 4 : (self.rank + 1) * n // 4])
 
     @with_comms(init_rpc=False)
-    def test_round_one_slot_depends_on_the_group_only(self):
-        """NOTE [ Round 1's cost as the group grows ]: the slot is the group's (16 KiB per peer among 4
-        ranks), whatever ran before: a dense reshard whose messages fit it is done in one round every
-        time, one with 64 KiB messages in two every time, also after the other or after a failed op.
-        The results are checked on every backend, the rounds on gloo."""
+    def test_round_one_follows_the_groups_last_op(self):
+        """NOTE [ Round 1 follows the group's last op ]: after a dense op whose messages did not fit the
+        hub's slot (16 KiB per peer among 4 ranks) but fit the all-to-all's (256 KiB), the group's next
+        round 1 is an all-to-all of used bytes that carries them: a repeated 64 KiB-per-peer reshard
+        takes two rounds once, then one each time. A sparse op, one whose messages fit the hub's slot,
+        a failed op (raising on every rank in that mode too) or a mismatch of ops between ranks sends
+        the group back to the hub; with the mechanism off every such reshard takes two rounds. The
+        results are checked on every backend, the rounds on gloo (the hub exists there only)."""
         count_rounds = self.gloo_only(ROUNDS_ON_GLOO)
 
-        def assert_rounds(step, expected):
+        def assert_rounds(step, expected, what):
             _ops._comm_stats(True)
-            step()
+            result = step()
             stats = _ops._comm_stats(False)
             collectives, single_round = stats[2], stats[5]
             if count_rounds:
-                self.assertEqual(collectives, 1 if single_round else 2)
-                self.assertEqual(collectives, expected)
+                self.assertEqual(collectives, 1 if single_round else 2, what)
+                self.assertEqual(collectives, expected, what)
+            return result
 
         gen = torch.Generator().manual_seed(1)
-        fits = torch.rand(256, 256, generator=gen).to(self.device)  # 16 KiB per peer
+        fits = torch.rand(256, 256, generator=gen).to(self.device)  # 16 KiB per peer: the hub's slot
         over = torch.rand(512, 512, generator=gen).to(self.device)  # 64 KiB per peer
         small, big = _shard_tensor(fits, _rows()), _shard_tensor(over, _rows())
-        for _ in range(2):
-            for st, full, rounds in ((big, over, 2), (small, fits, 1)):
-                n = full.size(0)
-                for spec, want in ((_cols(), full[:, self.rank * n // 4 : (self.rank + 1) * n // 4]),
-                                   (_rows(), full[self.rank * n // 4 : (self.rank + 1) * n // 4])):
-                    assert_rounds(lambda st=st, spec=spec: st.reshard(spec), rounds)
-                    self.assertEqual(st.local_tensor(), want)
+        quarter = slice(self.rank * 128, (self.rank + 1) * 128)
+
+        def big_there_and_back(first, what, back=1):
+            assert_rounds(lambda: big.reshard(_cols()), first, what + ": to columns")
+            self.assertEqual(big.local_tensor(), over[:, quarter])
+            assert_rounds(lambda: big.reshard(_rows()), back, what + ": back to rows")
+            self.assertEqual(big.local_tensor(), over[quarter])
+
+        def fail_everywhere():
+            out = torch.empty(256, 256, device=self.device) if self.rank == 0 else None
             with self.assertRaises(IndexError):  # rank 1's dst is out of range: every rank raises
-                small.gather(4 if self.rank == 1 else 0, torch.empty(256, 256, device=self.device) if self.rank == 0 else None)
+                small.gather(4 if self.rank == 1 else 0, out)
+
+        fail_everywhere()  # whatever ran before: on the hub now
+        big_there_and_back(2, "from the hub")
+        big_there_and_back(1, "after a dense op")
+        # Messages that fit the hub's slot: carried by the all-to-all, then the group is back on the hub.
+        assert_rounds(lambda: small.reshard(_cols()), 1, "small after a dense op")
+        self.assertEqual(small.local_tensor(), fits[:, self.rank * 64 : (self.rank + 1) * 64])
+        assert_rounds(lambda: small.reshard(_rows()), 1, "small on the hub")
+        big_there_and_back(2, "after a small op")
+        # A failed op in the all-to-all mode raises on every rank, and the group is back on the hub.
+        fail_everywhere()
+        big_there_and_back(2, "after a failed op")
+        # Ranks running different ops in the all-to-all mode: every rank raises (a gather beside a
+        # reshard), nothing moves, and the group is back on the hub.
+        with self.assertRaisesRegex(RuntimeError, "every rank of the group must call the same collective"):
+            if self.rank == 2:
+                big.gather(0, None)
+            else:
+                big.reshard(_cols())
+        self.assertEqual(big.local_tensor(), over[quarter])
+        big_there_and_back(2, "after a mismatch")
+        # A sparse op: a gather (256 KiB to rank 0 from each rank) rides in the all-to-all, then the hub.
+        out = torch.empty(512, 512, device=self.device) if self.rank == 0 else None
+        assert_rounds(lambda: big.gather(0, out), 1, "a gather after a dense op")
+        if self.rank == 0:
+            self.assertEqual(out, over)
+        big_there_and_back(2, "after a gather")
+        try:
+            _testing_ops._set_exchange(follow=False)
+            big_there_and_back(2, "the mechanism off", back=2)
+            assert_rounds(lambda: big.reshard(_cols()), 2, "the mechanism off, again")
+            self.assertEqual(big.local_tensor(), over[:, quarter])
+        finally:
+            _testing_ops._set_exchange()
+        assert_group_still_works(self)
 
     @with_comms(init_rpc=False)
     def test_round_one_cost_stays_within_its_budget(self):
         """torch_shard_testing._round_one_cost (the same functions plan round 1): a rank's round-1 bytes
-        grow as W headers plus a fixed budget, never W full slots; the hub serves small CPU groups only."""
+        grow as W headers plus a fixed budget, never W full slots; the hub serves small CPU groups only.
+        Padded blocks (the hub's slot, NCCL) share 256 KiB; an all-to-all of used bytes (gloo, CPU: NOTE
+        [ Round 1 of used bytes ]) sends only what it carries, so its slot is receive room within 4 MiB."""
         cost = _testing_ops._round_one_cost
         header = cost(2, False, False)[3] // 2  # 2 messages of one header each
         for world in (2, 4, 8, 16, 64, 256, 1024):
             for cpu, p2p in ((True, True), (False, False)):
                 hub, slot, messages, header_bytes, full_bytes, others = cost(world, cpu, p2p)
                 self.assertEqual(bool(hub), cpu and p2p and world <= 16)
-                self.assertLessEqual(world * slot, 256 * 1024)
+                used_bytes = cpu and p2p and not hub
+                budget = (4 << 20) if used_bytes else (256 << 10)
+                self.assertLessEqual(world * slot, budget)
+                self.assertLessEqual(slot, 256 << 10)
                 self.assertEqual(slot % 16, 0)
                 self.assertEqual(messages, 2 * (world - 1))
                 if not hub:
                     self.assertEqual(header_bytes, 2 * (world - 1) * header)
-                    self.assertLessEqual(full_bytes - header_bytes, 2 * 256 * 1024)
+                    self.assertLessEqual(full_bytes - header_bytes, 2 * budget)
                     self.assertEqual(others, messages)
         self.assertEqual(cost(4, True, True)[:2], [1, 16384])
-        self.assertEqual(cost(1024, True, True)[:2], [0, 256])
+        self.assertEqual(cost(4, False, False)[:2], [0, 16384])
+        self.assertEqual(cost(64, True, True)[:2], [0, 64 << 10])
+        self.assertEqual(cost(1024, True, True)[:2], [0, 4096])
+        self.assertEqual(cost(1024, False, False)[:2], [0, 256])
 
     # The hub exists on gloo (CPU) groups only, so this test runs on the CPU: its "cpu" placements
     # (_cpu_placement, also in the one-gpu mode) are the tensors' device.
@@ -481,22 +531,28 @@ class TestPlanCacheAndRounds(ShardedTensorTestBase):
 
         try:
             rounds = {}
-            for mode in ("all_to_all", "auto"):
-                _testing_ops._set_exchange(hub=mode == "auto")
+            for mode in ("all_to_all", "hub_only", "auto"):
+                _testing_ops._set_exchange(hub=mode != "all_to_all", follow=mode == "auto")
                 rounds[mode] = run()
-            self.assertEqual(rounds["auto"][:4], [1, 1, 1, 1])  # 64^2: every op in one round
-            # 512^2 from and to the hub: in its round-1 messages; without the hub, a second round. In
-            # the gather to rank 2, the hub's own share rides in its reply to rank 2 (the others' take
-            # round 2).
-            riding = (4, 6, 7) if self.rank == 0 else (4, 7)
-            self.assertEqual([rounds["auto"][i] for i in riding], [1] * len(riding))
-            self.assertEqual([rounds["all_to_all"][i] for i in riding], [2] * len(riding))
-            for i, (auto, all_to_all) in enumerate(zip(rounds["auto"], rounds["all_to_all"])):
-                if i not in riding:
-                    self.assertEqual(auto, all_to_all, f"step {i}")
+            # 64^2: every op in one round, every way. 512^2: the scatter from the hub rides in its round-1
+            # messages; the dense reshard (64 KiB per peer) takes round 2 through the hub, and one
+            # all-to-all of used bytes without it (NOTE [ Round 1 of used bytes ]). The gathers of 256 KiB
+            # per rank: in the all-to-all's round 1; through the hub, only the hub's own share rides (in
+            # its reply to rank 2), the others take round 2, while the gather to the hub rides whole.
+            # After the dense reshard "auto" runs round 1 as that all-to-all (NOTE [ Round 1 follows the
+            # group's last op ]), so its gathers take one round; the sparse gather sends it back to the
+            # hub. 2 MiB per rank: round 2 every way. The sub-group's ops: one round.
+            through_hub = [1] * 5 + [2, 1 if self.rank == 0 else 2, 1, 2]
+            expected = {
+                "all_to_all": [1] * 8 + [2],
+                "hub_only": through_hub,
+                "auto": [1] * 5 + [2, 1, 1, 2],
+            }
+            for mode, want in expected.items():
+                self.assertEqual(rounds[mode], want + ([1, 1] if self.rank in (1, 3) else []), mode)
         finally:
             _testing_ops._set_exchange()
-        self.assertEqual(_testing_ops._exchange_settings(), [1, 1, 0])
+        self.assertEqual(_testing_ops._exchange_settings(), [1, 1, 0, 1])
         assert_group_still_works(self)
         dist.destroy_process_group(sub)
 

@@ -122,6 +122,18 @@ void fill_headers(Exchange& x) {
   }
 }
 
+void device_words_into_headers(Exchange& x) {
+  if (!x.device_words) {
+    return;
+  }
+  const HostRead read = read_to_host(x.agreement, at::Tensor(), x.world, nullptr);
+  for (int64_t p = 0; p < x.world; ++p) {
+    x.headers[p * kHeaderWords + kWord] = read.words.empty() ? 0 : read.words[p];
+    x.headers[p * kHeaderWords + kError] = read.status;
+  }
+  x.words_out = read.words;
+}
+
 std::vector<Values> agreed_values(const int64_t* table, int64_t world) {
   std::vector<Values> all(world);
   for (int64_t r = 0; r < world; ++r) {

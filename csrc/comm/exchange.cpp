@@ -20,13 +20,16 @@ namespace comm {
 // in a collective hangs them. So every op starts with an agreement round, and the same round carries
 // the data when it is small:
 //
-//   Round 1 (always): a FIXED size per peer, a header plus the slot, which every rank computes from
-//   the group alone (comm/round_one.cpp), never from its arguments, so the round is safe whatever
-//   they are. The header (HeaderField, comm/exchange_state.h) tells the peer: the op being run, this
-//   rank's error code (0: its local checks passed), whether this rank's payloads fit their slots, how
-//   many payload bytes it sends to THAT peer, kAgreedValues op-specific values (src/dst ranks, layout
-//   fingerprints), notes and a device-computed word. When a payload fits, it rides in the slot. Round
-//   1 runs as one all-to-all, or, on small CPU groups, through a hub (comm/hub.cpp).
+//   Round 1 (always): every rank receives a FIXED size per peer, a header plus the slot, which every
+//   rank computes from the group and the group's last op alone (comm/round_one.cpp), never from its
+//   arguments, so the round is safe whatever they are (a sender may send less than that, where gloo
+//   allows it, never more). The header (HeaderField, comm/exchange_state.h) tells the peer: the op
+//   being run, this rank's error code (0: its local checks passed), whether this rank's payloads fit
+//   their slots, how many payload bytes it sends to THAT peer, kAgreedValues op-specific values
+//   (src/dst ranks, layout fingerprints), notes and a device-computed word. When a payload fits, it
+//   rides in the slot. Round 1 runs as one all-to-all, or, on small CPU groups, through a hub
+//   (comm/hub.cpp), unless the group's last op was a dense one that the all-to-all carries in one
+//   round (NOTE [ Round 1 follows the group's last op ]).
 //
 //   Verdict: every rank now holds every rank's header, the same table everywhere, so all reach the
 //   same verdict: an error anywhere raises on every rank (the failing rank its own exception, the
@@ -263,7 +266,7 @@ void locate_payloads(Exchange& x) {
   int64_t at = world * kHeaderBytes;
   for (int64_t p = 0; p < world; ++p) {
     if (p != x.me && x.declared[p] > 0 && x.field(p, kFits) != 0) {
-      x.round_one_at[p] = x.via_hub ? at : p * x.block_bytes + kHeaderBytes;
+      x.round_one_at[p] = x.via_hub ? at : x.block_at[p] + kHeaderBytes;
       at += padded16(x.declared[p]);
     }
   }
@@ -299,6 +302,7 @@ Outcome exchange(c10d::ProcessGroup& pg, c10::Device device, const Agreement& ag
   } else {
     all_to_all_round_one(x);
   }
+  remember_round_one(x);
   Outcome outcome;
   verdict(x, outcome);
   fault_point(x.op, x.me, /*before_agreement=*/false); // test-only hook (testing_hooks.h)

@@ -66,10 +66,14 @@ struct Exchange {
   ErrorCode error_code; // its class
   bool device_words;    // the agreement carries device-computed words (read in the one host read)
 
-  // How round 1 runs (the same on every rank: it depends on the group only), see round_one.cpp.
-  bool via_hub = false;
+  // How round 1 runs (the same on every rank: it depends on the group and the group's last op only),
+  // see round_one.cpp.
+  bool hub_group = false;  // round 1 may go through the hub on this group
+  bool via_hub = false;    // ... and this one does (NOTE [ Round 1 follows the group's last op ])
+  bool unpadded = false;   // an all-to-all round 1 sends used bytes only (NOTE [ Round 1 of used bytes ])
   int64_t slot_bytes = 0;
-  int64_t block_bytes = 0; // all-to-all round 1: header + slot per peer
+  int64_t block_bytes = 0;     // all-to-all round 1: header + slot per peer
+  std::vector<int64_t> block_at; // all-to-all round 1: where the block from rank p starts in recv1
 
   // This rank's part of the pattern.
   bool fits = false;            // every payload of this rank fits its slot
@@ -117,6 +121,9 @@ int64_t round_two_messages(const int64_t* table, int64_t world);
 bool agreed(const int64_t* table, int64_t world, OpKind op, const Check& check, int64_t me);
 [[noreturn]] void raise_own_status(const Agreement& agreement, OpKind op, int64_t code);
 void fill_headers(Exchange& x);
+// Round 1 built on the host (the hub; an all-to-all of used bytes): reads Agreement::words and ::status
+// now and writes them into this rank's headers.
+void device_words_into_headers(Exchange& x);
 
 // reasons.cpp: see NOTE [ Reasons travel ].
 // "<class>: <message>" of `error` (Agreement::reason when it is set).
@@ -128,10 +135,12 @@ std::vector<std::string> exchange_reasons(Exchange& x, const std::string& mine);
 [[noreturn]] void raise_peer_failure(OpKind op, ErrorCode code, int64_t rank, const std::string& reason,
                                      int64_t others);
 
-// round_one.cpp: how round 1 runs for this group (sets via_hub, slot_bytes, block_bytes); the
-// all-to-all round 1.
+// round_one.cpp: how round 1 runs for this group (sets hub_group, via_hub, unpadded, slot_bytes,
+// block_bytes); the all-to-all round 1; what this op's table tells the group's next round 1 (every rank
+// calls it once the table is complete, before the verdict can raise).
 void plan_round_one(Exchange& x);
 void all_to_all_round_one(Exchange& x);
+void remember_round_one(Exchange& x);
 
 // hub.cpp: round 1 through the hub; then where each payload that rode in it starts.
 void prepare_hub_payloads(Exchange& x);

@@ -224,15 +224,7 @@ void prepare_hub_payloads(Exchange& x) {
 void hub_round_one(Exchange& x) {
   const int64_t world = x.world;
   const int64_t headers_bytes = world * kHeaderBytes;
-  if (x.device_words) {
-    // The hub's messages are built on the host: device-computed words are read now.
-    const HostRead read = read_to_host(x.agreement, at::Tensor(), world, nullptr);
-    for (int64_t p = 0; p < world; ++p) {
-      x.headers[p * kHeaderWords + kWord] = read.words.empty() ? 0 : read.words[p];
-      x.headers[p * kHeaderWords + kError] = read.status;
-    }
-    x.words_out = read.words;
-  }
+  device_words_into_headers(x); // the hub's messages are built on the host
   // See NOTE [ Hub messages ].
   int64_t size = headers_bytes + x.to_hub;
   for (int64_t p = 0; p < world && x.fits; ++p) {

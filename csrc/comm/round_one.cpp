@@ -1,11 +1,16 @@
 // Round 1 of the agreed exchange for a group: its slot size, whether it runs through the hub
-// (comm/hub.cpp) or as one all-to-all (here), and what it costs as the group grows.
+// (comm/hub.cpp) or as one all-to-all (here, of fixed blocks or of used bytes), which the group's last
+// op decides on groups that have the hub, and what it costs as the group grows.
 
 #include <algorithm>
+#include <cstring>
+#include <iterator>
 #include <mutex>
+#include <unordered_map>
 
 #include <ATen/ops/from_blob.h>
 #include <c10/util/Exception.h>
+#include <c10/util/intrusive_ptr.h>
 
 #include "comm/exchange_state.h"
 #include "comm/process_group.h"
@@ -28,8 +33,9 @@ constexpr int64_t kSlotBytes = 16384;
 // and at most 256 bytes per peer (256 KiB), never 1024 slots of 16 KiB. The hub's own bytes grow with
 // W^2 headers and the payloads it relays (at most W budgets in and out), which is why it serves small
 // groups only (NOTE [ Round 1 through a hub ]). The slot
-// depends on the group's size alone; growing it from the group's history (a repeated dense reshard of
-// medium messages in one round) was measured and removed: it did not win on one host and on two.
+// depends on the group's size alone. This budget bounds rounds whose blocks are padded to the slot
+// (through the hub; on NCCL); an all-to-all of used bytes on gloo sends no padding, and has its own
+// slot and budget (NOTE [ Round 1 of used bytes ]).
 // torch.ops.torch_shard_testing._round_one_cost computes these figures from the functions below.
 constexpr int64_t kRoundOneBudget = int64_t{256} << 10;
 constexpr int64_t kMinUsefulSlot = 256;
@@ -43,7 +49,8 @@ constexpr int64_t kMinUsefulSlot = 256;
 // exactly what an all-to-all would have delivered to it (block p: what rank p addressed to it).
 // Every rank ends with the same headers as after the all-to-all, so the verdict, the slots and round
 // 2 are unchanged; small payloads between two non-hub ranks are relayed by the hub. The mode depends
-// only on the group (its backend and size), never on arguments, so all ranks pick the same one.
+// only on the group (its backend and size) and the group's last op (NOTE [ Round 1 follows the
+// group's last op ]), never on arguments, so all ranks pick the same one.
 // The hub handles W^2 headers and relays their payloads, so its advantage must shrink as W grows; it
 // was measured to win up to kHubMaxWorld ranks, on one host and across two (docs/benchmarks.md
 // has the table that set it), and larger groups, never measured, keep the all-to-all. So do
@@ -56,6 +63,38 @@ constexpr int64_t kMinUsefulSlot = 256;
 // connection: no rank hangs, no late message can be taken for a later op's, and, as after any timeout
 // in c10d, the group cannot be used again.
 constexpr int64_t kHubMaxWorld = 16;
+
+// NOTE [ Round 1 of used bytes ]
+// gloo accepts a message shorter than the receive posted for it (never a longer one: its transport
+// checks the length before it writes), as the hub's messages already use (NOTE [ Hub messages ]). So
+// when round 1 runs as an all-to-all on a gloo CPU group, every rank receives W - 1 blocks of header +
+// slot at fixed places, and sends each peer only the header and the payload it has for that peer (its
+// own block is a header). The slot then costs receive memory, not bytes on the wire, and can be as big
+// as a medium message: kDirectSlotBytes per peer, within kDirectBudgetBytes for the whole round. A
+// dense op whose messages all fit moves in that one all-to-all, headers and data together: one round,
+// as one raw all_to_all_single of the data would. Backends that need matching sizes (NCCL, a backend
+// written in Python) keep fixed blocks and NOTE [ Round 1's cost as the group grows ]'s small slot.
+constexpr int64_t kDirectSlotBytes = int64_t{256} << 10;
+constexpr int64_t kDirectBudgetBytes = int64_t{4} << 20;
+
+// NOTE [ Round 1 follows the group's last op ]
+// The hub wins where round 1 is most of an op: headers, small payloads, a scatter or a gather (2(W-1)
+// messages instead of W(W-1)). It loses for a dense op with medium messages, which do not fit the
+// hub's slot: such an op takes round 1 through the hub and then round 2, while one all-to-all of used
+// bytes (NOTE [ Round 1 of used bytes ]) would have carried headers and data together. How round 1
+// runs must be settled before the op's arguments are looked at (they may differ between ranks), so it
+// cannot follow the op at hand; it follows the group's LAST op instead, which every rank saw in the
+// same table (a sender's kPeers and kMaxMessage are the same in every copy of its header). When that
+// op had no error, was dense (more than W - 1 messages: not a scatter or a gather), and its largest
+// message did not fit the hub's slot but fits the all-to-all's, the next round 1 on the group is an
+// all-to-all of used bytes; otherwise it goes through the hub. So a loop that moves the same tensors
+// every step (a forward redistribute and its backward's reverse, a reshard and back) moves each in ONE
+// round from its second op on, and a sparse op after them pays one all-to-all of headers before the
+// group is back on the hub. The state is kept per group object (LastOps) and written by every rank at
+// the same point, right after round 1 and before the verdict can raise, so every rank of a group
+// always plans the same round 1. (A slot that GREW with the group's history was measured and removed
+// at 6974d43: its blocks were padded to the slot, so every op paid the big slot on the wire, and the
+// hub, which it bypassed for every op, was not yet there to come back to.)
 
 namespace {
 
@@ -74,10 +113,51 @@ void set_exchange_options(const ExchangeOptions& options) {
   current_options = options;
 }
 
+// The slot of a round 1 through the hub or of fixed blocks (NOTE [ Round 1's cost as the group grows ]).
 int64_t round_one_slot(int64_t world) {
   const int64_t bound = kRoundOneBudget / std::max<int64_t>(world, 1) / 16 * 16;
   const int64_t slot = std::min(kSlotBytes, bound);
   return slot < kMinUsefulSlot ? 0 : slot;
+}
+
+// The slot of an all-to-all round 1 of used bytes (NOTE [ Round 1 of used bytes ]).
+int64_t direct_slot(int64_t world) {
+  const int64_t bound = kDirectBudgetBytes / std::max<int64_t>(world, 1) / 16 * 16;
+  return std::max(std::min(kDirectSlotBytes, bound), round_one_slot(world));
+}
+
+// See NOTE [ Round 1 follows the group's last op ]. Entries are per group OBJECT, each holding a weak
+// reference, which keeps the object's memory reserved (not the group alive), so no other group can
+// appear at that address while its entry exists; entries of destroyed groups are dropped. A group
+// created again under an old name starts on the hub on every member.
+class LastOps {
+public:
+  bool dense(c10d::ProcessGroup& group) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = entries_.find(&group);
+    return it != entries_.end() && it->second.dense && it->second.group.lock().get() == &group;
+  }
+  void remember(c10d::ProcessGroup& group, bool dense) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto it = entries_.begin(); it != entries_.end();) {
+      it = it->second.group.expired() ? entries_.erase(it) : std::next(it);
+    }
+    auto strong = c10::intrusive_ptr<c10d::ProcessGroup>::reclaim_copy(&group);
+    entries_.insert_or_assign(&group, Entry{c10::weak_intrusive_ptr<c10d::ProcessGroup>(strong), dense});
+  }
+
+private:
+  struct Entry {
+    c10::weak_intrusive_ptr<c10d::ProcessGroup> group;
+    bool dense;
+  };
+  std::mutex mutex_;
+  std::unordered_map<const c10d::ProcessGroup*, Entry> entries_;
+};
+
+LastOps& last_ops() {
+  static LastOps* ops = new LastOps(); // never destroyed: exchanges may run during interpreter exit
+  return *ops;
 }
 
 bool round_one_via_hub(bool cpu, bool p2p, int64_t world, int64_t hub_max_world) {
@@ -87,49 +167,100 @@ bool round_one_via_hub(bool cpu, bool p2p, int64_t world, int64_t hub_max_world)
 
 void plan_round_one(Exchange& x) {
   const ExchangeOptions options = exchange_options();
-  x.slot_bytes = round_one_slot(x.world);
+  x.hub_group = options.hub && round_one_via_hub(x.device.is_cpu(), x.p2p, x.world, options.hub_max_world);
+  x.via_hub = x.hub_group && !(options.follow && last_ops().dense(x.pg));
+  x.unpadded = !x.via_hub && x.p2p && x.device.is_cpu();
+  x.slot_bytes = x.unpadded ? direct_slot(x.world) : round_one_slot(x.world);
   x.block_bytes = kHeaderBytes + x.slot_bytes;
-  x.via_hub = options.hub && round_one_via_hub(x.device.is_cpu(), x.p2p, x.world, options.hub_max_world);
+}
+
+void remember_round_one(Exchange& x) {
+  if (!x.hub_group) {
+    return; // round 1 runs one way on this group
+  }
+  bool clean = true;
+  int64_t messages = 0, largest = 0;
+  for (int64_t r = 0; r < x.world; ++r) {
+    clean = clean && x.field(r, kError) == 0 && x.field(r, kOp) == static_cast<int64_t>(x.op);
+    messages += x.field(r, kPeers);
+    largest = std::max(largest, x.field(r, kMaxMessage));
+  }
+  const bool dense = clean && messages > x.world - 1 && largest > round_one_slot(x.world) &&
+                     largest <= direct_slot(x.world);
+  last_ops().remember(x.pg, dense);
 }
 
 void all_to_all_round_one(Exchange& x) {
   const int64_t world = x.world;
-  x.send1 = workspace(world * x.block_bytes, x.device, 0);
-  x.recv1 = workspace(world * x.block_bytes, x.device, 1);
-  at::Tensor blocks = x.send1.view({world, x.block_bytes});
-  // Headers are written on the host and copied once (a device copy when the buffers live on a GPU);
-  // device-computed words join them on the device (NOTE [ One host read per exchange ]).
-  at::Tensor header_words = blocks.narrow(1, 0, kHeaderBytes).view(at::kLong); // [world, kHeaderWords]
-  const at::Tensor host_headers =
-      at::from_blob(x.headers.data(), {world, kHeaderWords}, at::TensorOptions().dtype(at::kLong));
-  if (x.device.is_cuda()) {
-    // From pageable memory a copy to the GPU waits for the stream (a host sync); from pinned memory it
-    // does not, and the caching host allocator keeps the pinned block until the copy has run.
-    header_words.copy_(host_headers.pin_memory(), /*non_blocking=*/true);
+  // Every rank receives a block of header + slot from each peer; it sends each peer the same (fixed
+  // blocks) or only its header and payload (NOTE [ Round 1 of used bytes ]; its own block: a header).
+  std::vector<int64_t> send_splits(world, x.block_bytes);
+  std::vector<int64_t> recv_splits(world, x.block_bytes);
+  if (x.unpadded) {
+    for (int64_t p = 0; p < world; ++p) {
+      const int64_t bytes = p == x.me || !x.fits ? 0 : x.moves->send[p].bytes;
+      send_splits[p] = kHeaderBytes + padded16(bytes);
+    }
+    recv_splits[x.me] = kHeaderBytes;
+  }
+  std::vector<int64_t> send_at(world, 0);
+  x.block_at.assign(world, 0);
+  for (int64_t p = 1; p < world; ++p) {
+    send_at[p] = send_at[p - 1] + send_splits[p - 1];
+    x.block_at[p] = x.block_at[p - 1] + recv_splits[p - 1];
+  }
+  x.send1 = workspace(send_at[world - 1] + send_splits[world - 1], x.device, 0);
+  x.recv1 = workspace(x.block_at[world - 1] + recv_splits[world - 1], x.device, 1);
+  if (x.unpadded) {
+    // Built on the host (a CPU group): the headers are copied in, as the hub does.
+    device_words_into_headers(x);
+    auto* out = static_cast<uint8_t*>(x.send1.data_ptr());
+    for (int64_t p = 0; p < world; ++p) {
+      std::memcpy(out + send_at[p], x.headers.data() + p * kHeaderWords, kHeaderBytes);
+    }
   } else {
-    header_words.copy_(host_headers);
-  }
-  if (x.device_words && x.agreement.status.defined()) {
-    header_words.select(1, kError).copy_(x.agreement.status.reshape({1}).expand({world}));
-  }
-  if (x.device_words && x.agreement.words.defined()) {
-    header_words.select(1, kWord).copy_(x.agreement.words);
+    at::Tensor blocks = x.send1.view({world, x.block_bytes});
+    // Headers are written on the host and copied once (a device copy when the buffers live on a GPU);
+    // device-computed words join them on the device (NOTE [ One host read per exchange ]).
+    at::Tensor header_words = blocks.narrow(1, 0, kHeaderBytes).view(at::kLong); // [world, kHeaderWords]
+    const at::Tensor host_headers =
+        at::from_blob(x.headers.data(), {world, kHeaderWords}, at::TensorOptions().dtype(at::kLong));
+    if (x.device.is_cuda()) {
+      // From pageable memory a copy to the GPU waits for the stream (a host sync); from pinned memory it
+      // does not, and the caching host allocator keeps the pinned block until the copy has run.
+      header_words.copy_(host_headers.pin_memory(), /*non_blocking=*/true);
+    } else {
+      header_words.copy_(host_headers);
+    }
+    if (x.device_words && x.agreement.status.defined()) {
+      header_words.select(1, kError).copy_(x.agreement.status.reshape({1}).expand({world}));
+    }
+    if (x.device_words && x.agreement.words.defined()) {
+      header_words.select(1, kWord).copy_(x.agreement.words);
+    }
   }
   for (int64_t p = 0; p < world && x.fits; ++p) {
     if (p != x.me && x.moves->send[p].bytes > 0) {
-      x.write_payload(p, blocks.select(0, p).narrow(0, kHeaderBytes, x.moves->send[p].bytes));
+      x.write_payload(p, x.send1.narrow(0, send_at[p] + kHeaderBytes, x.moves->send[p].bytes));
     }
   }
-  std::vector<int64_t> splits(world, x.block_bytes);
-  std::vector<int64_t> recv_splits = splits;
-  all_to_all_bytes(x.pg, x.recv1, x.send1, recv_splits, splits);
+
+  all_to_all_bytes(x.pg, x.recv1, x.send1, recv_splits, send_splits);
+  x.table.assign(world * kHeaderWords, 0);
+  if (x.unpadded) {
+    TORCH_INTERNAL_ASSERT(x.recv1.is_cpu());
+    const auto* in = static_cast<const uint8_t*>(x.recv1.const_data_ptr());
+    for (int64_t p = 0; p < world; ++p) {
+      std::memcpy(x.table.data() + p * kHeaderWords, in + x.block_at[p], kHeaderBytes);
+    }
+    return;
+  }
   // The one copy to the host of this exchange.
   const at::Tensor rows = x.recv1.view({world, x.block_bytes}).narrow(1, 0, kHeaderBytes).view(at::kLong);
   Agreement words_only;
   if (x.device_words) {
     words_only.words = x.agreement.words;
   }
-  x.table.assign(world * kHeaderWords, 0);
   x.words_out = read_to_host(words_only, rows, world, x.table.data()).words;
 }
 
@@ -137,8 +268,11 @@ void all_to_all_round_one(Exchange& x) {
 // bytes with every slot full, messages of any other rank] of one round 1 in a group of `world`.
 std::vector<int64_t> round_one_cost(int64_t world, bool cpu, bool p2p) {
   TORCH_CHECK_VALUE(world >= 1, "torch_shard: world must be at least 1, got ", world);
-  const int64_t slot = round_one_slot(world);
   const bool hub = round_one_via_hub(cpu, p2p, world, exchange_options().hub_max_world);
+  // As the group alone plans it (on a hub group, before a dense op: NOTE [ Round 1 follows the group's
+  // last op ]). An all-to-all of used bytes (gloo, CPU) sends headers and used payload bytes only: its
+  // "every slot full" is the most it can carry.
+  const int64_t slot = !hub && cpu && p2p ? direct_slot(world) : round_one_slot(world);
   const int64_t headers = world * kHeaderBytes;
   if (world == 1) {
     return {0, slot, 0, 0, 0, 0};
