@@ -105,6 +105,18 @@ class TestShardedEmbeddingPlacements(ShardedTensorTestBase):
     def test_permuted_rank_placements(self):
         self._run_all([placement(r) for r in (1, 3, 0, 2)], dist.group.WORLD, [0, 1, 2, 3])
 
+    @with_comms(init_rpc=False)
+    def test_round_one_as_an_all_to_all_of_used_bytes(self):
+        """The lookups' exchanges carry device-computed words and statuses in round 1 (NOTE [ One host
+        read per exchange ]); with round 1 as an all-to-all of used bytes (NOTE [ Round 1 of used
+        bytes ]: gloo builds it on the host) every lookup, forward and backward, gives the dense result.
+        On other backends the switch changes nothing and the same checks run."""
+        try:
+            torch.ops.torch_shard_testing._set_exchange(hub=False)
+            self._run_all([placement(r) for r in (1, 3, 0, 2)], dist.group.WORLD, [0, 1, 2, 3])
+        finally:
+            torch.ops.torch_shard_testing._set_exchange()
+
     @with_comms(init_rpc=True)
     def test_worker_name_placements(self):
         self._run_all([worker_placement(r) for r in (2, 0, 3, 1)], dist.group.WORLD, [0, 1, 2, 3])
