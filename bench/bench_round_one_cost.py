@@ -3,7 +3,10 @@
 One process, no group: the figures come from ``torch.ops.torch_shard_testing._round_one_cost``, which
 plans round 1 with the same functions the exchange uses (its slot within the round-1 budget, hub or
 all-to-all; NOTE [ Round 1's cost as the group grows ] in csrc/comm/round_one.cpp) and counts the
-messages and bytes that plan sends and receives on the busiest rank (the hub, through the hub).
+messages and bytes that plan sends and receives on the busiest rank (the hub, through the hub). On gloo
+an all-to-all round 1 sends used bytes only (NOTE [ Round 1 of used bytes ]): its "slots full" column
+is the most it can carry, not what every op sends. A hub group's round 1 is that all-to-all after a dense
+op (NOTE [ Round 1 follows the group's last op ]); the table shows the group's own plan.
 
     python bench/bench_round_one_cost.py
 """
@@ -33,7 +36,7 @@ def main() -> None:
         print("|---|---|---|---|---|---|---|")
         for world in WORLDS:
             hub, slot, messages, header_bytes, full_bytes, _other = cost(world, **kind)
-            mode = "hub" if hub else "all-to-all"
+            mode = "hub" if hub else ("all-to-all, used bytes" if kind["p2p"] else "all-to-all")
             per_peer = full_bytes / max(messages, 1)
             print(
                 f"| {world} | {mode} | {slot} | {messages} | {_kib(header_bytes)} | {_kib(full_bytes)} | "
