@@ -68,11 +68,11 @@ struct Exchange {
 
   // How round 1 runs (the same on every rank: it depends on the group and the group's last op only),
   // see round_one.cpp.
-  bool hub_group = false;  // round 1 may go through the hub on this group
-  bool via_hub = false;    // ... and this one does (NOTE [ Round 1 follows the group's last op ])
-  bool unpadded = false;   // an all-to-all round 1 sends used bytes only (NOTE [ Round 1 of used bytes ])
+  bool hub_group = false; // round 1 may go through the hub on this group
+  bool via_hub = false;   // ... and this one does (NOTE [ Round 1 follows the group's last op ])
+  bool unpadded = false;  // an all-to-all round 1 sends used bytes only (NOTE [ Round 1 of used bytes ])
   int64_t slot_bytes = 0;
-  int64_t block_bytes = 0;     // all-to-all round 1: header + slot per peer
+  int64_t block_bytes = 0;       // all-to-all round 1: header + slot per peer
   std::vector<int64_t> block_at; // all-to-all round 1: where the block from rank p starts in recv1
 
   // This rank's part of the pattern.

@@ -185,8 +185,8 @@ void remember_round_one(Exchange& x) {
     messages += x.field(r, kPeers);
     largest = std::max(largest, x.field(r, kMaxMessage));
   }
-  const bool dense = clean && messages > x.world - 1 && largest > round_one_slot(x.world) &&
-                     largest <= direct_slot(x.world);
+  const bool dense =
+      clean && messages > x.world - 1 && largest > round_one_slot(x.world) && largest <= direct_slot(x.world);
   last_ops().remember(x.pg, dense);
 }
 
@@ -244,7 +244,6 @@ void all_to_all_round_one(Exchange& x) {
       x.write_payload(p, x.send1.narrow(0, send_at[p] + kHeaderBytes, x.moves->send[p].bytes));
     }
   }
-
   all_to_all_bytes(x.pg, x.recv1, x.send1, recv_splits, send_splits);
   x.table.assign(world * kHeaderWords, 0);
   if (x.unpadded) {
