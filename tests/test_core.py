@@ -460,9 +460,10 @@ class TestPlanCacheAndRounds(ShardedTensorTestBase):
     @gloo_only("round 1 goes through a hub on gloo only; on NCCL it is always an all-to-all")
     @with_comms(init_rpc=False)
     def test_round_one_through_the_hub_matches_the_all_to_all(self):
-        """NOTE [ Round 1 through a hub ]: the same ops, round counts, results and errors whether round
-        1 goes through group rank 0 or runs as an all-to-all, on the whole group and on a sub-group
-        whose hub is global rank 1."""
+        """NOTE [ Round 1 through a hub ]: the same ops, results and errors whether round 1 goes through
+        group rank 0, runs as an all-to-all of used bytes, or follows the group's last op (the product),
+        on the whole group and on a sub-group whose hub is global rank 1; each way's round counts are
+        exactly the ones its notes give (listed below)."""
         sub = dist.new_group([1, 3])
         gen = torch.Generator().manual_seed(4)
         small, medium = torch.rand(64, 64, generator=gen), torch.rand(512, 512, generator=gen)
