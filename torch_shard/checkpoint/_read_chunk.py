@@ -182,54 +182,50 @@ def writable_view(tensor: torch.Tensor) -> memoryview | None:
     return memoryview((ctypes.c_char * nbytes).from_address(tensor.data_ptr())).cast("B")
 
 
-def read_checked_copy(deferred: Deferred, raw, corruptions: list[Corruption]) -> torch.Tensor | None:
-    """A whole chunk checked before the agreement, read again into memory of its own and hashed; None
-    (and a corruption) where its bytes are not the ones checked."""
-    archive, record = deferred.archive, deferred.archive.data
+def _read_checked_again(deferred: Deferred, raw, read, corruptions: list[Corruption], into: str = "") -> tuple[bool, object]:
+    """Read a whole chunk checked before the agreement again through the file handle ``raw``, as
+    ``read(source, record)`` does (it returns ``(value, digest)``), and compare the digest with the
+    first read's: ``(True, value)`` where they are equal, else ``(False, None)`` and a corruption (the
+    file changed on disk, or cannot be read any more); ``into`` says where the bytes went."""
+    record = deferred.archive.data
     with reading_again():
         try:
             source = FileSource(raw, deferred.base, deferred.length)
-            buffer, found = read_record(source, record)
+            value, found = read(source, record)
         except OSError as e:
             corruptions.append(deferred.place.corruption(
                 None, None, None, None,
                 f"cannot be read again after it was checked ({type(e).__name__}: {e}); the destinations may be partly written",
             ))
-            return None
+            return False, None
     if found != deferred.digest:
         corruptions.append(deferred.place.corruption(
             source, record.data_offset, deferred.digest, found,
-            f"record '{record.name}' changed on disk during the load (it was checked, then read again); "
+            f"record '{record.name}' changed on disk during the load (it was checked, then read again{into}); "
             f"the destinations may be partly written",
         ))
-        return None
-    return _as_tensor(buffer, archive, source)
+        return False, None
+    return True, value
+
+
+def read_checked_copy(deferred: Deferred, raw, corruptions: list[Corruption]) -> torch.Tensor | None:
+    """A whole chunk checked before the agreement, read again into memory of its own and hashed; None
+    (and a corruption) where its bytes are not the ones checked. (A chunk is deferred only in this
+    host's byte order: its bytes are the tensor's as they are.)"""
+    ok, buffer = _read_checked_again(deferred, raw, read_record, corruptions)
+    return as_saved_tensor(buffer, deferred.archive) if ok else None
 
 
 def read_again(deferred: Deferred, raw, target: torch.Tensor, corruptions: list[Corruption]) -> None:
     """Read a whole chunk checked before the agreement into ``target`` through the file handle
     ``raw``, hashing it again; a different digest (the file changed on disk) is a corruption."""
-    source: Source | None = None
-    archive, record = deferred.archive, deferred.archive.data
-    with reading_again():
-        try:
-            source = FileSource(raw, deferred.base, deferred.length)
-            view = writable_view(target) if target.dtype == archive.meta.dtype and archive.contiguous else None
-            if view is not None and len(view) == record.size:
-                found = hash_record_into(source, record, view)
-            else:
-                buffer, found = read_record(source, record)
-                if found == deferred.digest:
-                    target.copy_(as_saved_tensor(buffer, archive))
-        except OSError as e:
-            corruptions.append(deferred.place.corruption(
-                None, None, None, None,
-                f"cannot be read again after it was checked ({type(e).__name__}: {e}); the destinations may be partly written",
-            ))
-            return
-    if found != deferred.digest:
-        corruptions.append(deferred.place.corruption(
-            source, record.data_offset, deferred.digest, found,
-            f"record '{record.name}' changed on disk during the load (it was checked, then read again "
-            f"into the destination); the destinations may be partly written",
-        ))
+    archive = deferred.archive
+    view = writable_view(target) if target.dtype == archive.meta.dtype and archive.contiguous else None
+    if view is not None and len(view) == archive.data.size:
+        # Straight into the destination: what is hashed is what lands there.
+        _read_checked_again(deferred, raw, lambda source, record: (None, hash_record_into(source, record, view)),
+                            corruptions, " into the destination")
+        return
+    ok, buffer = _read_checked_again(deferred, raw, read_record, corruptions, " into the destination")
+    if ok:
+        target.copy_(as_saved_tensor(buffer, archive))

@@ -282,6 +282,15 @@ def on_network_filesystem(path: str) -> bool:
     return kind in _NETWORK_FILESYSTEMS or kind == "fuse" or kind.startswith("fuse.")
 
 
+def read_by(units: tuple[Unit, ...], ids, me: int) -> dict[MetadataIndex, list[int]]:
+    """The units among ``ids`` that rank ``me`` reads, by chunk (in ``ids`` order)."""
+    per_chunk: dict[MetadataIndex, list[int]] = {}
+    for u in ids:
+        if units[u].reader == me:
+            per_chunk.setdefault(units[u].chunk, []).append(u)
+    return per_chunk
+
+
 def prefetch_ranges(units: tuple[Unit, ...], rounds, me: int, storage_data: dict) -> list[tuple[str, int, int]]:
     """(file, offset, length) of what this rank will read, in the order it reads it: per round and
     chunk, the rows its units cover, where they cover those rows whole (else nothing: a part of the
@@ -290,11 +299,8 @@ def prefetch_ranges(units: tuple[Unit, ...], rounds, me: int, storage_data: dict
     and the zip directory), with a margin either side."""
     out = []
     for ids in rounds:
-        per_chunk: dict[MetadataIndex, list[Unit]] = {}
-        for u in ids:
-            if units[u].reader == me:
-                per_chunk.setdefault(units[u].chunk, []).append(units[u])
-        for index, mine in per_chunk.items():
+        for index, ids_of_chunk in read_by(units, ids, me).items():
+            mine = [units[u] for u in ids_of_chunk]
             sizes, dtype = mine[0].chunk_sizes, mine[0].dtype
             if not sizes or not mine[0].lengths:
                 continue
@@ -378,4 +384,4 @@ def exchange_round(units: tuple[Unit, ...], ids: list[int], me: int, values: dic
 
 
 __all__ = ["BAND_BYTES", "ROUND_BYTES", "Piece", "Prefetcher", "ReadOnce", "Unit", "exchange_round",
-           "on_network_filesystem", "plan_read_once", "prefetch_ranges"]
+           "on_network_filesystem", "plan_read_once", "prefetch_ranges", "read_by"]

@@ -36,7 +36,7 @@ from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
 from ._agreement import Outcome, flag_device, group_of, this_rank
 from ._errors import Corruption
 from ._read_chunk import Deferred, read_again, read_checked_copy
-from ._read_once import Prefetcher, ReadOnce, Unit, exchange_round, prefetch_ranges
+from ._read_once import Prefetcher, ReadOnce, Unit, exchange_round, prefetch_ranges, read_by
 from ._timing import reading_again, spent
 
 
@@ -53,14 +53,6 @@ class ReadOnceLoad:
             for piece in pieces or ():
                 self.wanted.setdefault(piece.unit, []).append((i, piece.at))
         self.checked: dict[int, Deferred] = {}  # whole chunks hashed by check(): their digests
-
-    def _mine(self, ids) -> dict[MetadataIndex, list[int]]:
-        """This rank's units among ``ids``, by chunk."""
-        per_chunk: dict[MetadataIndex, list[int]] = {}
-        for u in ids:
-            if self.units[u].reader == self.me:
-                per_chunk.setdefault(self.units[u].chunk, []).append(u)
-        return per_chunk
 
     def _read(self, index: MetadataIndex, ids: list[int], corruptions: list[Corruption], check_only: bool) -> list:
         """Read (and check) the units ``ids`` of one chunk; values per unit (None where failed)."""
@@ -89,7 +81,7 @@ class ReadOnceLoad:
         prefetcher = Prefetcher(reader.path, ranges)
         try:
             for ids in schedule.rounds:
-                for index, mine in self._mine(ids).items():
+                for index, mine in read_by(self.units, ids, self.me).items():
                     values = self._read(index, mine, outcome.corruptions, check_only=True)
                     self.checked.update((u, v) for u, v in zip(mine, values) if isinstance(v, Deferred))
         except Exception as e:  # noqa: BLE001 - reported to every rank at the agreement
@@ -142,7 +134,7 @@ class ReadOnceLoad:
 
     def _read_round(self, ids, values: dict, changed: list[Corruption]) -> None:
         reader = self.reader
-        for index, mine in self._mine(ids).items():
+        for index, mine in read_by(self.units, ids, self.me).items():
             again = []
             for u in mine:
                 deferred = self.checked.get(u)
