@@ -123,6 +123,31 @@ class TestRedistribute(ShardedTensorTestBase):
             self.assertTrue(torch.allclose(full_tensor(ours), weight), msg)
 
     @with_comms(init_rpc=False)
+    def test_second_order_gradients_match_dtensor(self):
+        # The backward is itself a move (the reverse one), so a gradient of a gradient flows through
+        # it: d/dx sum(d/dx sum(w * y^2)) with y = x moved, against DTensor's redistribute. Includes a
+        # narrowing forward (Replicate -> Shard), whose backward still communicates.
+        mesh = init_device_mesh(self.device_type, (2, 2))
+        full = self._full((6, 5), torch.float64)
+        weight = self._full((6, 5), torch.float64) + 1
+        cases = [([DShard(0), DShard(1)], [DShard(1), Replicate()]), ([Replicate(), Replicate()], [DShard(0), DShard(1)])]
+        for src, dst in cases:
+            msg = f"{src} -> {dst}"
+            grads = []
+            for move in (redistribute, lambda d, m, p: d.redistribute(m, p)):
+                leaf = distribute_tensor(full, mesh, src).detach().requires_grad_(True)
+                out = move(leaf, mesh, dst)
+                loss = (distribute_tensor(weight, mesh, dst) * out * out).sum()
+                (first,) = torch.autograd.grad(loss, leaf, create_graph=True)
+                self.assertTrue(torch.allclose(full_tensor(first), 2 * weight * full), msg)
+                (first * first).sum().backward()
+                grads.append(leaf.grad)
+            ours, theirs = grads
+            self.assertEqual(list(ours.placements), list(theirs.placements), msg)
+            self.assertTrue(torch.allclose(full_tensor(ours), full_tensor(theirs)), msg)
+            self.assertTrue(torch.allclose(full_tensor(ours), 8 * weight * weight * full), msg)
+
+    @with_comms(init_rpc=False)
     def test_strided_shards(self):
         # FSDP2 + TP's right-to-left sharding: [_StridedShard(0, sf=2), Shard(0)] on a 2 x 2 mesh, each
         # local tensor two interleaved pieces of dim 0 on a 1-D mesh; to and from every other layout,

@@ -255,9 +255,12 @@ def _default_group_for_mesh(mesh, op: str = "from_dtensor"):
     every rank; ValueError otherwise (an n-D mesh has no single group)."""
     if mesh.ndim == 1:
         return mesh.get_group(0)
-    ranks = sorted(mesh.mesh.flatten().tolist())
-    if dist.is_initialized() and ranks == list(range(dist.get_world_size())):
+    # A mesh's ranks are distinct ranks of the default group, so it covers them all exactly when it has
+    # as many; the size is what the layout gives directly (``mesh.mesh`` builds a tensor on every read,
+    # and this runs on every redistribute).
+    if dist.is_initialized() and mesh.size() == dist.get_world_size():
         return distributed_c10d._get_default_group()
+    ranks = sorted(mesh.mesh.flatten().tolist())
     needs = "process_group=: a process group containing those ranks" if op == "from_dtensor" else "to cover every rank"
     raise ValueError(
         f"torch_shard.interop.{op}: a DTensor on a {mesh.ndim}-D mesh over ranks {ranks} needs {needs} "
