@@ -153,14 +153,17 @@ def _run_python(code: str) -> subprocess.CompletedProcess:
 # Whether dynamo would skip ShardedTensor's torch functions: torch.compiler.disable marks its wrapper.
 _CHECK_WRAPPED = """
 from torch_shard.sharded_tensor.api import ShardedTensorBase
+from torch_shard.interop import _redistribute
 for name in ("__torch_function__", "__torch_dispatch__"):
     assert getattr(getattr(ShardedTensorBase, name), "_torchdynamo_disable", False), name
+assert getattr(_redistribute._untraced, "_torchdynamo_disable", False), "interop.redistribute"
 """
 
 
 class TestCompileWrappersInstalled(unittest.TestCase):
     """The compiler-disable wrappers are in place whatever the import order (NOTE [ ShardedTensor under
-    torch.compile ]), and importing torch_shard does not import torch._dynamo."""
+    torch.compile ], NOTE [ redistribute under torch.compile ]), and importing torch_shard does not
+    import torch._dynamo."""
 
     def _assert_ok(self, code: str) -> None:
         """Runs ``code``, then checks that the wrappers are installed."""
@@ -172,10 +175,11 @@ class TestCompileWrappersInstalled(unittest.TestCase):
         self._assert_ok(
             """
             import importlib.util, sys
-            import torch_shard
+            import torch_shard, torch_shard.interop
             from torch_shard.sharded_tensor.api import ShardedTensorBase
             assert "torch._dynamo" not in sys.modules
             assert not hasattr(ShardedTensorBase.__torch_function__, "_torchdynamo_disable")
+            assert torch_shard.interop._redistribute._untraced is None
             assert importlib.util.find_spec("torch._dynamo") is not None
             import torch._dynamo
             """

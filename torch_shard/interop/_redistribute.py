@@ -29,6 +29,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from .._after_dynamo import when_dynamo_imported
 from .._agreement import abort_and_raise
 from ._dtensor import _contiguous_strides, _default_group_for_mesh, _mesh_layout, _normalize_placements
 
@@ -294,6 +295,27 @@ def _reduce_partials(dtensor, target: Sequence):
     return dtensor.redistribute(dtensor.device_mesh, reduced)
 
 
+# NOTE [ redistribute under torch.compile ]
+# redistribute moves data in an exchange over the mesh's group, which a graph cannot hold (the op's fake
+# kernel raises), and dynamo tracing into it failed with an internal error. So, as for ShardedTensor's
+# ops (NOTE [ ShardedTensor under torch.compile ]), dynamo breaks the graph at the call and runs it
+# eagerly: under compilation the call goes to ``_untraced``, the implementation wrapped in
+# ``torch._dynamo.disable`` once torch._dynamo is imported (torch_shard/_after_dynamo.py). In eager mode
+# the test is one flag read. The gradient flows through the eager part as in eager mode;
+# ``fullgraph=True`` raises torch._dynamo.exc.Unsupported naming GRAPH_BREAK_REASON, before any rank
+# communicates.
+GRAPH_BREAK_REASON = (
+    "torch_shard.interop.redistribute cannot be traced (it moves data in one exchange over the mesh's "
+    "group); it runs eagerly, outside the graph"
+)
+_untraced = None
+
+
+def _prepare_for_compile(dynamo) -> None:
+    global _untraced
+    _untraced = dynamo.disable(_redistribute, reason=GRAPH_BREAK_REASON)
+
+
 def redistribute(dtensor, device_mesh=None, placements: Sequence | None = None):
     """``dtensor`` with ``placements``, moved by torch_shard's exchange: one all-to-all over the mesh's
     group that sends each element once to each rank that needs it and does not hold it.
@@ -329,6 +351,12 @@ def redistribute(dtensor, device_mesh=None, placements: Sequence | None = None):
     differ from its peers' is not detected there. An n-D mesh must cover every
     rank of the default group (its group is then the default one); a 1-D mesh may be any sub-group.
     """
+    if torch.compiler.is_compiling() and _untraced is not None:
+        return _untraced(dtensor, device_mesh, placements)
+    return _redistribute(dtensor, device_mesh, placements)
+
+
+def _redistribute(dtensor, device_mesh, placements):
     from torch.distributed.tensor import DTensor
 
     if not isinstance(dtensor, DTensor):
@@ -367,3 +395,6 @@ def redistribute(dtensor, device_mesh=None, placements: Sequence | None = None):
         )
         abort_and_raise(_OP, mismatch, group)
     return _Redistribute.apply(dtensor, move, group.group_name)
+
+
+when_dynamo_imported(_prepare_for_compile, "torch_shard.interop.redistribute")

@@ -17,24 +17,19 @@ as a tensor: the first Tensor method called on it (``t.numel()``) breaks the gra
 reason, which names the class ("... method `numel` of class `ShardedTensor`"), and that call runs
 eagerly too; ``fullgraph=True`` raises ``torch._dynamo.exc.Unsupported`` with that reason.
 
-torch_shard does not import torch._dynamo: it takes seconds, and it imports torch.distributed._shard,
-which torch_shard.compat must alias before anything imports it. The wrappers are installed when
-torch._dynamo is imported (by torch.compile, usually), by a meta path finder that runs after the module
-has executed, or at once if it is already imported.
+The wrappers are installed when torch._dynamo is imported, without torch_shard importing it
+(``torch_shard/_after_dynamo.py``).
 """
 
 from __future__ import annotations
 
-import importlib.abc
-import sys
-import warnings
+from .._after_dynamo import when_dynamo_imported
 
 GRAPH_BREAK_REASON = (
     "torch_shard: a ShardedTensor cannot be traced (its C++ impl holds this rank's shards and its ops "
     "communicate); the op runs eagerly, outside the graph"
 )
 
-_DYNAMO = "torch._dynamo"
 _installed = False
 
 
@@ -51,55 +46,6 @@ def _install(cls, dynamo) -> None:
     _installed = True
 
 
-class _AfterDynamoImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: when torch._dynamo is looked up, it wraps the loader of the spec the other
-    finders return so that ``callback(module)`` runs once the module has executed, and then leaves
-    ``sys.meta_path``. It stays until then: a lookup that does not import (``importlib.util.find_spec``)
-    must not use it up."""
-
-    def __init__(self, callback) -> None:
-        self._callback = callback
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != _DYNAMO:
-            return None
-        spec = None
-        for finder in list(sys.meta_path):
-            find = getattr(finder, "find_spec", None)
-            if finder is self or find is None:
-                continue
-            spec = find(fullname, path, target)
-            if spec is not None:
-                break
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        loader_exec = spec.loader.exec_module
-        callback = self._callback
-        finder = self
-
-        def exec_module(module) -> None:
-            loader_exec(module)
-            if finder in sys.meta_path:
-                sys.meta_path.remove(finder)
-            try:
-                callback(module)
-            except Exception as exc:  # noqa: BLE001 - never fail torch._dynamo's import because of us
-                warnings.warn(
-                    f"torch_shard: could not prepare ShardedTensor for torch.compile ({exc!r}); dynamo may "
-                    "trace into torch_shard and break the graph more than once per sharded op",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-
-        # The loader is this lookup's own object (path-based finders make one per spec).
-        spec.loader.exec_module = exec_module
-        return spec
-
-
 def prepare_for_compile(cls) -> None:
     """Install the wrappers on ``cls`` now if torch._dynamo is imported, else when it is."""
-    module = sys.modules.get(_DYNAMO)
-    if module is not None and hasattr(module, "disable"):
-        _install(cls, module)
-        return
-    sys.meta_path.insert(0, _AfterDynamoImport(lambda dynamo: _install(cls, dynamo)))
+    when_dynamo_imported(lambda dynamo: _install(cls, dynamo), "ShardedTensor")
