@@ -18,6 +18,8 @@ from torch.distributed.tensor.placement_types import _StridedShard
 from torch_shard.interop import redistribute
 from torch_shard.testing import ShardedTensorTestBase, full_tensor, run_tests, with_comms
 
+_TORCH = tuple(int(n) for n in torch.__version__.split("+")[0].split(".")[:2])
+
 
 def _placements_1d():
     return [[DShard(0)], [DShard(1)], [Replicate()]]
@@ -143,9 +145,15 @@ class TestRedistribute(ShardedTensorTestBase):
                 (first * first).sum().backward()
                 grads.append(leaf.grad)
             ours, theirs = grads
+            self.assertIsNotNone(ours, msg)
+            self.assertTrue(torch.allclose(full_tensor(ours), 8 * weight * weight * full), msg)
+            if theirs is None:
+                # DTensor's own redistribute has no double backward in torch 2.11 (the first gradient
+                # has no grad_fn there); from 2.13 on it has, and the two are compared.
+                self.assertLess(_TORCH, (2, 13), msg)
+                continue
             self.assertEqual(list(ours.placements), list(theirs.placements), msg)
             self.assertTrue(torch.allclose(full_tensor(ours), full_tensor(theirs)), msg)
-            self.assertTrue(torch.allclose(full_tensor(ours), 8 * weight * weight * full), msg)
 
     @with_comms(init_rpc=False)
     def test_strided_shards(self):
@@ -172,8 +180,12 @@ class TestRedistribute(ShardedTensorTestBase):
                 out = redistribute(leaf, mesh, dst)
                 self.assertEqual(list(out.placements), dst, msg)
                 self.assertTrue(torch.equal(out.to_local(), distribute_tensor(full, mesh, dst).to_local()), msg)
-                (out * distribute_tensor(full, mesh, dst)).sum().backward()
-                self.assertTrue(torch.equal(full_tensor(leaf.grad.redistribute(mesh, [Replicate()] * mesh.ndim)), full), msg)
+                # d/dleaf of each rank's sum(out_local * full_local) is `full` in the source layout, on
+                # every rank (a replicated target's gradient taken from one replica). Checked on the
+                # local tensors: torch 2.11's DTensor cannot compute on a 1-D _StridedShard tensor.
+                (out.to_local() * distribute_tensor(full, mesh, dst).to_local()).sum().backward()
+                self.assertEqual(list(leaf.grad.placements), src, msg)
+                self.assertTrue(torch.equal(leaf.grad.to_local(), distribute_tensor(full, mesh, src).to_local()), msg)
 
     @with_comms(init_rpc=False)
     def test_under_torch_compile(self):
