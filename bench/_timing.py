@@ -21,7 +21,17 @@ def timed_cases(cases: dict[str, tuple[Callable | None, Callable]], repeats: int
     Each case is ``(setup, fn)``: ``setup`` (may be None) runs untimed before every ``fn``. Returns, per
     case, the median over ``repeats`` of the slowest rank's time for ``fn``, in seconds.
     """
-    samples: dict[str, list[float]] = {name: [] for name in cases}
+    return {name: wall for name, (wall, _) in timed_cases_with_cpu(cases, repeats, warmup).items()}
+
+
+def timed_cases_with_cpu(
+    cases: dict[str, tuple[Callable | None, Callable]], repeats: int, warmup: int = 1
+) -> dict[str, tuple[float, float]]:
+    """As :func:`timed_cases`, with the CPU time of the calling thread beside the wall time: per case,
+    (median of the slowest rank's wall time, median of the largest CPU time of any rank's calling
+    thread), in seconds. The CPU time is what a call costs its caller (Python, planning, packing, the
+    socket writes gloo makes from the caller), without the waits."""
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in cases}
     # The slowest rank's time travels on the group's own device: an NCCL group has no CPU backend.
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
     for i in range(warmup + repeats):
@@ -29,10 +39,14 @@ def timed_cases(cases: dict[str, tuple[Callable | None, Callable]], repeats: int
             if setup is not None:
                 setup()
             dist.barrier()
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.thread_time()
             fn()
-            elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
+            cpu = time.thread_time() - start_cpu
+            elapsed = torch.tensor([time.perf_counter() - start, cpu], dtype=torch.float64, device=device)
             dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
             if i >= warmup:
-                samples[name].append(elapsed.item())
-    return {name: statistics.median(values) for name, values in samples.items()}
+                samples[name].append((elapsed[0].item(), elapsed[1].item()))
+    return {
+        name: (statistics.median(w for w, _ in values), statistics.median(c for _, c in values))
+        for name, values in samples.items()
+    }

@@ -13,7 +13,9 @@ size), it prints the median of --repeats (after a warm-up) of the slowest rank's
   and receives from each other rank (what changes owner; nothing packed or unpacked): the floor for
   any redistribution in one collective;
 and the MB torch_shard's exchange sent per rank (its own counters) beside the MB that change owner
-(computed from the two layouts), which must be equal.
+(computed from the two layouts), which must be equal. "CPU ms" columns: the median of the largest CPU
+time of any rank's calling thread during one call (DTensor's and ours): what a call costs its caller
+(Python, planning, packing, socket writes made from the caller), without the waits.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import os
 import torch
 import torch.distributed as dist
 from _round_one import ROUND_ONE_MODES, set_round_one
-from _timing import timed_cases
+from _timing import timed_cases_with_cpu
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
@@ -85,7 +87,7 @@ def main() -> None:
         )
         print(
             f"{'mesh':5} {'case':11} {'size':>10} {'DTensor ms':>11} {'ours ms':>9} {'raw a2a ms':>11} "
-            f"{'ours/DT':>8} {'ours/a2a':>9} {'MB sent':>8} {'MB moved':>9}"
+            f"{'ours/DT':>8} {'ours/a2a':>9} {'MB sent':>8} {'MB moved':>9} {'DT CPU ms':>10} {'ours CPU ms':>12}"
         )
     element = torch.tensor([], dtype=torch.float32).element_size()
     for mesh_name, (mesh, cases) in meshes.items():
@@ -97,7 +99,7 @@ def main() -> None:
                 send[rank] = recv[rank] = 0  # what stays local is no message
                 inp = torch.empty(sum(send), device=device)
                 out = torch.empty(sum(recv), device=device)
-                times = timed_cases(
+                times = timed_cases_with_cpu(
                     {
                         "dtensor": (None, lambda dt=dt, dst=dst: dt.redistribute(mesh, dst)),
                         "ours": (None, lambda dt=dt, dst=dst: redistribute(dt, mesh, dst)),
@@ -114,11 +116,13 @@ def main() -> None:
                 worst = torch.tensor([sent, sum(send) * element], dtype=torch.float64, device=device)
                 dist.all_reduce(worst, op=dist.ReduceOp.MAX)
                 if rank == 0:
-                    d, o, a = times["dtensor"] * 1e3, times["ours"] * 1e3, times["a2a"] * 1e3
+                    (d, d_cpu), (o, o_cpu), (a, _) = (
+                        tuple(v * 1e3 for v in times[name]) for name in ("dtensor", "ours", "a2a")
+                    )
                     print(
                         f"{mesh_name:5} {_name(src) + '->' + _name(dst):11} {f'{size[0]}x{size[1]}':>10} "
                         f"{d:11.2f} {o:9.2f} {a:11.2f} {o / d:8.2f} {o / a if a else float('nan'):9.2f} "
-                        f"{worst[0].item() / 2**20:8.2f} {worst[1].item() / 2**20:9.2f}",
+                        f"{worst[0].item() / 2**20:8.2f} {worst[1].item() / 2**20:9.2f} {d_cpu:10.2f} {o_cpu:12.2f}",
                         flush=True,
                     )
     dist.barrier()
