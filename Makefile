@@ -132,8 +132,8 @@ test-sanitize: setup
 # main leg (.venv: torch 2.13.0 on the machine's python3, 3.11): torch 2.15 has no 3.10 wheel, so 2.11
 # takes 3.10. Each in a venv kept in $(TORCH_SHARD_CACHE)/venvs (keyed by torch, Python and
 # requirements; checked on every use) and a build folder of its own (build-leg-<torch>-py<python>):
-# the single-process tests, examples/gpu_smoke.py and the demo on 4 CPU ranks under torchrun
-# (scripts/torch_leg.sh).
+# the single-process tests, test_redistribute.py (DTensor's private spec API), examples/gpu_smoke.py and
+# the demo on 4 CPU ranks under torchrun (scripts/torch_leg.sh).
 TORCH_LEGS := 2.11.0@3.10 2.15.0@3.12 2.13.0@3.13
 .PHONY: test-legs $(addprefix test-leg-,$(TORCH_LEGS))
 test-legs: $(addprefix test-leg-,$(TORCH_LEGS))

@@ -3,8 +3,9 @@
 # and newest torch setup.py admits, every Python pyproject.toml admits (the Makefile's TORCH_LEGS). In
 # a venv of its own, build torch_shard against that torch in a folder of its own
 # (build-leg-<version>-py<python>/: two builds for different torches cannot share torch_shard/), then
-# run the single-process tests (pytest -m "not distributed"), examples/gpu_smoke.py and the demo on 4
-# CPU ranks under torchrun, whose exit codes must be 0.
+# run the single-process tests (pytest -m "not distributed"), tests/test_redistribute.py (4 ranks: the
+# DTensor interop builds DTensors from torch's own DTensorSpec and constructor, which a torch release may
+# change), examples/gpu_smoke.py and the demo on 4 CPU ranks under torchrun, whose exit codes must be 0.
 #
 # The venv (about 5 GB: a CUDA build of torch) is kept between runs and clones in
 # $TORCH_SHARD_CACHE/venvs/torch-<version>-<key>, the key a hash of what it is made from: the torch
@@ -83,6 +84,7 @@ assert c.__file__.startswith("$OUT"), c.__file__
 print("[torch $VERSION] torch", torch.__version__, "library", c.__file__)
 PYCHECK
 "$PY" -m pytest -q -p no:cacheprovider --rootdir "$ROOT" -c "$ROOT/pyproject.toml" -m "not distributed" "$ROOT/tests"
+"$PY" -m pytest -q -p no:cacheprovider --rootdir "$ROOT" -c "$ROOT/pyproject.toml" "$ROOT/tests/test_redistribute.py"
 checkpoints=$(mktemp -d)
 trap 'rm -rf "$checkpoints"' EXIT
 OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=lo "$PY" -m torch.distributed.run --standalone --nproc-per-node=4 \
@@ -91,4 +93,4 @@ OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=lo "$PY" -m torch.distributed.run --standal
 # 2.11 lacks, found only on a GPU machine).
 OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=lo "$PY" -m torch.distributed.run --standalone --nproc-per-node=4 \
     "$ROOT/examples/demo.py"
-log "single-process tests, gpu_smoke.py --device cpu and the demo passed; torchrun exited with 0"
+log "single-process tests, test_redistribute.py, gpu_smoke.py --device cpu and the demo passed; torchrun exited with 0"
