@@ -180,6 +180,14 @@ bench-sweep: build
 bench-multihost: build
 	$(RUN_ENV) $(PY) bench/sweep.py --one-host --two-hosts 2 4 8 $(SWEEP_ARGS)
 
+# TorchRec's scenarios (tests/torchrec_scenarios.py) launched STRESS_RUNS times in a row on torch_shard
+# and on upstream torch.distributed._shard, with busy processes beside them; fails when any torch_shard
+# run fails (scripts/stress_torchrec.py). Not part of `make test`: 20 runs each take about 15 minutes.
+STRESS_RUNS ?= 20
+.PHONY: stress
+stress: build torchrec
+	$(PY) scripts/stress_torchrec.py --runs $(STRESS_RUNS) $(STRESS_ARGS)
+
 # AddressSanitizer + UndefinedBehaviorSanitizer build in build-sanitize/ (the normal build is untouched),
 # then the C++-heavy tests against it; any sanitizer report fails.
 sanitize: setup

@@ -43,6 +43,7 @@ SCENARIOS = (
     "ebc_forward_backward_against_dense_reference",
     "ebc_state_dict_types_and_values",
     "ebc_dcp_save_and_load_into_another_plan_with_optimizer_state",
+    "ebc_rowwise_adagrad_checkpoint_into_a_trained_second_model",
     "ebc_dynamic_resharding",
     "embedding_collection_state_dict_and_forward",
 )
@@ -144,11 +145,59 @@ class TestTorchRec(unittest.TestCase):
     def test_ebc_dcp_save_and_load_into_another_plan_with_optimizer_state(self):
         self._check("ebc_dcp_save_and_load_into_another_plan_with_optimizer_state")
 
+    def test_ebc_rowwise_adagrad_checkpoint_into_a_trained_second_model(self):
+        self._check("ebc_rowwise_adagrad_checkpoint_into_a_trained_second_model")
+
     def test_ebc_dynamic_resharding(self):
         self._check("ebc_dynamic_resharding")
 
     def test_embedding_collection_state_dict_and_forward(self):
         self._check("embedding_collection_state_dict_and_forward")
+
+
+# FBGEMM alone (no TorchRec, no process group, no torch_shard): a CPU kernel of two tables, one of
+# them without rows, trained by exact Adagrad; the kernel's row counts are followed in memory by a value
+# above FBGEMM's 2^31-row limit, as a bad heap state may leave there by chance.
+_FBGEMM_TABLE_SIZES = """
+import sys, torch
+from fbgemm_gpu.split_embedding_configs import EmbOptimType
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
+from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+    ComputeDevice, SplitTableBatchedEmbeddingBagsCodegen)
+rows = [int(r) for r in sys.argv[1:]]
+where = (EmbeddingLocation.HOST, ComputeDevice.CPU)
+kernel = SplitTableBatchedEmbeddingBagsCodegen(
+    [(r, 8, *where) for r in rows], optimizer=EmbOptimType.EXACT_ADAGRAD, learning_rate=0.5)
+cumsum = kernel.hash_size_cumsum.tolist()
+kernel.hash_size_cumsum = torch.tensor(cumsum + [1 << 40])[: len(cumsum)]
+# One bag per table: both ids of the table with rows, none of the empty one.
+full = rows.index(2)
+offsets = torch.tensor([0, 0, 2] if full == 1 else [0, 2, 2])
+kernel(torch.tensor([0, 1]), offsets).sum().backward()
+print("trained")
+"""
+
+
+class TestFbgemmTableSizes(unittest.TestCase):
+    """The FBGEMM behaviour behind ``torchrec_scenarios._guard_fbgemm_kernels``: a CPU kernel whose last
+    table has no rows reads past its table sizes; one whose empty table comes first does not."""
+
+    def setUp(self) -> None:
+        if any(importlib.util.find_spec(name) is None for name in ("torchrec", "fbgemm_gpu")):
+            self.skipTest(_why_torchrec_is_unusable())
+
+    def _train(self, *rows: int) -> subprocess.CompletedProcess:
+        return _run([sys.executable, "-c", _FBGEMM_TABLE_SIZES, *map(str, rows)], timeout=300)
+
+    def test_an_empty_last_table_makes_the_kernel_read_past_its_sizes(self):
+        proc = self._train(2, 0)
+        self.assertNotEqual(proc.returncode, 0, proc.stdout)
+        self.assertIn("doesn't support embedding tables with more than 2B rows", proc.stdout)
+
+    def test_an_empty_first_table_is_read_within_bounds(self):
+        proc = self._train(0, 2)
+        self.assertEqual(proc.returncode, 0, proc.stdout)
+        self.assertIn("trained", proc.stdout)
 
 
 if __name__ == "__main__":

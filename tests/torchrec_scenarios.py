@@ -3,38 +3,45 @@
 Not a test module itself (pytest does not collect it): ``tests/test_torchrec.py`` runs it as
 ``torchrun --nproc-per-node=4 torchrec_scenarios.py RESULTS_DIR`` and reports each scenario as a test.
 Every rank installs ``torch_shard.compat`` before anything imports ``torch.distributed._shard``, so
-TorchRec's ShardedTensors are torch_shard's. Each scenario runs on every rank; each rank writes the
+TorchRec's ShardedTensors are torch_shard's (``... RESULTS_DIR --upstream``: torch's own, for the
+side-by-side runs of scripts/stress_torchrec.py). Each scenario runs on every rank; each rank writes the
 outcome of every scenario to ``RESULTS_DIR/rank<r>.json`` as it goes. After a scenario the ranks agree
 on its outcome; after a failure the remaining scenarios are recorded as not run (the ranks may no
 longer be in step), and the process group's timeout turns a hang into an error.
 
 The ranks pretend to be 2 hosts of 2 ranks (``LOCAL_WORLD_SIZE=2``), so table-row-wise sharding (row-
 wise within one host) differs from row-wise (over all 4 ranks).
+
+Every FBGEMM kernel the scenarios build passes ``_guard_fbgemm_kernels`` (no kernel ends with a table
+that has no rows on its rank, where FBGEMM's CPU kernels read out of bounds).
 """
 
+# ruff: noqa: E402 - the alias (below) must be installed before anything imports torch.distributed._shard
 from __future__ import annotations
 
 import os
 
 os.environ["LOCAL_WORLD_SIZE"] = "2"  # torchrun sets 4; TorchRec reads this for its host grouping
 
-# isort: off
-import torch_shard.compat
+import sys
 
-# isort: on
+# `--upstream`: the same scenarios on torch's own torch.distributed._shard, for side-by-side runs
+# (scripts/stress_torchrec.py); by default every ShardedTensor is torch_shard's.
+UPSTREAM = "--upstream" in sys.argv
+if not UPSTREAM:
+    import torch_shard.compat  # noqa: F401
+
 import datetime
 import io
 import json
-import sys
 import traceback
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.testing import assert_close
-
-import torch_shard
 
 SCENARIOS: dict = {}
 
@@ -87,7 +94,9 @@ def _tables():
         # Rank 3's row-wise kernel needs a non-empty table as well: FBGEMM's CPU kernel fails where every
         # table of a kernel is empty (it takes the kernel for a GPU one).
         config(name="t_rw2", embedding_dim=8, num_embeddings=11, feature_names=["f_rw2"]),
-        config(name="t_cw", embedding_dim=16, num_embeddings=5, feature_names=["f_cw"]),
+        # 7 rows, so that laid out row-wise (plan "b") rank 3's share is 1 row, not 0: there it is the
+        # last table of rank 3's row-wise kernel (see _guard_fbgemm_kernels).
+        config(name="t_cw", embedding_dim=16, num_embeddings=7, feature_names=["f_cw"]),
         config(name="t_tw", embedding_dim=8, num_embeddings=7, feature_names=["f_tw"]),
         config(name="t_twrw", embedding_dim=8, num_embeddings=9, feature_names=["f_twrw"]),
     ]
@@ -141,13 +150,62 @@ def _dmp(plan_name: str, optimizer, options: dict):
     model = _model(optimizer, options)
     env = TR["ShardingEnv"].from_process_group(dist.group.WORLD)
     plan = TR["ShardingPlan"]({"ebc": _module_plan(plan_name, model)})
-    return TR["DistributedModelParallel"](model, env=env, device=torch.device("cpu"), plan=plan)
+    dmp = TR["DistributedModelParallel"](model, env=env, device=torch.device("cpu"), plan=plan)
+    _guard_fbgemm_kernels(dmp)
+    return dmp
+
+
+# Follows each kernel's table sizes in memory (see _guard_fbgemm_kernels): far above FBGEMM's 2^31-row
+# limit, so a kernel that reads it raises at once.
+_CANARY = 1 << 40
+
+
+def _every_submodule(module: nn.Module, prefix: str = ""):
+    """(name, module) for ``module`` and everything under it, TorchRec's kernels included (a sharded
+    module keeps its lookups in a plain list, out of ``named_modules``)."""
+    yield prefix, module
+    children = list(module._modules.items())
+    children += [(f"_lookups.{i}", lookup) for i, lookup in enumerate(getattr(module, "_lookups", None) or [])]
+    for name, child in children:
+        if isinstance(child, nn.Module):
+            yield from _every_submodule(child, f"{prefix}.{name}" if prefix else name)
+
+
+def _guard_fbgemm_kernels(module: nn.Module) -> None:
+    """Refuse, and trap, the table layout on which FBGEMM's CPU kernels read out of bounds.
+
+    A CPU table-batched embedding kernel (fbgemm-gpu-cpu 1.8) finds table t's row count by walking its
+    ``hash_size_cumsum`` buffer (T + 1 entries) from t + 1 until the difference is not 0. For a kernel
+    whose LAST table has no rows on this rank, the walk goes past the end of the buffer: the kernel
+    takes whatever memory follows as a row count, in the forward and in the backward. A value at or
+    above 2^31 makes the backward raise "CPU exact rowwise adagrad currently doesn't support embedding
+    tables with more than 2B rows" on that rank only, while its peers wait in TorchRec's next
+    all-to-all until the group's timeout; what follows the buffer depends on the process's heap, so
+    the failure comes and goes from run to run (with upstream's ShardedTensor and with torch_shard's
+    alike, and in FBGEMM alone: tests/test_torchrec.py shows it without TorchRec or a process group).
+    Row-wise sharding gives a rank no rows of a table with fewer rows than ranks, so the scenarios'
+    tables are sized for no rank to end a kernel with an empty table, and this checks that they do.
+    It also puts ``_CANARY`` right after every kernel's buffer, so a read past its end fails on every
+    run instead of by chance.
+    """
+    for name, kernel in _every_submodule(module):
+        sizes = getattr(kernel, "hash_size_cumsum", None)
+        if not isinstance(sizes, torch.Tensor) or sizes.device.type != "cpu" or getattr(kernel, "_canary", False):
+            continue
+        cumsum = sizes.tolist()
+        rows = [end - begin for begin, end in zip(cumsum, cumsum[1:])]
+        assert rows and rows[-1] > 0, (
+            f"rank {RANK}: FBGEMM kernel {name} has tables of {rows} rows; its CPU kernels read past "
+            "hash_size_cumsum when the last table has no rows (see _guard_fbgemm_kernels)"
+        )
+        backing = torch.tensor(cumsum + [_CANARY], dtype=sizes.dtype)
+        kernel.hash_size_cumsum = backing[: len(cumsum)]
+        kernel._canary = True
 
 
 def _weights(dmp) -> dict:
     """Table name -> the ShardedTensor of its weight in ``dmp``'s state_dict."""
-    sharded = torch_shard.sharded_tensor.ShardedTensor
-    return {key.split(".")[-2]: value for key, value in dmp.state_dict().items() if isinstance(value, sharded)}
+    return {key.split(".")[-2]: value for key, value in dmp.state_dict().items() if isinstance(value, ShardedTensor)}
 
 
 def _copy_into(dmp, reference: Model) -> None:
@@ -229,7 +287,8 @@ def ebc_state_dict_types_and_values():
     weights = _weights(dmp)
     assert sorted(weights) == sorted(t.name for t in TABLES), sorted(weights)
     for name, st in weights.items():
-        assert type(st) is torch_shard.sharded_tensor.ShardedTensor and Aliased is type(st), type(st)
+        assert type(st) is ShardedTensor and Aliased is type(st), type(st)
+        assert UPSTREAM or type(st).__module__.startswith("torch_shard."), type(st)
         assert st.size() == reference.ebc.embedding_bags[name].weight.size()
         # The layout is the plan's, shard for shard.
         expected = plan[name].sharding_spec.shards
@@ -242,11 +301,12 @@ def ebc_state_dict_types_and_values():
     # torch.save / torch.load, also with weights_only=True: this rank's shards and the layout survive.
     buffer = io.BytesIO()
     torch.save(dmp.state_dict(), buffer)
-    for weights_only in (False, True):
+    # (upstream's ShardedTensor is not among the classes torch.load admits with weights_only=True)
+    for weights_only in (False,) if UPSTREAM else (False, True):
         buffer.seek(0)
         loaded = torch.load(buffer, weights_only=weights_only)
         for key, st in dmp.state_dict().items():
-            if isinstance(st, torch_shard.sharded_tensor.ShardedTensor):
+            if isinstance(st, ShardedTensor):
                 assert type(loaded[key]) is type(st)
                 assert loaded[key].metadata() == st.metadata()
                 assert_close([s.tensor for s in loaded[key].local_shards()], [s.tensor for s in st.local_shards()])
@@ -259,7 +319,7 @@ def ebc_state_dict_types_and_values():
         name = key.split(".")[-2]
         expected = optimizer.state[reference.ebc.embedding_bags[name].weight]["sum"]
         for st in per_param.values():
-            assert type(st) is torch_shard.sharded_tensor.ShardedTensor, type(st)
+            assert type(st) is ShardedTensor, type(st)
             for shard in st.local_shards():
                 assert_close(shard.tensor, expected[_box(shard.metadata)])
 
@@ -291,6 +351,47 @@ def ebc_dcp_save_and_load_into_another_plan_with_optimizer_state():
     _assert_weights(other, reference)
 
 
+def _train_alike(models: list, step: int) -> None:
+    """One forward and backward of each of ``models`` on this rank's batch of ``step``; their outputs
+    must match."""
+    outs = [model(_batch(RANK, step)) for model in models]
+    for out in outs[1:]:
+        assert_close(out, outs[0])
+    for out in outs:
+        out.sum().backward()
+
+
+@scenario
+def ebc_rowwise_adagrad_checkpoint_into_a_trained_second_model():
+    # TorchRec's EXACT_ROWWISE_ADAGRAD kernels: a model trains, is saved with its optimizer state, and
+    # is loaded into a second model of another plan that has already trained a step of its own. (Plan
+    # "c", not "b": a row-wise optimizer keeps one sum per row of each column shard, so its state
+    # cannot move between column-wise and row-wise layouts.)
+    from torchrec.optim import RowWiseAdagrad
+
+    options = {"lr": 0.5, "eps": 1e-8}
+    torch.manual_seed(3)
+    reference = Model(torch.device("cpu"))
+    first = _dmp("a", RowWiseAdagrad, options)
+    _copy_into(first, reference)
+    _train_alike([first], 0)
+    _train_alike([first], 1)
+    state = {"model": first.state_dict(), "optim": first.fused_optimizer.state_dict()}
+    path = STATE["checkpoint_dir"] + "_rowwise"
+    dcp.save(state, checkpoint_id=path)
+    second = _dmp("c", RowWiseAdagrad, options)
+    _train_alike([second], 2)
+    target = {"model": second.state_dict(), "optim": second.fused_optimizer.state_dict()}
+    dcp.load(target, checkpoint_id=path)
+    second.fused_optimizer.load_state_dict(target["optim"])
+    for name, st in _weights(second).items():
+        assert_close(_gathered(st), _gathered(_weights(first)[name]), msg=lambda m, n=name: f"{n}: {m}")
+    # From the same weights and row-wise sums, the same step leaves the same weights.
+    _train_alike([first, second], 3)
+    for name, st in _weights(second).items():
+        assert_close(_gathered(st), _gathered(_weights(first)[name]), msg=lambda m, n=name: f"{n}: {m}")
+
+
 @scenario
 def ebc_dynamic_resharding():
     torch.manual_seed(1)
@@ -305,6 +406,7 @@ def ebc_dynamic_resharding():
     before = _weights(dmp)
     # For the tables that stay, TorchRec assigns each new local shard the old shard's (equal) metadata.
     dmp.reshard(sharded_module_fqn="ebc", changed_shard_to_params={"ebc": (volume, delta)})
+    _guard_fbgemm_kernels(dmp)  # resharding builds new kernels
     after = _weights(dmp)
     for name, st in after.items():
         assert sorted(map(_key, st.metadata().shards_metadata)) == sorted(map(_key, new[name].sharding_spec.shards))
@@ -339,10 +441,11 @@ def embedding_collection_state_dict_and_forward():
     )
     env = TR["ShardingEnv"].from_process_group(dist.group.WORLD)
     dmp = TR["DistributedModelParallel"](model, env=env, device=torch.device("cpu"), plan=TR["ShardingPlan"]({"": plan}))
+    _guard_fbgemm_kernels(dmp)
     state = {key.split(".")[-2]: st for key, st in dmp.state_dict().items()}
     with torch.no_grad():
         for name, st in state.items():
-            assert type(st) is torch_shard.sharded_tensor.ShardedTensor, type(st)
+            assert type(st) is ShardedTensor, type(st)
             assert sorted(map(_key, st.metadata().shards_metadata)) == sorted(map(_key, plan[name].sharding_spec.shards))
             for shard in st.local_shards():
                 shard.tensor.copy_(reference.embeddings[name].weight[_box(shard.metadata)])
