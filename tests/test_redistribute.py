@@ -244,6 +244,33 @@ class TestRedistribute(ShardedTensorTestBase):
         self.assertIs(redistribute(dt, None, [DShard(-2)]), dt)
 
     @with_comms(init_rpc=False)
+    def test_a_partial_gradient_comes_back_in_the_source_placements(self):
+        # y = redistribute(x) feeds a matmul with a column-sharded weight, so y's gradient arrives
+        # Partial; the leaf's gradient must be in x's placements (reduced), as DTensor gives it, also
+        # when the placements do not change (where the forward moves nothing).
+        mesh = init_device_mesh(self.device_type, (4,))
+        full = self._full((4, 6), torch.float64)
+        weight = distribute_tensor(self._full((6, 8), torch.float64), mesh, [DShard(1)])
+        for src, dst in (([Replicate()], [Replicate()]), ([Replicate()], [DShard(0)]), ([DShard(0)], [Replicate()])):
+            grads = []
+            for move in (redistribute, lambda d, m, p: d.redistribute(m, p)):
+                leaf = distribute_tensor(full, mesh, src).detach().requires_grad_(True)
+                out = move(leaf, mesh, dst)
+                if dst == [DShard(0)]:
+                    out = out.redistribute(mesh, [Replicate()])
+                (out @ weight).sum().backward()
+                grads.append(leaf.grad)
+            ours, theirs = grads
+            msg = f"{src} -> {dst}"
+            self.assertEqual(list(ours.placements), src, msg)
+            self.assertEqual(list(ours.placements), list(theirs.placements), msg)
+            self.assertTrue(torch.allclose(ours.to_local(), theirs.to_local()), msg)
+        # Without autograd, the same placements still give the argument itself.
+        leaf = distribute_tensor(full, mesh, [Replicate()]).requires_grad_(True)
+        with torch.no_grad():
+            self.assertIs(redistribute(leaf, mesh, [Replicate()]), leaf)
+
+    @with_comms(init_rpc=False)
     def test_partial_sources_are_reduced_first(self):
         mesh = init_device_mesh(self.device_type, (4,))
         local = torch.full((4, 3), float(self.rank + 1), device=self.device)

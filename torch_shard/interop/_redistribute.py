@@ -250,6 +250,25 @@ class _Redistribute(torch.autograd.Function):
         return _Redistribute.apply(grad, move.reverse(ctx.source_spec), ctx.group_name), None, None
 
 
+class _Unchanged(torch.autograd.Function):
+    """A redistribute to the placements ``dtensor`` already has, where autograd records it: the same
+    local tensor forward; backward, the gradient brought to those placements (a Partial gradient is
+    reduced), as every other redistribute's backward gives its source's placements."""
+
+    @staticmethod
+    def forward(ctx, dtensor):
+        from torch.distributed.tensor import DTensor
+
+        ctx.spec = dtensor._spec
+        return DTensor(dtensor._local_tensor.view_as(dtensor._local_tensor), dtensor._spec, requires_grad=True)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if tuple(grad.placements) != ctx.spec.placements:
+            grad = grad.redistribute(grad.device_mesh, ctx.spec.placements)
+        return grad
+
+
 def _target_for(wanted: tuple, mesh, ndim: int) -> tuple:
     """The target placements, normalized (non-negative Shard dims); ``_StridedShard`` targets as given.
     Raises what a caller can act on for a Partial target or a bad placement list."""
@@ -340,7 +359,9 @@ def redistribute(dtensor, device_mesh=None, placements: Sequence | None = None):
         placements (Sequence[Placement], optional): one per mesh dim; by default ``dtensor``'s own.
 
     Returns:
-        DTensor: on the same mesh, with ``placements``; ``dtensor`` itself when they are its own.
+        DTensor: on the same mesh, with ``placements``; ``dtensor`` itself when they are its own and
+        autograd does not record the call (else a new DTensor over the same local tensor, whose
+        gradient comes back in ``dtensor``'s placements, a Partial one reduced, as in DTensor).
 
     Collective over the mesh's group (every rank of the mesh calls it). Bad arguments on any rank (a
     placement list of the wrong length, a dim out of range, another mesh, a local tensor that does not
@@ -385,6 +406,8 @@ def _redistribute(dtensor, device_mesh, placements):
         dtensor = _reduce_partials(dtensor, target)
     move = _move(size, dtensor.dtype, mesh, tuple(dtensor.placements), target, _group_ranks(group))
     if move is None:
+        if dtensor.requires_grad and torch.is_grad_enabled():
+            return _Unchanged.apply(dtensor)
         return dtensor
     local = dtensor._local_tensor
     if move.source.slices is not None and tuple(local.shape) != move.source.local_shape:
