@@ -23,9 +23,10 @@ struct ExchangeOptions {
   bool ride = true;
   // The largest group round 1 goes through the hub in (0: the product's).
   int64_t hub_max_world = 0;
-  // Round 1 follows the group's last op (NOTE [ Round 1 follows the group's last op ]): after a dense op
-  // whose messages fit the all-to-all's slot, the next round 1 is an all-to-all instead of the hub.
-  bool follow = true;
+  // Round 1 follows the group's history (NOTE [ Round 1 follows the group's history ]): its mode, and
+  // an all-to-all's rooms (NOTE [ Rooms ]). Off, round 1 goes through the hub wherever the group has it
+  // and every room is the base slot.
+  bool rooms = true;
 };
 
 // Called by every exchange of a data op (`op`: "shard", "gather", ...) as it starts (before_agreement)
@@ -63,7 +64,7 @@ struct TestingHooks {
 };
 
 // Bumped whenever TestingHooks changes; the testing library refuses a product of another version.
-constexpr int64_t kTestingHooksVersion = 5;
+constexpr int64_t kTestingHooksVersion = 6;
 
 // The product's hooks (csrc/testing_hooks.cpp).
 const TestingHooks& testing_hooks();

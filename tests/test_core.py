@@ -320,8 +320,9 @@ class TestPlanCacheAndRounds(ShardedTensorTestBase):
     def test_small_ops_take_one_round_and_large_ones_two(self):
         """Payloads that fit the slot ride in round 1. A scatter from, or a gather to, group rank 0 (the
         hub of round 1) rides in the hub's round-1 messages up to 1 MiB per rank (NOTE [ Payloads riding
-        the hub's messages ]); bigger messages, and dense patterns, take a second round. The results
-        are checked on every backend, the rounds on gloo."""
+        the hub's messages ]), after which the group's round 1 is an all-to-all whose rooms (at least
+        256 KiB per peer) carry the gather and the reshard of 512^2. Messages bigger than the history
+        predicts take a second round. The results are checked on every backend, the rounds on gloo."""
         count_rounds = self.gloo_only(ROUNDS_ON_GLOO)
 
         def rounds_of(step):
@@ -335,9 +336,11 @@ class TestPlanCacheAndRounds(ShardedTensorTestBase):
 
         cases = (
             (64, torch.float32, (1, 1, 1)),  # 4 KiB per rank: in the slots
-            (512, torch.float32, (1, 1, 2)),  # 256 KiB per rank: in the hub's messages; reshard is dense
-            # 2 MiB per rank, above the cap: every op takes round 2
-            (1024, torch.float64, (2, 2, 2)),
+            (512, torch.float32, (1, 1, 1)),  # 256 KiB per rank: in the hub's messages, then in rooms
+            # 2 MiB per rank, more than the history's rooms: every op takes round 2, except rank 0's part
+            # of the reshard (512 KiB per peer), which rides in the 2 MiB rooms the scatter from it and
+            # the gather to it left between rank 0 and each peer (the others' round 2 is point to point)
+            (1024, torch.float64, (2, 2, 1 if self.rank == 0 else 2)),
         )
         for n, dtype, expected in cases:
             full = torch.rand(n, n, dtype=dtype).to(self.device)
@@ -355,14 +358,16 @@ class TestPlanCacheAndRounds(ShardedTensorTestBase):
             self.assertEqual(st.local_tensor(), full[self.rank * n // 4 : (self.rank + 1) * n // 4])
 
     @with_comms(init_rpc=False)
-    def test_round_one_follows_the_groups_last_op(self):
-        """NOTE [ Round 1 follows the group's last op ]: after a dense op whose messages did not fit the
-        hub's slot (16 KiB per peer among 4 ranks) but fit the all-to-all's (256 KiB), the group's next
-        round 1 is an all-to-all of used bytes that carries them: a repeated 64 KiB-per-peer reshard
-        takes two rounds once, then one each time. A sparse op, one whose messages fit the hub's slot,
-        a failed op (raising on every rank in that mode too) or a mismatch of ops between ranks sends
-        the group back to the hub; with the mechanism off every such reshard takes two rounds. The
-        results are checked on every backend, the rounds on gloo (the hub exists there only)."""
+    def test_round_one_follows_the_groups_history(self):
+        """NOTE [ Round 1 follows the group's history ] and NOTE [ Rooms ]: after an op whose messages did
+        not fit the hub's slot (16 KiB per peer among 4 ranks), the group's next round 1 is an all-to-all
+        whose rooms come from what each pair carried in the last two ops. So a loop of the same op, or of
+        an op and its reverse, moves in one round at any size once the group has seen it; an op the
+        history does not predict takes two rounds; a failed op, a mismatch of ops between ranks (both
+        raising on every rank in that mode too, nothing moved) or small messages send the group back to
+        the hub. With the history off, round 1 goes through the hub and messages above its slot always take
+        two rounds.
+        The results are checked on every backend, the rounds on gloo (the hub exists there only)."""
         count_rounds = self.gloo_only(ROUNDS_ON_GLOO)
 
         def assert_rounds(step, expected, what):
@@ -378,51 +383,66 @@ class TestPlanCacheAndRounds(ShardedTensorTestBase):
         gen = torch.Generator().manual_seed(1)
         fits = torch.rand(256, 256, generator=gen).to(self.device)  # 16 KiB per peer: the hub's slot
         over = torch.rand(512, 512, generator=gen).to(self.device)  # 64 KiB per peer
-        small, big = _shard_tensor(fits, _rows()), _shard_tensor(over, _rows())
+        huge = torch.rand(2048, 2048, generator=gen).to(self.device)  # 1 MiB per peer, 4 MiB per shard
+        small, big, giant = (_shard_tensor(t, _rows()) for t in (fits, over, huge))
         quarter = slice(self.rank * 128, (self.rank + 1) * 128)
+        huge_quarter = slice(self.rank * 512, (self.rank + 1) * 512)
 
-        def big_there_and_back(first, what, back=1):
-            assert_rounds(lambda: big.reshard(_cols()), first, what + ": to columns")
-            self.assertEqual(big.local_tensor(), over[:, quarter])
-            assert_rounds(lambda: big.reshard(_rows()), back, what + ": back to rows")
-            self.assertEqual(big.local_tensor(), over[quarter])
+        def there_and_back(st, full, part, first, back, what):
+            assert_rounds(lambda: st.reshard(_cols()), first, what + ": to columns")
+            self.assertEqual(st.local_tensor(), full[:, part])
+            assert_rounds(lambda: st.reshard(_rows()), back, what + ": back to rows")
+            self.assertEqual(st.local_tensor(), full[part])
 
         def fail_everywhere():
             out = torch.empty(256, 256, device=self.device) if self.rank == 0 else None
             with self.assertRaises(IndexError):  # rank 1's dst is out of range: every rank raises
                 small.gather(4 if self.rank == 1 else 0, out)
 
+        def gather_huge(expected, what):
+            out = torch.empty(2048, 2048, device=self.device) if self.rank == 0 else None
+            assert_rounds(lambda: giant.gather(0, out), expected, what)
+            if self.rank == 0:
+                self.assertEqual(out, huge)
+
         fail_everywhere()  # whatever ran before: on the hub now
-        big_there_and_back(2, "from the hub")
-        big_there_and_back(1, "after a dense op")
+        there_and_back(big, over, quarter, 2, 1, "64 KiB from the hub")
+        there_and_back(big, over, quarter, 1, 1, "64 KiB again")
+        # 1 MiB per peer, beyond the base slot: two rounds the first time, then one each way.
+        there_and_back(giant, huge, huge_quarter, 2, 1, "1 MiB, first time")
+        there_and_back(giant, huge, huge_quarter, 1, 1, "1 MiB again")
+        # A gather of 4 MiB per rank: not predicted the first time, then in one round.
+        gather_huge(2, "a 4 MiB gather, first time")
+        gather_huge(1, "a 4 MiB gather again")
+        # The reshard after two gathers: rank 0's peers had room to it only (two rounds), then one.
+        there_and_back(giant, huge, huge_quarter, 2, 1, "1 MiB after the gathers")
         # Messages that fit the hub's slot: carried by the all-to-all, then the group is back on the hub.
-        assert_rounds(lambda: small.reshard(_cols()), 1, "small after a dense op")
+        assert_rounds(lambda: small.reshard(_cols()), 1, "small after a big op")
         self.assertEqual(small.local_tensor(), fits[:, self.rank * 64 : (self.rank + 1) * 64])
         assert_rounds(lambda: small.reshard(_rows()), 1, "small on the hub")
-        big_there_and_back(2, "after a small op")
+        there_and_back(big, over, quarter, 2, 1, "64 KiB after a small op")
         # A failed op in the all-to-all mode raises on every rank, and the group is back on the hub.
         fail_everywhere()
-        big_there_and_back(2, "after a failed op")
-        # Ranks running different ops in the all-to-all mode: every rank raises (a gather beside a
-        # reshard), nothing moves, and the group is back on the hub.
+        there_and_back(big, over, quarter, 2, 1, "after a failed op")
+        # Ranks running different ops in the all-to-all mode, with rooms for both: every rank raises (a
+        # gather beside a reshard), nothing moves, and the group is back on the hub.
+        there_and_back(giant, huge, huge_quarter, 2, 1, "1 MiB before a mismatch")
+        gather_huge(2, "a gather before a mismatch")
+        out = torch.full((2048, 2048), -1.0, device=self.device) if self.rank == 0 else None
         with self.assertRaisesRegex(RuntimeError, "every rank of the group must call the same collective"):
             if self.rank == 2:
-                big.gather(0, None)
+                giant.reshard(_cols())
             else:
-                big.reshard(_cols())
-        self.assertEqual(big.local_tensor(), over[quarter])
-        big_there_and_back(2, "after a mismatch")
-        # A sparse op: a gather (256 KiB to rank 0 from each rank) rides in the all-to-all, then the hub.
-        out = torch.empty(512, 512, device=self.device) if self.rank == 0 else None
-        assert_rounds(lambda: big.gather(0, out), 1, "a gather after a dense op")
+                giant.gather(0, out)
+        self.assertEqual(giant.local_tensor(), huge[huge_quarter])
         if self.rank == 0:
-            self.assertEqual(out, over)
-        big_there_and_back(2, "after a gather")
+            self.assertTrue(bool((out == -1.0).all()))
+        there_and_back(giant, huge, huge_quarter, 2, 1, "after a mismatch")
         try:
-            _testing_ops._set_exchange(follow=False)
-            big_there_and_back(2, "the mechanism off", back=2)
-            assert_rounds(lambda: big.reshard(_cols()), 2, "the mechanism off, again")
-            self.assertEqual(big.local_tensor(), over[:, quarter])
+            _testing_ops._set_exchange(rooms=False)
+            there_and_back(big, over, quarter, 2, 2, "rooms off: through the hub, 64 KiB")
+            there_and_back(giant, huge, huge_quarter, 2, 2, "rooms off, 1 MiB")
+            there_and_back(giant, huge, huge_quarter, 2, 2, "rooms off, 1 MiB again")
         finally:
             _testing_ops._set_exchange()
         assert_group_still_works(self)
@@ -461,7 +481,7 @@ class TestPlanCacheAndRounds(ShardedTensorTestBase):
     @with_comms(init_rpc=False)
     def test_round_one_through_the_hub_matches_the_all_to_all(self):
         """NOTE [ Round 1 through a hub ]: the same ops, results and errors whether round 1 goes through
-        group rank 0, runs as an all-to-all of used bytes, or follows the group's last op (the product),
+        group rank 0, runs as an all-to-all of used bytes, or follows the group's history (the product),
         on the whole group and on a sub-group whose hub is global rank 1; each way's round counts are
         exactly the ones its notes give (listed below)."""
         sub = dist.new_group([1, 3])
@@ -533,21 +553,21 @@ class TestPlanCacheAndRounds(ShardedTensorTestBase):
         try:
             rounds = {}
             for mode in ("all_to_all", "hub_only", "auto"):
-                _testing_ops._set_exchange(hub=mode != "all_to_all", follow=mode == "auto")
+                _testing_ops._set_exchange(hub=mode != "all_to_all", rooms=mode == "auto")
                 rounds[mode] = run()
             # 64^2: every op in one round, every way. 512^2: the scatter from the hub rides in its round-1
             # messages; the dense reshard (64 KiB per peer) takes round 2 through the hub, and one
             # all-to-all of used bytes without it (NOTE [ Round 1 of used bytes ]). The gathers of 256 KiB
             # per rank: in the all-to-all's round 1; through the hub, only the hub's own share rides (in
             # its reply to rank 2), the others take round 2, while the gather to the hub rides whole.
-            # After the dense reshard "auto" runs round 1 as that all-to-all (NOTE [ Round 1 follows the
-            # group's last op ]), so its gathers take one round; the sparse gather sends it back to the
-            # hub. 2 MiB per rank: round 2 every way. The sub-group's ops: one round.
+            # After the scatter of 256 KiB per rank "auto" runs round 1 as that all-to-all (NOTE [ Round 1
+            # follows the group's history ]), so every 512^2 op takes one round. 2 MiB per rank: more
+            # than any room the history gives, round 2 every way. The sub-group's ops: one round.
             through_hub = [1] * 5 + [2, 1 if self.rank == 0 else 2, 1, 2]
             expected = {
                 "all_to_all": [1] * 8 + [2],
                 "hub_only": through_hub,
-                "auto": [1] * 5 + [2, 1, 1, 2],
+                "auto": [1] * 8 + [2],
             }
             for mode, want in expected.items():
                 self.assertEqual(rounds[mode], want + ([1, 1] if self.rank in (1, 3) else []), mode)

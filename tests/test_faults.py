@@ -8,7 +8,8 @@ instead of hanging. The test-only hook ``torch.ops.torch_shard_testing._inject_f
 after the agreement: "raise" throws, "exit" ends the process on the spot (exit code 43). With
 "exit_before" the process ends as it enters the exchange, so its peers run the agreement round without
 it: on a small CPU group that round goes through a hub (group rank 0, NOTE [ Round 1 through a hub ]),
-which must tell the others that the rank is gone.
+which must tell the others that the rank is gone, or, after a big op, as an all-to-all, which fails on
+every rank.
 
 These tests start their own 4 processes (not the shared multi-process harness) because one scenario
 needs a rank that is EXPECTED to die, and all of them a short process-group timeout and a teardown
@@ -59,15 +60,28 @@ def _placements():
     return [f"rank:{r}/cpu" for r in range(WORLD)]
 
 
-def _reshard_scenario(rank: int, action: str, fault_rank: int):
+def _reshard_scenario(rank: int, action: str, fault_rank: int, after_big: bool = False):
     """Every rank reshards rows -> columns of a tensor large enough that every rank sends every peer
-    more than the agreement round's 16 KiB slot: the data moves in round 2, where everyone waits for
-    the faulty rank's messages."""
+    more than the hub's 16 KiB slot: the data moves in round 2, where everyone waits for the faulty
+    rank's messages. A small gather first puts round 1 on the hub (NOTE [ Round 1 follows the group's
+    history ]); ``after_big``: a reshard of the same size first, so round 1 is an all-to-all whose rooms
+    carry the data, where everyone waits for the faulty rank in round 1."""
     tensor = torch.arange(256 * 512, dtype=torch.float32).view(256, 512)
-    st = torch_shard._shard_tensor(tensor, ChunkShardingSpec(dim=0, placements=_placements()))
+    rows, cols = (ChunkShardingSpec(dim=d, placements=_placements()) for d in (0, 1))
+    st = torch_shard._shard_tensor(tensor, rows)
+    if after_big:
+        st.reshard(cols)
+        st.reshard(rows)
+    else:
+        small = torch_shard._shard_tensor(torch.ones(8, 8), rows)
+        small.gather(0, torch.empty(8, 8) if rank == 0 else None)
     if rank == fault_rank:
         torch.ops.torch_shard_testing._inject_fault("reshard", action)
-    st.reshard(ChunkShardingSpec(dim=1, placements=_placements()))
+    st.reshard(cols)
+
+
+def _reshard_after_big_scenario(rank: int, action: str, fault_rank: int):
+    _reshard_scenario(rank, action, fault_rank, after_big=True)
 
 
 def _embedding_scenario(rank: int, action: str, fault_rank: int):
@@ -131,8 +145,8 @@ def _read_once_scenario(rank: int, action: str, fault_rank: int):
     load(target, path, read_once=True)
 
 
-SCENARIOS = {"reshard": _reshard_scenario, "embedding": _embedding_scenario, "stall": _stall_scenario,
-             "read_once": _read_once_scenario}
+SCENARIOS = {"reshard": _reshard_scenario, "reshard_after_big": _reshard_after_big_scenario,
+             "embedding": _embedding_scenario, "stall": _stall_scenario, "read_once": _read_once_scenario}
 
 
 def _rank_main(rank: int, store_path: str, scenario: str, action: str, fault_rank: int, conn) -> None:
@@ -253,6 +267,14 @@ class TestFaultsAfterAgreement(TestCase):
                 f"torch_shard.reshard: rank {FAULT_RANK} of the process group did not take part in the agreement round",
                 message,
             )
+
+    def test_rank_exiting_before_an_all_to_all_agreement(self):
+        # Round 1 is an all-to-all (the group's last op was big): every rank's collective fails on the
+        # closed connection, so every rank raises (gloo's error) instead of waiting.
+        reports, exit_codes = _launch("reshard_after_big", "exit_before")
+        self.assertNotIn(FAULT_RANK, reports)
+        self.assertEqual(exit_codes[FAULT_RANK], INJECTED_EXIT_CODE, f"reports {reports}")
+        self._check_peers_raised(reports, exit_codes)
 
     def test_hub_exiting_before_the_agreement(self):
         # The hub itself is gone: every other rank's round-1 message to it fails.

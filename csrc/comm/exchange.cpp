@@ -29,7 +29,7 @@ namespace comm {
 //   (src/dst ranks, layout fingerprints), notes and a device-computed word. When a payload fits, it
 //   rides in the slot. Round 1 runs as one all-to-all, or, on small CPU groups, through a hub
 //   (comm/hub.cpp), unless the group's last op was a dense one that the all-to-all carries in one
-//   round (NOTE [ Round 1 follows the group's last op ]).
+//   round (NOTE [ Round 1 follows the group's history ]).
 //
 //   Verdict: every rank now holds every rank's header, the same table everywhere, so all reach the
 //   same verdict: an error anywhere raises on every rank (the failing rank its own exception, the
@@ -160,17 +160,23 @@ Outcome single_rank(const Exchange& x) {
   return outcome;
 }
 
-// This rank's part of the pattern, from its moves.
+// This rank's part of the pattern, from its moves: which payloads ride in round 1 (through the hub,
+// all of them or none; in an all-to-all, each that fits its room).
 void describe_moves(Exchange& x) {
+  x.rides_out.assign(x.world, 0);
   x.fits = !x.failed;
   if (x.failed) {
     return;
   }
   for (int64_t p = 0; p < x.world; ++p) {
     const int64_t bytes = p == x.me ? 0 : x.moves->send[p].bytes;
-    x.fits = x.fits && bytes <= x.slot_bytes;
+    x.rides_out[p] = bytes <= (x.via_hub ? x.slot_bytes : x.room_out[p]) ? 1 : 0;
+    x.fits = x.fits && x.rides_out[p];
     x.out_degree += bytes > 0 ? 1 : 0;
     x.max_message = std::max(x.max_message, bytes);
+  }
+  if (x.via_hub) {
+    std::fill(x.rides_out.begin(), x.rides_out.end(), x.fits ? 1 : 0);
   }
 }
 
@@ -265,7 +271,7 @@ void locate_payloads(Exchange& x) {
   stats.bytes_received_from_peers += received;
   int64_t at = world * kHeaderBytes;
   for (int64_t p = 0; p < world; ++p) {
-    if (p != x.me && x.declared[p] > 0 && x.field(p, kFits) != 0) {
+    if (p != x.me && x.declared[p] > 0 && x.rides_in(p)) {
       x.round_one_at[p] = x.via_hub ? at : x.block_at[p] + kHeaderBytes;
       at += padded16(x.declared[p]);
     }

@@ -66,17 +66,20 @@ struct Exchange {
   ErrorCode error_code; // its class
   bool device_words;    // the agreement carries device-computed words (read in the one host read)
 
-  // How round 1 runs (the same on every rank: it depends on the group and the group's last op only),
+  // How round 1 runs (the same on every rank: it depends on the group and the group's history only),
   // see round_one.cpp.
   bool hub_group = false; // round 1 may go through the hub on this group
-  bool via_hub = false;   // ... and this one does (NOTE [ Round 1 follows the group's last op ])
+  bool via_hub = false;   // ... and this one does (NOTE [ Round 1 follows the group's history ])
   bool unpadded = false;  // an all-to-all round 1 sends used bytes only (NOTE [ Round 1 of used bytes ])
-  int64_t slot_bytes = 0;
-  int64_t block_bytes = 0;       // all-to-all round 1: header + slot per peer
+  int64_t slot_bytes = 0; // through the hub: the payload bytes per peer that ride in round 1
+  // An all-to-all round 1: the payload bytes the block from / to rank p holds, the same number at both
+  // ends of a pair (NOTE [ Rooms ]).
+  std::vector<int64_t> room_in, room_out;
   std::vector<int64_t> block_at; // all-to-all round 1: where the block from rank p starts in recv1
 
   // This rank's part of the pattern.
-  bool fits = false;            // every payload of this rank fits its slot
+  bool fits = false;               // every payload of this rank rides in round 1 (the header's kFits)
+  std::vector<uint8_t> rides_out;  // this rank's payload to rank p rides in round 1
   int64_t out_degree = 0;       // peers this rank has a message for
   int64_t max_message = 0;      // its largest message to a peer
   std::vector<int64_t> headers; // this rank's headers, row p addressed to rank p
@@ -99,6 +102,10 @@ struct Exchange {
   bool mismatch = false;             // a declared size differs from this rank's plan (a bug)
 
   int64_t field(int64_t rank, int64_t f) const { return table[rank * kHeaderWords + f]; }
+  // Whether the payload from rank p came in round 1 (in its block, or in a hub message's slot).
+  bool rides_in(int64_t p) const {
+    return via_hub ? field(p, kFits) != 0 : field(p, kBytes) <= room_in[p];
+  }
   // Writes this rank's payload for `peer` into `into`.
   void write_payload(int64_t peer, const at::Tensor& into) const;
   // The payload from `peer` that came with round 1 (in a slot, or appended to a hub message).
@@ -135,8 +142,8 @@ std::vector<std::string> exchange_reasons(Exchange& x, const std::string& mine);
 [[noreturn]] void raise_peer_failure(OpKind op, ErrorCode code, int64_t rank, const std::string& reason,
                                      int64_t others);
 
-// round_one.cpp: how round 1 runs for this group (sets hub_group, via_hub, unpadded, slot_bytes,
-// block_bytes); the all-to-all round 1; what this op's table tells the group's next round 1 (every rank
+// round_one.cpp: how round 1 runs for this group (sets hub_group, via_hub, unpadded, slot_bytes and the
+// rooms); the all-to-all round 1; what this op's table tells the group's next round 1 (every rank
 // calls it once the table is complete, before the verdict can raise).
 void plan_round_one(Exchange& x);
 void all_to_all_round_one(Exchange& x);

@@ -7,6 +7,7 @@
 #include <iterator>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
 
 #include <ATen/ops/from_blob.h>
 #include <c10/util/Exception.h>
@@ -49,8 +50,8 @@ constexpr int64_t kMinUsefulSlot = 256;
 // exactly what an all-to-all would have delivered to it (block p: what rank p addressed to it).
 // Every rank ends with the same headers as after the all-to-all, so the verdict, the slots and round
 // 2 are unchanged; small payloads between two non-hub ranks are relayed by the hub. The mode depends
-// only on the group (its backend and size) and the group's last op (NOTE [ Round 1 follows the
-// group's last op ]), never on arguments, so all ranks pick the same one.
+// only on the group (its backend and size) and its history (NOTE [ Round 1 follows the group's
+// history ]), never on arguments, so all ranks pick the same one.
 // The hub handles W^2 headers and relays their payloads, so its advantage must shrink as W grows; it
 // was measured to win up to kHubMaxWorld ranks, on one host and across two (docs/benchmarks.md
 // has the table that set it), and larger groups, never measured, keep the all-to-all. So do
@@ -77,24 +78,36 @@ constexpr int64_t kHubMaxWorld = 16;
 constexpr int64_t kDirectSlotBytes = int64_t{256} << 10;
 constexpr int64_t kDirectBudgetBytes = int64_t{4} << 20;
 
-// NOTE [ Round 1 follows the group's last op ]
-// The hub wins where round 1 is most of an op: headers, small payloads, a scatter or a gather (2(W-1)
-// messages instead of W(W-1)). It loses for a dense op with medium messages, which do not fit the
-// hub's slot: such an op takes round 1 through the hub and then round 2, while one all-to-all of used
-// bytes (NOTE [ Round 1 of used bytes ]) would have carried headers and data together. How round 1
-// runs must be settled before the op's arguments are looked at (they may differ between ranks), so it
-// cannot follow the op at hand; it follows the group's LAST op instead, which every rank saw in the
-// same table (a sender's kPeers and kMaxMessage are the same in every copy of its header). When that
-// op had no error, was dense (more than W - 1 messages: not a scatter or a gather), and its largest
-// message did not fit the hub's slot but fits the all-to-all's, the next round 1 on the group is an
-// all-to-all of used bytes; otherwise it goes through the hub. So a loop that moves the same tensors
-// every step (a forward redistribute and its backward's reverse, a reshard and back) moves each in ONE
-// round from its second op on, and a sparse op after them pays one all-to-all of headers before the
-// group is back on the hub. The state is kept per group object (LastOps) and written by every rank at
-// the same point, right after round 1 and before the verdict can raise, so every rank of a group
-// always plans the same round 1. (A slot that GREW with the group's history was measured and removed
-// at 6974d43: its blocks were padded to the slot, so every op paid the big slot on the wire, and the
-// hub, which it bypassed for every op, was not yet there to come back to.)
+// NOTE [ Round 1 follows the group's history ]
+// How round 1 runs must be settled before anyone looks at the op's arguments (they may differ between
+// ranks), so it follows what every rank already knows alike: the group (its backend and size) and the
+// ops the group ran before, as every rank saw them in the same header table. Two things follow:
+//   * the mode, on groups that have the hub: the hub wins where round 1 is most of an op (headers, small
+//     payloads, a scatter or a gather: 2(W-1) messages instead of W(W-1)); it loses for an op whose
+//     messages do not fit its slot, which would need round 2 after it. So after a clean op whose
+//     largest message (any rank's: kMaxMessage is in every header a sender sends) did not fit the hub's
+//     slot, the next round 1 on the group is an all-to-all; after any other op (small messages, an
+//     error, ranks running different ops) it goes through the hub;
+//   * the rooms of an all-to-all round 1 (NOTE [ Rooms ]).
+// The state is kept per group object (History) and written by every rank at the same point, right after
+// round 1 and before the verdict can raise, so every rank of a group always plans the same round 1.
+
+// NOTE [ Rooms ]
+// An all-to-all round 1 gives each pair of ranks a block: a header, then room for a payload. A payload
+// that fits its room rides in round 1; the rest waits for round 2, sized by the headers. A block's room
+// must be the SAME number at both ends (the receiver posts it, the sender must never send more: gloo
+// ends the receiving process on a longer message, NCCL needs equal sizes), whatever either end is
+// doing, so it cannot come from the op's arguments. It comes from the pair's history: the larger of the
+// payloads the pair carried (sender to receiver) in the group's last two ops, at least the base slot
+// and at most kRoomBudget / W. Both ends know those numbers alike: the sender sent them, the receiver
+// read them in the sender's headers (kBytes). So an op that moves what the one before it moved (a loop
+// of reshards, a training step's redistributes) or what the one before that moved (a forward move and
+// its backward's reverse) moves everything in round 1: one collective, at any size. Where the history
+// does not predict the op, it costs what it cost without rooms: round 1 and round 2. Rooms are receive
+// memory, not bytes on the wire, where gloo takes a shorter message than the block (NOTE [ Round 1 of
+// used bytes ]); with fixed blocks (NCCL, a backend written in Python) a block is sent whole, so a
+// room bigger than the payload costs its padding, once, on the op after a change of pattern.
+constexpr int64_t kRoomBudget = int64_t{1} << 30;
 
 namespace {
 
@@ -126,37 +139,61 @@ int64_t direct_slot(int64_t world) {
   return std::max(std::min(kDirectSlotBytes, bound), round_one_slot(world));
 }
 
-// See NOTE [ Round 1 follows the group's last op ]. Entries are per group OBJECT, each holding a weak
+// The largest room an all-to-all round 1 among `world` ranks gives a pair (NOTE [ Rooms ]).
+int64_t room_limit(int64_t world, int64_t base) {
+  return std::max(kRoomBudget / std::max<int64_t>(world, 1) / 16 * 16, base);
+}
+
+// See NOTE [ Round 1 follows the group's history ]. Entries are per group OBJECT, each holding a weak
 // reference, which keeps the object's memory reserved (not the group alive), so no other group can
 // appear at that address while its entry exists; entries of destroyed groups are dropped. A group
-// created again under an old name starts on the hub on every member.
-class LastOps {
+// created again under an old name starts without history on every member.
+class History {
 public:
-  bool dense(c10d::ProcessGroup& group) {
+  struct Past {
+    bool big = false; // the last op was clean and its largest message did not fit the hub's slot
+    // Payload bytes this rank sent to / received from each rank in the last op and the one before.
+    std::vector<int64_t> sent, received, sent_before, received_before;
+  };
+
+  // What `group` ran before (nothing for a group without history).
+  Past of(c10d::ProcessGroup& group) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = entries_.find(&group);
-    return it != entries_.end() && it->second.dense && it->second.group.lock().get() == &group;
+    if (it == entries_.end() || it->second.group.lock().get() != &group) {
+      return Past{};
+    }
+    return it->second.past;
   }
-  void remember(c10d::ProcessGroup& group, bool dense) {
+
+  void record(c10d::ProcessGroup& group, bool big, std::vector<int64_t> sent, std::vector<int64_t> received) {
     std::lock_guard<std::mutex> lock(mutex_);
     for (auto it = entries_.begin(); it != entries_.end();) {
       it = it->second.group.expired() ? entries_.erase(it) : std::next(it);
     }
-    auto strong = c10::intrusive_ptr<c10d::ProcessGroup>::reclaim_copy(&group);
-    entries_.insert_or_assign(&group, Entry{c10::weak_intrusive_ptr<c10d::ProcessGroup>(strong), dense});
+    auto it = entries_.find(&group);
+    if (it == entries_.end() || it->second.group.lock().get() != &group) {
+      auto strong = c10::intrusive_ptr<c10d::ProcessGroup>::reclaim_copy(&group);
+      it = entries_.insert_or_assign(&group, Entry{c10::weak_intrusive_ptr<c10d::ProcessGroup>(strong), Past{}})
+               .first;
+    }
+    Past& past = it->second.past;
+    past.big = big;
+    past.sent_before = std::exchange(past.sent, std::move(sent));
+    past.received_before = std::exchange(past.received, std::move(received));
   }
 
 private:
   struct Entry {
     c10::weak_intrusive_ptr<c10d::ProcessGroup> group;
-    bool dense;
+    Past past;
   };
   std::mutex mutex_;
   std::unordered_map<const c10d::ProcessGroup*, Entry> entries_;
 };
 
-LastOps& last_ops() {
-  static LastOps* ops = new LastOps(); // never destroyed: exchanges may run during interpreter exit
+History& history() {
+  static History* ops = new History(); // never destroyed: exchanges may run during interpreter exit
   return *ops;
 }
 
@@ -165,43 +202,93 @@ bool round_one_via_hub(bool cpu, bool p2p, int64_t world, int64_t hub_max_world)
   return cpu && p2p && world >= 2 && world <= largest;
 }
 
+namespace {
+
+// The int64 word index of every header word of blocks starting at byte offsets `at` (multiples of 16),
+// on `device`: [W * kHeaderWords], block by block.
+at::Tensor header_words_at(const std::vector<int64_t>& at, c10::Device device) {
+  std::vector<int64_t> words;
+  words.reserve(at.size() * kHeaderWords);
+  for (const int64_t start : at) {
+    for (int64_t k = 0; k < kHeaderWords; ++k) {
+      words.push_back(start / static_cast<int64_t>(sizeof(int64_t)) + k);
+    }
+  }
+  const at::Tensor host =
+      at::from_blob(words.data(), {static_cast<int64_t>(words.size())}, at::TensorOptions().dtype(at::kLong));
+  return device.is_cuda() ? host.pin_memory().to(device, /*non_blocking=*/true) : host.clone();
+}
+
+// The room of a pair whose payloads in the last two ops were `last` and `before` (absent: none).
+int64_t room_of(const std::vector<int64_t>& last, const std::vector<int64_t>& before, int64_t p, int64_t base,
+                int64_t limit) {
+  int64_t wanted = base;
+  if (p < static_cast<int64_t>(last.size())) {
+    wanted = std::max(wanted, last[p]);
+  }
+  if (p < static_cast<int64_t>(before.size())) {
+    wanted = std::max(wanted, before[p]);
+  }
+  return std::min(padded16(wanted), limit);
+}
+
+} // namespace
+
 void plan_round_one(Exchange& x) {
   const ExchangeOptions options = exchange_options();
+  const History::Past past = history().of(x.pg);
   x.hub_group = options.hub && round_one_via_hub(x.device.is_cpu(), x.p2p, x.world, options.hub_max_world);
-  x.via_hub = x.hub_group && !(options.follow && last_ops().dense(x.pg));
+  x.via_hub = x.hub_group && !(options.rooms && past.big);
   x.unpadded = !x.via_hub && x.p2p && x.device.is_cpu();
   x.slot_bytes = x.unpadded ? direct_slot(x.world) : round_one_slot(x.world);
-  x.block_bytes = kHeaderBytes + x.slot_bytes;
+  x.room_in.assign(x.world, 0);
+  x.room_out.assign(x.world, 0);
+  if (x.via_hub) {
+    return;
+  }
+  const int64_t limit = room_limit(x.world, x.slot_bytes);
+  for (int64_t p = 0; p < x.world; ++p) {
+    if (p == x.me) {
+      continue;
+    }
+    if (options.rooms) {
+      x.room_in[p] = room_of(past.received, past.received_before, p, x.slot_bytes, limit);
+      x.room_out[p] = room_of(past.sent, past.sent_before, p, x.slot_bytes, limit);
+    } else {
+      x.room_in[p] = x.room_out[p] = x.slot_bytes;
+    }
+  }
 }
 
 void remember_round_one(Exchange& x) {
-  if (!x.hub_group) {
-    return; // round 1 runs one way on this group
-  }
   bool clean = true;
-  int64_t messages = 0, largest = 0;
+  int64_t largest = 0;
+  std::vector<int64_t> sent(x.world, 0), received(x.world, 0);
   for (int64_t r = 0; r < x.world; ++r) {
     clean = clean && x.field(r, kError) == 0 && x.field(r, kOp) == static_cast<int64_t>(x.op);
-    messages += x.field(r, kPeers);
     largest = std::max(largest, x.field(r, kMaxMessage));
+    if (r != x.me) {
+      // What the pair's headers said, as both ends read it: the sender's kBytes (0 from a failed rank).
+      sent[r] = x.headers[r * kHeaderWords + kBytes];
+      received[r] = x.field(r, kBytes);
+    }
   }
-  const bool dense =
-      clean && messages > x.world - 1 && largest > round_one_slot(x.world) && largest <= direct_slot(x.world);
-  last_ops().remember(x.pg, dense);
+  history().record(x.pg, x.hub_group && clean && largest > round_one_slot(x.world), std::move(sent),
+                   std::move(received));
 }
 
 void all_to_all_round_one(Exchange& x) {
   const int64_t world = x.world;
-  // Every rank receives a block of header + slot from each peer; it sends each peer the same (fixed
-  // blocks) or only its header and payload (NOTE [ Round 1 of used bytes ]; its own block: a header).
-  std::vector<int64_t> send_splits(world, x.block_bytes);
-  std::vector<int64_t> recv_splits(world, x.block_bytes);
-  if (x.unpadded) {
-    for (int64_t p = 0; p < world; ++p) {
-      const int64_t bytes = p == x.me || !x.fits ? 0 : x.moves->send[p].bytes;
-      send_splits[p] = kHeaderBytes + padded16(bytes);
+  // Every rank receives from each peer a block of header + room; it sends each peer the same (fixed
+  // blocks) or only its header and the payload that rides (NOTE [ Round 1 of used bytes ]); its own
+  // block is a header.
+  std::vector<int64_t> send_splits(world, kHeaderBytes), recv_splits(world, kHeaderBytes);
+  for (int64_t p = 0; p < world; ++p) {
+    if (p == x.me) {
+      continue;
     }
-    recv_splits[x.me] = kHeaderBytes;
+    recv_splits[p] += x.room_in[p];
+    send_splits[p] += x.unpadded ? (x.rides_out[p] ? padded16(x.moves->send[p].bytes) : 0) : x.room_out[p];
   }
   std::vector<int64_t> send_at(world, 0);
   x.block_at.assign(world, 0);
@@ -219,28 +306,27 @@ void all_to_all_round_one(Exchange& x) {
       std::memcpy(out + send_at[p], x.headers.data() + p * kHeaderWords, kHeaderBytes);
     }
   } else {
-    at::Tensor blocks = x.send1.view({world, x.block_bytes});
     // Headers are written on the host and copied once (a device copy when the buffers live on a GPU);
-    // device-computed words join them on the device (NOTE [ One host read per exchange ]).
-    at::Tensor header_words = blocks.narrow(1, 0, kHeaderBytes).view(at::kLong); // [world, kHeaderWords]
+    // device-computed words join them on the device (NOTE [ One host read per exchange ]). Blocks
+    // differ in size, so each header goes to its block's word offset.
     const at::Tensor host_headers =
         at::from_blob(x.headers.data(), {world, kHeaderWords}, at::TensorOptions().dtype(at::kLong));
-    if (x.device.is_cuda()) {
-      // From pageable memory a copy to the GPU waits for the stream (a host sync); from pinned memory it
-      // does not, and the caching host allocator keeps the pinned block until the copy has run.
-      header_words.copy_(host_headers.pin_memory(), /*non_blocking=*/true);
-    } else {
-      header_words.copy_(host_headers);
-    }
+    at::Tensor headers = x.device.is_cuda()
+                             // From pageable memory a copy to the GPU waits for the stream (a host sync);
+                             // from pinned memory it does not, and the caching host allocator keeps the
+                             // pinned block until the copy has run.
+                             ? host_headers.pin_memory().to(x.device, /*non_blocking=*/true)
+                             : host_headers.clone();
     if (x.device_words && x.agreement.status.defined()) {
-      header_words.select(1, kError).copy_(x.agreement.status.reshape({1}).expand({world}));
+      headers.select(1, kError).copy_(x.agreement.status.reshape({1}).expand({world}));
     }
     if (x.device_words && x.agreement.words.defined()) {
-      header_words.select(1, kWord).copy_(x.agreement.words);
+      headers.select(1, kWord).copy_(x.agreement.words);
     }
+    x.send1.view(at::kLong).index_copy_(0, header_words_at(send_at, x.device), headers.reshape({-1}));
   }
-  for (int64_t p = 0; p < world && x.fits; ++p) {
-    if (p != x.me && x.moves->send[p].bytes > 0) {
+  for (int64_t p = 0; p < world; ++p) {
+    if (p != x.me && x.rides_out[p] && x.moves->send[p].bytes > 0) {
       x.write_payload(p, x.send1.narrow(0, send_at[p] + kHeaderBytes, x.moves->send[p].bytes));
     }
   }
@@ -255,7 +341,7 @@ void all_to_all_round_one(Exchange& x) {
     return;
   }
   // The one copy to the host of this exchange.
-  const at::Tensor rows = x.recv1.view({world, x.block_bytes}).narrow(1, 0, kHeaderBytes).view(at::kLong);
+  const at::Tensor rows = x.recv1.view(at::kLong).index_select(0, header_words_at(x.block_at, x.device));
   Agreement words_only;
   if (x.device_words) {
     words_only.words = x.agreement.words;

@@ -69,10 +69,10 @@ void point_to_point(Exchange& x) {
   const int64_t world = x.world;
   const int64_t me = x.me;
   Moves& moves = *x.moves;
-  auto sends_here = [&](int64_t p) {
-    return x.field(p, kFits) == 0 && x.declared[p] > 0 && x.appended_in[p] == 0;
+  auto sends_here = [&](int64_t p) { return !x.rides_in(p) && x.declared[p] > 0 && x.appended_in[p] == 0; };
+  auto sends_there = [&](int64_t p) {
+    return !x.rides_out[p] && moves.send[p].bytes > 0 && x.appended_out[p] == 0;
   };
-  auto sends_there = [&](int64_t p) { return !x.fits && moves.send[p].bytes > 0 && x.appended_out[p] == 0; };
   int64_t pack_bytes = 0, stage_bytes = 0;
   for (int64_t p = 0; p < world; ++p) {
     if (p == me) {
@@ -158,8 +158,8 @@ void all_to_all(Exchange& x) {
     if (p == me) {
       continue;
     }
-    out_splits[p] = x.fits || x.appended_out[p] > 0 ? 0 : moves.send[p].bytes;
-    in_splits[p] = x.field(p, kFits) != 0 || x.appended_in[p] > 0 ? 0 : x.declared[p];
+    out_splits[p] = x.rides_out[p] || x.appended_out[p] > 0 ? 0 : moves.send[p].bytes;
+    in_splits[p] = x.rides_in(p) || x.appended_in[p] > 0 ? 0 : x.declared[p];
   }
   // See NOTE [ Whole buffers ].
   auto outgoing = [&](int64_t p) -> const at::Tensor& {
@@ -237,7 +237,7 @@ void all_to_all(Exchange& x) {
     if (x.declared[p] == 0) {
       continue;
     }
-    if (x.field(p, kFits) != 0 || x.appended_in[p] > 0) {
+    if (x.rides_in(p) || x.appended_in[p] > 0) {
       x.deliver(p, x.round_one_payload(p));
     } else {
       x.deliver(p, in_buffer.narrow(0, pos, x.declared[p]));
