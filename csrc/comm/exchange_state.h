@@ -78,11 +78,11 @@ struct Exchange {
   std::vector<int64_t> block_at; // all-to-all round 1: where the block from rank p starts in recv1
 
   // This rank's part of the pattern.
-  bool fits = false;               // every payload of this rank rides in round 1 (the header's kFits)
-  std::vector<uint8_t> rides_out;  // this rank's payload to rank p rides in round 1
-  int64_t out_degree = 0;       // peers this rank has a message for
-  int64_t max_message = 0;      // its largest message to a peer
-  std::vector<int64_t> headers; // this rank's headers, row p addressed to rank p
+  bool fits = false;              // every payload of this rank rides in round 1 (the header's kFits)
+  std::vector<uint8_t> rides_out; // this rank's payload to rank p rides in round 1
+  int64_t out_degree = 0;         // peers this rank has a message for
+  int64_t max_message = 0;        // its largest message to a peer
+  std::vector<int64_t> headers;   // this rank's headers, row p addressed to rank p
 
   // Through the hub (NOTE [ Payloads riding the hub's messages ]).
   int64_t room = 0;                     // a non-hub: the hub's payload it takes after the hub's reply
@@ -103,9 +103,7 @@ struct Exchange {
 
   int64_t field(int64_t rank, int64_t f) const { return table[rank * kHeaderWords + f]; }
   // Whether the payload from rank p came in round 1 (in its block, or in a hub message's slot).
-  bool rides_in(int64_t p) const {
-    return via_hub ? field(p, kFits) != 0 : field(p, kBytes) <= room_in[p];
-  }
+  bool rides_in(int64_t p) const { return via_hub ? field(p, kFits) != 0 : field(p, kBytes) <= room_in[p]; }
   // Writes this rank's payload for `peer` into `into`.
   void write_payload(int64_t peer, const at::Tensor& into) const;
   // The payload from `peer` that came with round 1 (in a slot, or appended to a hub message).

@@ -174,7 +174,8 @@ public:
     auto it = entries_.find(&group);
     if (it == entries_.end() || it->second.group.lock().get() != &group) {
       auto strong = c10::intrusive_ptr<c10d::ProcessGroup>::reclaim_copy(&group);
-      it = entries_.insert_or_assign(&group, Entry{c10::weak_intrusive_ptr<c10d::ProcessGroup>(strong), Past{}})
+      it = entries_
+               .insert_or_assign(&group, Entry{c10::weak_intrusive_ptr<c10d::ProcessGroup>(strong), Past{}})
                .first;
     }
     Past& past = it->second.past;
