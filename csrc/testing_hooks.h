@@ -27,6 +27,10 @@ struct ExchangeOptions {
   // an all-to-all's rooms (NOTE [ Rooms ]). Off, round 1 goes through the hub wherever the group has it
   // and every room is the base slot.
   bool rooms = true;
+  // Round 1 with its headers on the host and its payloads as a second collective, as it runs on CUDA
+  // groups that have a CPU backend (NOTE [ Headers on the host ]), on any group: the suite runs that
+  // protocol on CPU groups with it.
+  bool split = false;
 };
 
 // Called by every exchange of a data op (`op`: "shard", "gather", ...) as it starts (before_agreement)

@@ -171,7 +171,8 @@ TORCH_LIBRARY(torch_shard, m) {
         "int num_embeddings, float max_norm, float norm_type, int fingerprint, float[] arguments, "
         "str group_name) -> ()");
   // [bytes sent to other ranks, bytes received from other ranks, communication rounds, plan cache
-  // hits, plan cache misses, data ops done in a single round] since the last reset.
+  // hits, plan cache misses, data ops done in a single round, round-1 header tables read from the
+  // communication device (a host sync on a GPU)] since the last reset.
   m.def("_comm_stats(bool reset=False) -> int[]");
 }
 

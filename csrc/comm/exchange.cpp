@@ -272,7 +272,7 @@ void locate_payloads(Exchange& x) {
   int64_t at = world * kHeaderBytes;
   for (int64_t p = 0; p < world; ++p) {
     if (p != x.me && x.declared[p] > 0 && x.rides_in(p)) {
-      x.round_one_at[p] = x.via_hub ? at : x.block_at[p] + kHeaderBytes;
+      x.round_one_at[p] = x.via_hub ? at : x.block_at[p] + (x.split ? 0 : kHeaderBytes);
       at += padded16(x.declared[p]);
     }
   }
@@ -305,6 +305,8 @@ Outcome exchange(c10d::ProcessGroup& pg, c10::Device device, const Agreement& ag
   fill_headers(x);
   if (x.via_hub) {
     hub_round_one(x);
+  } else if (x.split) {
+    split_round_one(x);
   } else {
     all_to_all_round_one(x);
   }

@@ -71,6 +71,8 @@ struct Exchange {
   bool hub_group = false; // round 1 may go through the hub on this group
   bool via_hub = false;   // ... and this one does (NOTE [ Round 1 follows the group's history ])
   bool unpadded = false;  // an all-to-all round 1 sends used bytes only (NOTE [ Round 1 of used bytes ])
+  bool split = false;     // round 1's headers travel on the host, apart from its payload blocks
+                          // (NOTE [ Headers on the host ])
   int64_t slot_bytes = 0; // through the hub: the payload bytes per peer that ride in round 1
   // An all-to-all round 1: the payload bytes the block from / to rank p holds, the same number at both
   // ends of a pair (NOTE [ Rooms ]).
@@ -145,6 +147,7 @@ std::vector<std::string> exchange_reasons(Exchange& x, const std::string& mine);
 // calls it once the table is complete, before the verdict can raise).
 void plan_round_one(Exchange& x);
 void all_to_all_round_one(Exchange& x);
+void split_round_one(Exchange& x);
 void remember_round_one(Exchange& x);
 
 // hub.cpp: round 1 through the hub; then where each payload that rode in it starts.

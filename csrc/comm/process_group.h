@@ -40,6 +40,9 @@ struct CommStats {
   std::atomic<int64_t> plan_cache_hits{0};
   std::atomic<int64_t> plan_cache_misses{0};
   std::atomic<int64_t> single_round_ops{0}; // data ops whose payload rode in the agreement round
+  // Round-1 header tables the host read from the communication device's memory (on a GPU, each is a
+  // host sync): NOTE [ One host read per exchange ], NOTE [ Headers on the host ].
+  std::atomic<int64_t> header_reads{0};
 };
 
 CommStats& comm_stats();

@@ -4,17 +4,20 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <iterator>
 #include <mutex>
 #include <unordered_map>
 #include <utility>
 
+#include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 #include <c10/util/Exception.h>
 #include <c10/util/intrusive_ptr.h>
 
 #include "comm/exchange_state.h"
 #include "comm/process_group.h"
+#include "layout/layout.h"
 
 namespace torch_shard {
 namespace comm {
@@ -81,13 +84,18 @@ constexpr int64_t kDirectBudgetBytes = int64_t{4} << 20;
 // NOTE [ Round 1 follows the group's history ]
 // How round 1 runs must be settled before anyone looks at the op's arguments (they may differ between
 // ranks), so it follows what every rank already knows alike: the group (its backend and size) and the
-// ops the group ran before, as every rank saw them in the same header table. Two things follow:
+// ops the group ran before, as every rank saw them in the same header tables. From those, every rank
+// predicts the op to come the same way: a program repeats itself (a training step's reshards,
+// redistributes and lookups; a forward move and its backward's reverse), so the op to come is the one
+// that followed the last op the previous time the group ran it, or, where the last op never ran before,
+// the last op again. An op is known by its kind and the values every rank agreed on (layout
+// fingerprints, roots, sizes), the same in every rank's table row once the op was clean; an op that
+// failed or was run differently on different ranks predicts nothing. The prediction sets:
 //   * the mode, on groups that have the hub: the hub wins where round 1 is most of an op (headers, small
 //     payloads, a scatter or a gather: 2(W-1) messages instead of W(W-1)); it loses for an op whose
-//     messages do not fit its slot, which would need round 2 after it. So after a clean op whose
-//     largest message (any rank's: kMaxMessage is in every header a sender sends) did not fit the hub's
-//     slot, the next round 1 on the group is an all-to-all; after any other op (small messages, an
-//     error, ranks running different ops) it goes through the hub;
+//     messages do not fit its slot, which would need round 2 after it. So round 1 is an all-to-all when
+//     the predicted op's largest message (any rank's: kMaxMessage is in every header a sender sends)
+//     did not fit the hub's slot, and goes through the hub otherwise (and without a prediction);
 //   * the rooms of an all-to-all round 1 (NOTE [ Rooms ]).
 // The state is kept per group object (History) and written by every rank at the same point, right after
 // round 1 and before the verdict can raise, so every rank of a group always plans the same round 1.
@@ -97,17 +105,38 @@ constexpr int64_t kDirectBudgetBytes = int64_t{4} << 20;
 // that fits its room rides in round 1; the rest waits for round 2, sized by the headers. A block's room
 // must be the SAME number at both ends (the receiver posts it, the sender must never send more: gloo
 // ends the receiving process on a longer message, NCCL needs equal sizes), whatever either end is
-// doing, so it cannot come from the op's arguments. It comes from the pair's history: the larger of the
-// payloads the pair carried (sender to receiver) in the group's last two ops, at least the base slot
-// and at most kRoomBudget / W. Both ends know those numbers alike: the sender sent them, the receiver
-// read them in the sender's headers (kBytes). So an op that moves what the one before it moved (a loop
-// of reshards, a training step's redistributes) or what the one before that moved (a forward move and
-// its backward's reverse) moves everything in round 1: one collective, at any size. Where the history
-// does not predict the op, it costs what it cost without rooms: round 1 and round 2. Rooms are receive
-// memory, not bytes on the wire, where gloo takes a shorter message than the block (NOTE [ Round 1 of
-// used bytes ]); with fixed blocks (NCCL, a backend written in Python) a block is sent whole, so a
-// room bigger than the payload costs its padding, once, on the op after a change of pattern.
+// doing, so it cannot come from the op's arguments. It comes from the pair's part of the predicted op
+// (NOTE [ Round 1 follows the group's history ]): the payload the pair carried, sender to receiver, in
+// that op, at least the base slot and at most a budget / W. Both ends know that number alike: the sender
+// sent it, the receiver read it in the sender's header (kBytes). So once the group has seen a loop of ops
+// twice, every op of it moves everything in round 1: one collective, at any size. An op the history does
+// not predict costs what it cost without rooms: round 1 and round 2.
+// Rooms are receive memory, not bytes on the wire, where gloo takes a shorter message than the block
+// (NOTE [ Round 1 of used bytes ]): there a room is also at least the pair's largest payload within the
+// last kPeakWindow ops (a mispredicted op of a recent size still rides), within kRoomBudget per rank.
+// With fixed blocks (NCCL, a backend written in Python) a block is sent whole, so a room bigger than its
+// payload costs that padding on the wire: there a room is the predicted payload alone, within
+// kPaddedRoomBudget per rank, which bounds what a misprediction wastes.
 constexpr int64_t kRoomBudget = int64_t{1} << 30;
+constexpr int64_t kPaddedRoomBudget = int64_t{64} << 20;
+constexpr int64_t kPeakWindow = 64;
+// The ops the prediction looks back over.
+constexpr size_t kRemembered = 32;
+
+// NOTE [ Headers on the host ]
+// On a CUDA group round 1's blocks live in device memory, and the host must read the headers to reach
+// the verdict: a copy that waits for the device (a host sync) in every op. Where the group also has a
+// gloo backend for CPU tensors (init_process_group("cpu:gloo,cuda:nccl"), torch's default when no
+// backend is named), round 1 splits in two collectives issued back to back: first the payload blocks
+// (each pair's room, NOTE [ Rooms ]) on the device, which the host only enqueues, then the headers,
+// built and read on the host, over the CPU backend. The verdict then needs no device memory; the
+// payloads are unpacked (device copies) only once it passed, and round 2, when needed, is sized by the
+// headers. So a steady-state reshard, redistribute, gather or scatter on such a group never reads device
+// memory on the host. An agreement with device-computed words (a lookup's counts, its input checks)
+// keeps the one read of NOTE [ One host read per exchange ], as does a CUDA group without a CPU backend.
+// Both collectives run on every rank whatever its arguments (the rooms agree at both ends), so the
+// split keeps round 1's guarantees; the test-only switch `split` runs it on CPU groups, where the suite
+// checks it.
 
 namespace {
 
@@ -140,8 +169,9 @@ int64_t direct_slot(int64_t world) {
 }
 
 // The largest room an all-to-all round 1 among `world` ranks gives a pair (NOTE [ Rooms ]).
-int64_t room_limit(int64_t world, int64_t base) {
-  return std::max(kRoomBudget / std::max<int64_t>(world, 1) / 16 * 16, base);
+int64_t room_limit(int64_t world, int64_t base, bool padded) {
+  const int64_t budget = padded ? kPaddedRoomBudget : kRoomBudget;
+  return std::max(budget / std::max<int64_t>(world, 1) / 16 * 16, base);
 }
 
 // See NOTE [ Round 1 follows the group's history ]. Entries are per group OBJECT, each holding a weak
@@ -150,23 +180,51 @@ int64_t room_limit(int64_t world, int64_t base) {
 // created again under an old name starts without history on every member.
 class History {
 public:
-  struct Past {
-    bool big = false; // the last op was clean and its largest message did not fit the hub's slot
-    // Payload bytes this rank sent to / received from each rank in the last op and the one before.
-    std::vector<int64_t> sent, received, sent_before, received_before;
+  // The largest payload a pair carried within the window, and the op (counted on the group) that last
+  // carried at least that much.
+  struct Peak {
+    int64_t bytes = 0;
+    int64_t at = 0;
+  };
+  // One op as every rank saw it.
+  struct Op {
+    uint64_t key = 0;                    // its kind and agreed values (meaningful when clean)
+    bool clean = false;                  // no rank failed and every rank ran it
+    bool big = false;                    // its largest message did not fit the hub's slot
+    std::vector<int64_t> sent, received; // payload bytes by peer: to it, from it
+  };
+  // What round 1 of the next op on a group plans with.
+  struct Forecast {
+    const Op* op = nullptr; // the predicted op (none: no prediction)
+    const std::vector<Peak>* peak_sent = nullptr;
+    const std::vector<Peak>* peak_received = nullptr;
   };
 
-  // What `group` ran before (nothing for a group without history).
-  Past of(c10d::ProcessGroup& group) {
+  // Calls `plan` with the forecast of `group`'s next op, under the lock (the forecast points into it).
+  template <typename Plan>
+  void forecast(c10d::ProcessGroup& group, Plan&& plan) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = entries_.find(&group);
     if (it == entries_.end() || it->second.group.lock().get() != &group) {
-      return Past{};
+      plan(Forecast{});
+      return;
     }
-    return it->second.past;
+    const Past& past = it->second.past;
+    Forecast f{nullptr, &past.peak_sent, &past.peak_received};
+    if (!past.ops.empty() && past.ops.back().clean) {
+      const Op& last = past.ops.back();
+      f.op = &last;
+      for (size_t j = past.ops.size() - 1; j-- > 0;) {
+        if (past.ops[j].clean && past.ops[j].key == last.key) {
+          f.op = &past.ops[j + 1];
+          break;
+        }
+      }
+    }
+    plan(f);
   }
 
-  void record(c10d::ProcessGroup& group, bool big, std::vector<int64_t> sent, std::vector<int64_t> received) {
+  void record(c10d::ProcessGroup& group, Op op) {
     std::lock_guard<std::mutex> lock(mutex_);
     for (auto it = entries_.begin(); it != entries_.end();) {
       it = it->second.group.expired() ? entries_.erase(it) : std::next(it);
@@ -179,12 +237,30 @@ public:
                .first;
     }
     Past& past = it->second.past;
-    past.big = big;
-    past.sent_before = std::exchange(past.sent, std::move(sent));
-    past.received_before = std::exchange(past.received, std::move(received));
+    const int64_t now = past.count++;
+    // A peak older than the window gives way to the pair's current payload.
+    auto update = [&](std::vector<Peak>& peaks, const std::vector<int64_t>& bytes) {
+      peaks.resize(bytes.size());
+      for (size_t p = 0; p < bytes.size(); ++p) {
+        if (bytes[p] >= peaks[p].bytes || now - peaks[p].at >= kPeakWindow) {
+          peaks[p] = Peak{bytes[p], now};
+        }
+      }
+    };
+    update(past.peak_sent, op.sent);
+    update(past.peak_received, op.received);
+    past.ops.push_back(std::move(op));
+    if (past.ops.size() > kRemembered) {
+      past.ops.pop_front();
+    }
   }
 
 private:
+  struct Past {
+    int64_t count = 0;  // exchanges the group ran
+    std::deque<Op> ops; // the last kRemembered of them, oldest first
+    std::vector<Peak> peak_sent, peak_received;
+  };
   struct Entry {
     c10::weak_intrusive_ptr<c10d::ProcessGroup> group;
     Past past;
@@ -220,62 +296,77 @@ at::Tensor header_words_at(const std::vector<int64_t>& at, c10::Device device) {
   return device.is_cuda() ? host.pin_memory().to(device, /*non_blocking=*/true) : host.clone();
 }
 
-// The room of a pair whose payloads in the last two ops were `last` and `before` (absent: none).
-int64_t room_of(const std::vector<int64_t>& last, const std::vector<int64_t>& before, int64_t p, int64_t base,
-                int64_t limit) {
-  int64_t wanted = base;
-  if (p < static_cast<int64_t>(last.size())) {
-    wanted = std::max(wanted, last[p]);
-  }
-  if (p < static_cast<int64_t>(before.size())) {
-    wanted = std::max(wanted, before[p]);
-  }
-  return std::min(padded16(wanted), limit);
+// The payload of a pair (peer p, `bytes` by peer) in a recorded op: 0 where it has none.
+int64_t pair_bytes(const std::vector<int64_t>& bytes, int64_t p) {
+  return p < static_cast<int64_t>(bytes.size()) ? bytes[p] : 0;
+}
+
+int64_t peak_bytes(const std::vector<History::Peak>* peaks, int64_t p) {
+  return peaks != nullptr && p < static_cast<int64_t>(peaks->size()) ? (*peaks)[p].bytes : 0;
 }
 
 } // namespace
 
 void plan_round_one(Exchange& x) {
   const ExchangeOptions options = exchange_options();
-  const History::Past past = history().of(x.pg);
-  x.hub_group = options.hub && round_one_via_hub(x.device.is_cpu(), x.p2p, x.world, options.hub_max_world);
-  x.via_hub = x.hub_group && !(options.rooms && past.big);
-  x.unpadded = !x.via_hub && x.p2p && x.device.is_cpu();
-  x.slot_bytes = x.unpadded ? direct_slot(x.world) : round_one_slot(x.world);
+  x.hub_group = options.hub && !options.split &&
+                round_one_via_hub(x.device.is_cpu(), x.p2p, x.world, options.hub_max_world);
   x.room_in.assign(x.world, 0);
   x.room_out.assign(x.world, 0);
-  if (x.via_hub) {
-    return;
-  }
-  const int64_t limit = room_limit(x.world, x.slot_bytes);
-  for (int64_t p = 0; p < x.world; ++p) {
-    if (p == x.me) {
-      continue;
+  history().forecast(x.pg, [&](const History::Forecast& f) {
+    const History::Op* next = options.rooms ? f.op : nullptr;
+    x.via_hub = x.hub_group && !(next != nullptr && next->big);
+    x.split = !x.via_hub && !x.device_words && x.p2p && (x.device.is_cuda() || options.split);
+    x.unpadded = !x.via_hub && !x.split && x.p2p && x.device.is_cpu();
+    x.slot_bytes = x.unpadded ? direct_slot(x.world) : round_one_slot(x.world);
+    if (x.via_hub) {
+      return;
     }
-    if (options.rooms) {
-      x.room_in[p] = room_of(past.received, past.received_before, p, x.slot_bytes, limit);
-      x.room_out[p] = room_of(past.sent, past.sent_before, p, x.slot_bytes, limit);
-    } else {
-      x.room_in[p] = x.room_out[p] = x.slot_bytes;
+    const int64_t budget = x.unpadded ? kRoomBudget : kPaddedRoomBudget;
+    const int64_t limit = std::max(budget / x.world / 16 * 16, x.slot_bytes);
+    for (int64_t p = 0; p < x.world; ++p) {
+      if (p == x.me) {
+        continue;
+      }
+      int64_t in = x.slot_bytes, out = x.slot_bytes;
+      if (next != nullptr) {
+        in = std::max(in, pair_bytes(next->received, p));
+        out = std::max(out, pair_bytes(next->sent, p));
+      }
+      if (x.unpadded && options.rooms) {
+        in = std::max(in, peak_bytes(f.peak_received, p));
+        out = std::max(out, peak_bytes(f.peak_sent, p));
+      }
+      x.room_in[p] = std::min(padded16(in), limit);
+      x.room_out[p] = std::min(padded16(out), limit);
     }
-  }
+  });
 }
 
 void remember_round_one(Exchange& x) {
-  bool clean = true;
+  History::Op op;
+  op.clean = true;
+  op.sent.assign(x.world, 0);
+  op.received.assign(x.world, 0);
   int64_t largest = 0;
-  std::vector<int64_t> sent(x.world, 0), received(x.world, 0);
   for (int64_t r = 0; r < x.world; ++r) {
-    clean = clean && x.field(r, kError) == 0 && x.field(r, kOp) == static_cast<int64_t>(x.op);
+    op.clean = op.clean && x.field(r, kError) == 0 && x.field(r, kOp) == static_cast<int64_t>(x.op);
     largest = std::max(largest, x.field(r, kMaxMessage));
     if (r != x.me) {
       // What the pair's headers said, as both ends read it: the sender's kBytes (0 from a failed rank).
-      sent[r] = x.headers[r * kHeaderWords + kBytes];
-      received[r] = x.field(r, kBytes);
+      op.sent[r] = x.headers[r * kHeaderWords + kBytes];
+      op.received[r] = x.field(r, kBytes);
     }
   }
-  history().record(x.pg, x.hub_group && clean && largest > round_one_slot(x.world), std::move(sent),
-                   std::move(received));
+  op.big = largest > round_one_slot(x.world);
+  // Rank 0's row: every rank holds it, and once the op was clean its agreed values are everyone's.
+  layout::Fingerprint key;
+  key.add(static_cast<int64_t>(x.op));
+  for (int k = 0; k < kAgreedValues; ++k) {
+    key.add(x.field(0, kValue0 + k));
+  }
+  op.key = key.value();
+  history().record(x.pg, std::move(op));
 }
 
 void all_to_all_round_one(Exchange& x) {
@@ -342,12 +433,46 @@ void all_to_all_round_one(Exchange& x) {
     return;
   }
   // The one copy to the host of this exchange.
+  comm_stats().header_reads += 1;
   const at::Tensor rows = x.recv1.view(at::kLong).index_select(0, header_words_at(x.block_at, x.device));
   Agreement words_only;
   if (x.device_words) {
     words_only.words = x.agreement.words;
   }
   x.words_out = read_to_host(words_only, rows, world, x.table.data()).words;
+}
+
+void split_round_one(Exchange& x) {
+  const int64_t world = x.world;
+  // The payload blocks: each pair's room, sent whole (the receiver posts exactly that).
+  std::vector<int64_t> send_splits(world, 0), recv_splits(world, 0), send_at(world, 0);
+  for (int64_t p = 0; p < world; ++p) {
+    if (p != x.me) {
+      send_splits[p] = x.room_out[p];
+      recv_splits[p] = x.room_in[p];
+    }
+  }
+  x.block_at.assign(world, 0);
+  for (int64_t p = 1; p < world; ++p) {
+    send_at[p] = send_at[p - 1] + send_splits[p - 1];
+    x.block_at[p] = x.block_at[p - 1] + recv_splits[p - 1];
+  }
+  x.send1 = workspace(send_at[world - 1] + send_splits[world - 1], x.device, 0);
+  x.recv1 = workspace(x.block_at[world - 1] + recv_splits[world - 1], x.device, 1);
+  for (int64_t p = 0; p < world; ++p) {
+    if (p != x.me && x.rides_out[p] && x.moves->send[p].bytes > 0) {
+      x.write_payload(p, x.send1.narrow(0, send_at[p], x.moves->send[p].bytes));
+    }
+  }
+  all_to_all_bytes(x.pg, x.recv1, x.send1, recv_splits, send_splits);
+  // The headers, on the host (the group's CPU backend takes CPU tensors).
+  std::vector<int64_t> header_splits(world, kHeaderBytes);
+  at::Tensor out =
+      at::from_blob(x.headers.data(), {world * kHeaderBytes}, at::TensorOptions().dtype(at::kByte));
+  at::Tensor in = at::empty({world * kHeaderBytes}, at::TensorOptions().dtype(at::kByte));
+  all_to_all_bytes(x.pg, in, out, header_splits, header_splits);
+  x.table.assign(world * kHeaderWords, 0);
+  std::memcpy(x.table.data(), in.const_data_ptr(), static_cast<size_t>(world * kHeaderBytes));
 }
 
 // [through the hub (0/1), slot bytes, messages of the busiest rank, its bytes with headers only, its

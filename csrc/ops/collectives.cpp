@@ -129,7 +129,8 @@ std::vector<int64_t> get_comm_stats(bool reset) {
   auto& s = comm::comm_stats();
   std::vector<int64_t> out{s.bytes_sent_to_peers.load(), s.bytes_received_from_peers.load(),
                            s.collectives.load(),         s.plan_cache_hits.load(),
-                           s.plan_cache_misses.load(),   s.single_round_ops.load()};
+                           s.plan_cache_misses.load(),   s.single_round_ops.load(),
+                           s.header_reads.load()};
   if (reset) {
     s.bytes_sent_to_peers = 0;
     s.bytes_received_from_peers = 0;
@@ -137,6 +138,7 @@ std::vector<int64_t> get_comm_stats(bool reset) {
     s.plan_cache_hits = 0;
     s.plan_cache_misses = 0;
     s.single_round_ops = 0;
+    s.header_reads = 0;
   }
   return out;
 }

@@ -79,7 +79,7 @@ void inject_fault(c10::string_view op, c10::string_view action) {
 
 // Round 1's mechanisms, for tests of their paths and for benchmarks that measure each against its
 // absence. Set alike on every rank of a group.
-void set_exchange(bool hub, bool ride, int64_t hub_max_world, bool rooms) {
+void set_exchange(bool hub, bool ride, int64_t hub_max_world, bool rooms, bool split) {
   TORCH_CHECK_VALUE(hub_max_world >= 0,
                     "torch_shard_testing._set_exchange: hub_max_world must be >= 0 "
                     "(0: the product's), got ",
@@ -89,12 +89,13 @@ void set_exchange(bool hub, bool ride, int64_t hub_max_world, bool rooms) {
   options.ride = ride;
   options.hub_max_world = hub_max_world;
   options.rooms = rooms;
+  options.split = split;
   product().set_exchange_options(options);
 }
 
 std::vector<int64_t> exchange_settings() {
   const ExchangeOptions options = product().exchange_options();
-  return {options.hub, options.ride, options.hub_max_world, options.rooms};
+  return {options.hub, options.ride, options.hub_max_world, options.rooms, options.split};
 }
 
 void clear_plan_cache() {
@@ -139,8 +140,9 @@ TORCH_LIBRARY(torch_shard_testing, m) {
   // This process's next exchange of data op `op` fails: see NOTE [ Fault injection ].
   m.def("_inject_fault(str op, str action) -> ()");
   // Round 1's mechanisms on (the product's default) or off, in this process.
-  m.def("_set_exchange(bool hub=True, bool ride=True, int hub_max_world=0, bool rooms=True) -> ()");
-  // [hub, ride (1: on), hub_max_world, rooms (1: on)] as set now.
+  m.def("_set_exchange(bool hub=True, bool ride=True, int hub_max_world=0, bool rooms=True, bool "
+        "split=False) -> ()");
+  // [hub, ride (1: on), hub_max_world, rooms (1: on), split (1: on)] as set now.
   m.def("_exchange_settings() -> int[]");
   m.def("_clear_plan_cache() -> ()");
   // What one round 1 costs among `world` ranks (csrc/testing_hooks.h, TestingHooks::round_one_cost).
