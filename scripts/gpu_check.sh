@@ -4,7 +4,9 @@
 #   2. examples/gpu_smoke.py on NCCL, one rank per GPU;
 #   3. examples/gpu_smoke.py with 4 ranks on GPU 0 over gloo (CUDA kernels and placements, shards staged
 #      through host memory);
-#   4. the whole test suite in the one-gpu mode (TORCH_SHARD_TEST_DEVICE=one-gpu: every rank's shards
+#   4. scripts/sync_free_check.py: steady-state scatter, gather, reshard and redistribute on NCCL (with
+#      gloo for CPU tensors), one rank per GPU, under torch.cuda.set_sync_debug_mode("error");
+#   5. the whole test suite in the one-gpu mode (TORCH_SHARD_TEST_DEVICE=one-gpu: every rank's shards
 #      on cuda:0, gloo), or with a GPU per rank (4 and more) on CUDA + NCCL as well.
 # Each step prints one summary line "gpu-check: <step>: PASS|FAIL (<seconds> s) <detail>"; the full
 # output goes to $GPU_CHECK_LOG (default build/gpu-check.log). Exit code 1 if any step failed.
@@ -38,7 +40,7 @@ step() {  # step NAME COMMAND...: run, log, one summary line
   status=$?
   # The detail comes from this step's own output only.
   detail=$(tail -n "+$first" "$LOG" |
-    grep -E "gpu_smoke: [0-9]+/[0-9]+ pass|[0-9]+ passed|[0-9]+ failed|throw: |Error|Fatal" | tail -1 | cut -c1-160)
+    grep -E "gpu_smoke: [0-9]+/[0-9]+ pass|sync-free: |[0-9]+ passed|[0-9]+ failed|throw: |Error|Fatal" | tail -1 | cut -c1-160)
   if [ "$status" -eq 0 ]; then
     echo "gpu-check: $name: PASS ($(($(date +%s) - start)) s) $detail"
   else
@@ -125,6 +127,8 @@ step "smoke, NCCL, $gpus rank(s), one per GPU" "$PY" -m torch.distributed.run --
 step "smoke, gloo, 4 ranks on GPU 0" env CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0}" \
   "$PY" -m torch.distributed.run --standalone --nproc-per-node=4 \
   examples/gpu_smoke.py --device cuda --backend gloo --timeout 120 --checkpoint-dir "$checkpoints/gloo"
+step "sync-free steady state, NCCL + gloo, $gpus rank(s)" "$PY" -m torch.distributed.run --standalone \
+  --nproc-per-node="$gpus" scripts/sync_free_check.py
 if [ "${GPU_CHECK_BENCH:-0}" = 1 ]; then
   step "bench, embedding on CUDA (NCCL, $gpus rank(s))" "$PY" -m torch.distributed.run --standalone \
     --nproc-per-node="$gpus" bench/bench_embedding.py --device cuda --rows 1000000 --dim 128 --bags 8192 --ids-per-bag 20
