@@ -64,6 +64,7 @@ class _CountHostReads(TorchDispatchMode):
         super().__init__()
         self.seen: list[str] = []
         self.inside: list[str] = []
+        self.tolist_dtypes: list[torch.dtype] = []  # of the tensors Tensor.tolist was called on
         self._profiler = None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -76,11 +77,12 @@ class _CountHostReads(TorchDispatchMode):
 
     def __enter__(self):
         self._tolist = torch.Tensor.tolist
-        seen = self.seen
+        seen, dtypes = self.seen, self.tolist_dtypes
         original = self._tolist
 
         def tolist(tensor):
             seen.append("Tensor.tolist")
+            dtypes.append(tensor.dtype)
             return original(tensor)
 
         torch.Tensor.tolist = tolist
@@ -221,6 +223,55 @@ class TestDevicePaths(ShardedTensorTestBase):
                         if not fused:
                             self.assertEqual(counter.inside, [], f"{where}: host reads inside the ops")
                         self.assertEqual(out, lookup(dense), atol=1e-5, rtol=1e-5, msg=where)
+
+    @with_comms(init_rpc=False)
+    def test_steady_state_data_ops_read_nothing_on_the_host(self):
+        """NOTE [ Headers on the host ]: with round 1 split as on CUDA groups that have a CPU backend
+        (the test-only switch runs it here), a scatter, gather, reshard or redistribute that the group's
+        history knows dispatches no op that reads device data on the host, inside the C++ op included,
+        and reads no header table from the communication device's buffers."""
+        from torch.distributed.tensor import Shard as DShard
+        from torch.distributed.tensor import distribute_tensor, init_device_mesh
+
+        from torch_shard.interop import redistribute
+
+        testing_ops = torch.ops.torch_shard_testing
+        n = 512
+        full = torch.rand(n, n, generator=torch.Generator().manual_seed(3)).to(rank_device(self.rank))
+        part = slice(self.rank * n // WORLD, (self.rank + 1) * n // WORLD)
+        st = _shard_tensor(full, _rows())
+        out = torch.empty(n, n, device=full.device) if self.rank == 0 else None
+        mesh = init_device_mesh(self.device_type, (WORLD,))
+        dt_rows, dt_cols = (distribute_tensor(full, mesh, [DShard(d)]) for d in (0, 1))
+        ops = [
+            ("scatter", lambda: _shard_tensor(full, _rows()).local_tensor(), full[part]),
+            ("gather", lambda: st.gather(0, out), None),
+            ("reshard to columns", lambda: st.reshard(_cols()).local_tensor(), full[:, part]),
+            ("reshard to rows", lambda: st.reshard(_rows()).local_tensor(), full[part]),
+            ("redistribute S0 -> S1", lambda: redistribute(dt_rows, mesh, [DShard(1)]).to_local(), full[:, part]),
+            ("redistribute S1 -> S0", lambda: redistribute(dt_cols, mesh, [DShard(0)]).to_local(), full[part]),
+        ]
+        try:
+            testing_ops._set_exchange(split=True)
+            for lap in range(3):
+                for name, call, expected in ops:
+                    torch.ops.torch_shard._comm_stats(True)
+                    with _CountHostReads() as counter:
+                        got = call()
+                    if lap == 2:
+                        # Layouts are int64 tensors made on the CPU on every machine (never device data):
+                        # building a ShardedTensor lists them. The data here is float32.
+                        reads = [op for op in counter.seen if op != "Tensor.tolist"]
+                        self.assertEqual(reads, [], f"{name}: host reads of device data")
+                        self.assertTrue(all(d == torch.int64 for d in counter.tolist_dtypes), name)
+                        self.assertEqual(counter.inside, [], f"{name}: host reads inside the ops")
+                        self.assertEqual(torch.ops.torch_shard._comm_stats(False)[6], 0, name)
+                    if expected is not None:
+                        self.assertEqual(got, expected, msg=name)
+            if self.rank == 0:
+                self.assertEqual(out, full)
+        finally:
+            testing_ops._set_exchange()
 
     @with_comms(init_rpc=False)
     def test_a_bad_input_costs_its_message_and_moves_no_data(self):
