@@ -9,7 +9,8 @@ VARIANTS: dict[str, dict[str, bool | int]] = {
     "all_to_all": {"hub": False},  # round 1 as one all-to-all everywhere
     "no_ride": {"ride": False},  # no payloads riding the hub's messages
     "hub8": {"hub_max_world": 8},  # the hub only for groups of up to 8 ranks (the default before 16)
-    "no_follow": {"follow": False},  # round 1 never follows the group's last op (always the hub there)
+    "no_prediction": {"rooms": False},  # round 1 ignores the group's history (the hub there, base rooms)
+    "split": {"split": True},  # round 1's headers on the host, as on CUDA groups with a CPU backend
 }
 ROUND_ONE_MODES = tuple(VARIANTS)
 

@@ -2,7 +2,7 @@
 all_to_all_single of exactly the bytes that change owner.
 
 Run: ``torchrun --standalone --nproc-per-node=4 bench/bench_dtensor.py`` (gloo on CPU; ``--device cuda``:
-NCCL, a rank per GPU). 4 ranks: a 1-D mesh of 4 and a 2 x 2 mesh. ``--round-one no_follow`` measures
+NCCL, a rank per GPU). 4 ranks: a 1-D mesh of 4 and a 2 x 2 mesh. ``--round-one no_prediction`` measures
 torch_shard with a round-1 mechanism off (bench/_round_one.py).
 
 For every case (mesh, source placements -> target placements) and size (float32 squares, and an uneven

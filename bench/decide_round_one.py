@@ -22,10 +22,11 @@ MECHANISMS = {
     "hub": ("auto", "all_to_all", ("scatter", "gather", "reshard"), None),
     "ride": ("auto", "no_ride", ("scatter", "gather"), (512, 2048)),
     "hub at 16 ranks": ("auto", "hub8", ("scatter", "gather", "reshard"), None),
-    # In bench_data_paths.py's order (scatter, the untimed reshard back to rows, reshard, gather) it can
-    # change the timed reshard (after a dense one) and the gather after it, where messages are 64 KiB
-    # to 256 KiB per peer; never the scatter (after a gather) or 64^2 (messages fit the hub's slot).
-    "round 1 follows the last op": ("auto", "no_follow", ("gather", "reshard"), (512, 2048)),
+    # The prediction of the next op from the group's history (mode and rooms): it can change every op
+    # whose messages do not fit the hub's slot.
+    "round 1 predicts the next op": ("auto", "no_prediction", ("scatter", "gather", "reshard"), (512, 2048)),
+    # Superseded by the prediction; kept so the sweeps that measured it read.
+    "round 1 follows the last op (superseded)": ("auto", "no_follow", ("gather", "reshard"), (512, 2048)),
     # Measured at 0461a72 (then "auto" meant the hub up to 8 ranks) and decided there: ahead sends and
     # the slot history were removed, the hub's limit went from 8 to 16 ranks. Kept so those sweeps read.
     "ahead (removed)": ("auto", "no_ahead", ("scatter",), (2048,)),

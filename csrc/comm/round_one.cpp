@@ -92,10 +92,14 @@ constexpr int64_t kDirectBudgetBytes = int64_t{4} << 20;
 // fingerprints, roots, sizes), the same in every rank's table row once the op was clean; an op that
 // failed or was run differently on different ranks predicts nothing. The prediction sets:
 //   * the mode, on groups that have the hub: the hub wins where round 1 is most of an op (headers, small
-//     payloads, a scatter or a gather: 2(W-1) messages instead of W(W-1)); it loses for an op whose
-//     messages do not fit its slot, which would need round 2 after it. So round 1 is an all-to-all when
-//     the predicted op's largest message (any rank's: kMaxMessage is in every header a sender sends)
-//     did not fit the hub's slot, and goes through the hub otherwise (and without a prediction);
+//     payloads, a scatter or a gather: 2(W-1) messages instead of W(W-1)); it loses for a dense op
+//     (more than W - 1 messages) whose messages do not fit its slot, which would need round 2 after it.
+//     So round 1 is an all-to-all when the predicted op is such an op (kPeers and kMaxMessage are in
+//     every header a sender sends), and goes through the hub otherwise (and without a prediction). A
+//     scatter or a gather stays on the hub at any size: its payloads ride the hub's messages up to
+//     1 MiB per rank (NOTE [ Payloads riding the hub's messages ]), and bigger ones go point to point
+//     in round 2, straight from the source into the destination, which was measured faster than one
+//     round through the receive buffers of an all-to-all, whose copies then come after the transfer;
 //   * the rooms of an all-to-all round 1 (NOTE [ Rooms ]).
 // The state is kept per group object (History) and written by every rank at the same point, right after
 // round 1 and before the verdict can raise, so every rank of a group always plans the same round 1.
@@ -191,6 +195,7 @@ public:
     uint64_t key = 0;                    // its kind and agreed values (meaningful when clean)
     bool clean = false;                  // no rank failed and every rank ran it
     bool big = false;                    // its largest message did not fit the hub's slot
+    bool dense = false;                  // it had more than W - 1 messages (not a scatter or a gather)
     std::vector<int64_t> sent, received; // payload bytes by peer: to it, from it
   };
   // What round 1 of the next op on a group plans with.
@@ -315,7 +320,7 @@ void plan_round_one(Exchange& x) {
   x.room_out.assign(x.world, 0);
   history().forecast(x.pg, [&](const History::Forecast& f) {
     const History::Op* next = options.rooms ? f.op : nullptr;
-    x.via_hub = x.hub_group && !(next != nullptr && next->big);
+    x.via_hub = x.hub_group && !(next != nullptr && next->big && next->dense);
     x.split = !x.via_hub && !x.device_words && x.p2p && (x.device.is_cuda() || options.split);
     x.unpadded = !x.via_hub && !x.split && x.p2p && x.device.is_cpu();
     x.slot_bytes = x.unpadded ? direct_slot(x.world) : round_one_slot(x.world);
@@ -348,10 +353,11 @@ void remember_round_one(Exchange& x) {
   op.clean = true;
   op.sent.assign(x.world, 0);
   op.received.assign(x.world, 0);
-  int64_t largest = 0;
+  int64_t largest = 0, messages = 0;
   for (int64_t r = 0; r < x.world; ++r) {
     op.clean = op.clean && x.field(r, kError) == 0 && x.field(r, kOp) == static_cast<int64_t>(x.op);
     largest = std::max(largest, x.field(r, kMaxMessage));
+    messages += x.field(r, kPeers);
     if (r != x.me) {
       // What the pair's headers said, as both ends read it: the sender's kBytes (0 from a failed rank).
       op.sent[r] = x.headers[r * kHeaderWords + kBytes];
@@ -359,6 +365,7 @@ void remember_round_one(Exchange& x) {
     }
   }
   op.big = largest > round_one_slot(x.world);
+  op.dense = messages > x.world - 1;
   // Rank 0's row: every rank holds it, and once the op was clean its agreed values are everyone's.
   layout::Fingerprint key;
   key.add(static_cast<int64_t>(x.op));
