@@ -168,6 +168,7 @@ bench: build
 	$(RUN_ENV) $(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_compile.py
 	$(RUN_ENV) $(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_dtensor.py
 	$(RUN_ENV) $(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_least_work.py
+	$(RUN_ENV) $(VENV)/bin/torchrun --standalone --nproc-per-node=4 bench/bench_rounds.py
 
 # bench_data_paths.py over several settings, 3 launches each, in one table of ratios (median, min-max):
 # bench-sweep runs one host with 4, 8, 16 ranks and two hosts (network namespaces joined by a veth
