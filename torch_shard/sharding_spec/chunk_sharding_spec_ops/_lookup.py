@@ -7,6 +7,13 @@ The callers (embedding.py, embedding_bag.py) keep the argument checks and upstre
 is the ops' (NOTE [ A row-wise lookup in one call ] in csrc/ops/rowwise_lookup.cpp, NOTE [ A column-wise
 lookup in one call ] in csrc/ops/colwise_lookup.cpp, NOTE [ max_norm on a sharded weight ] in
 csrc/ops/renorm.cpp).
+
+NOTE [ One rank holds the whole table ]
+In a group of one rank, that rank's shard is the whole table and nobody else takes part, so the
+lookup is the dense op on the shard (F.embedding / F.embedding_bag with the same arguments, after the
+same host checks): its kernels, its input checks, its max_norm renormalisation and its backward into
+the shard, with nothing to route, exchange or combine. In a larger group every rank joins the lookup's
+agreement, whatever its ids, so the sharded ops run there.
 """
 
 from __future__ import annotations

@@ -52,6 +52,10 @@ def sharded_embedding(types, args, kwargs, pg):
         arguments = lookup_arguments(padding_idx, max_norm, norm_type)
     except Exception as exc:  # noqa: BLE001 - raised on every rank
         abort_and_raise("share_inputs", exc, pg)
+    if pg.size() == 1 and local.shape == weight.shape:
+        # The whole table is this rank's shard: the dense op, its checks and its backward (NOTE [ One
+        # rank holds the whole table ] in _lookup.py).
+        return F.embedding(input, local, padding_idx, max_norm, norm_type)
     group = pg.group_name
     if max_norm is not None:
         renorm(local, ids, weight, dim, layout, max_norm, norm_type, arguments, group)

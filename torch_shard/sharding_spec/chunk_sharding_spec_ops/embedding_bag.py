@@ -123,6 +123,19 @@ def sharded_embedding_bag(types, args, kwargs, pg):
         arguments = lookup_arguments(padding_idx, max_norm, norm_type, mode)
     except Exception as exc:  # noqa: BLE001 - raised on every rank
         abort_and_raise("share_inputs", exc, pg)
+    if pg.size() == 1 and local.shape == weight.shape:
+        # The whole table is this rank's shard (NOTE [ One rank holds the whole table ] in _lookup.py).
+        return F.embedding_bag(
+            input,
+            local,
+            kwargs.get("offsets"),
+            max_norm,
+            norm_type,
+            mode=mode,
+            per_sample_weights=kwargs.get("per_sample_weights"),
+            include_last_offset=kwargs.get("include_last_offset", False),
+            padding_idx=padding_idx,
+        )
     group = pg.group_name
     if max_norm is not None:
         # Every id of the input, as the dense op renormalises them.
