@@ -18,7 +18,7 @@ Per case and library it prints:
   Median of --repeats after a warm-up, of the slowest rank (CUDA: synchronised);
 * aten ops: ATen ops that do work in ONE forward on rank 0: torch.profiler events ``aten::*`` at every
   level, leaving out the ops that launch no kernel (views, slices, selects, detach, empty*, resize_,
-  the reshape family: NO_WORK below). The CPU's proxy for kernel launches;
+  the reshape family: torch_shard.testing._aten_work). The CPU's proxy for kernel launches;
 * syncs: host syncs in one forward (CUDA only: ``torch.cuda.set_sync_debug_mode``);
 * MB sent: bytes this rank sends to other ranks in one forward (torch_shard's own counters; "-" for
   the others). ``ids bound`` is issue 26's target for the ids part: the rank's own ids plus 4 B per bag
@@ -37,21 +37,11 @@ import torch.distributed._shard.sharded_tensor as up_st
 import torch.distributed._shard.sharding_spec as up_spec
 import torch.nn.functional as F
 from _timing import timed_cases
-from torch.profiler import ProfilerActivity, profile
 
 import torch_shard.sharded_tensor as ts_st
 import torch_shard.sharding_spec as ts_spec
+from torch_shard.testing._aten_work import aten_work_ops
 
-# ATen ops that launch no kernel (metadata only, or allocation without initialisation).
-NO_WORK = {
-    "aten::" + name
-    for name in (
-        "view as_strided _unsafe_view slice select narrow detach detach_ alias lift_fresh t transpose "
-        "permute expand expand_as squeeze unsqueeze split split_with_sizes unbind chunk view_as reshape "
-        "flatten unflatten _reshape_alias empty empty_like empty_strided new_empty new_empty_strided "
-        "resize_ result_type is_nonzero contiguous to"
-    ).split()
-}
 CASES = (("embedding", None), ("embedding_bag", "sum"), ("embedding_bag", "mean"), ("embedding_bag", "max"))
 
 
@@ -61,9 +51,7 @@ def _sync(device: torch.device) -> None:
 
 
 def count_aten_ops(fn) -> int:
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        fn()
-    return sum(1 for e in prof.events() if e.name.startswith("aten::") and e.name not in NO_WORK)
+    return sum(aten_work_ops(fn).values())
 
 
 def count_syncs(fn, device: torch.device) -> int | None:

@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections import Counter
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.profiler import ProfilerActivity, profile
 
 from torch_shard import _shard_tensor
 from torch_shard.sharding_spec import ChunkShardingSpec
 from torch_shard.testing import cpu_loops
+from torch_shard.testing._aten_work import aten_work_ops
 
 
 @pytest.fixture(scope="module")
@@ -31,25 +30,6 @@ def one_rank_group():
         dist.init_process_group("gloo", init_method=f"file://{os.path.join(folder, 'store')}", rank=0, world_size=1)
         yield
         dist.destroy_process_group()
-
-
-# ATen ops that launch no kernel (as bench/bench_embedding.py counts).
-_NO_WORK = {
-    "aten::" + name
-    for name in (
-        "view as_strided _unsafe_view slice select narrow detach detach_ alias lift_fresh t transpose "
-        "permute expand expand_as squeeze unsqueeze split split_with_sizes unbind chunk view_as reshape "
-        "flatten unflatten _reshape_alias empty empty_like empty_strided new_empty new_empty_strided "
-        "resize_ result_type is_nonzero contiguous to"
-    ).split()
-}
-
-
-def _aten_ops(fn) -> Counter:
-    """The ATen ops that do work in one call, at every level, by name."""
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        fn()
-    return Counter(e.name for e in prof.events() if e.name.startswith("aten::") and e.name not in _NO_WORK)
 
 
 def _cases():
@@ -88,8 +68,8 @@ def test_one_rank_lookups_are_the_dense_op(one_rank_group, dim):
                 # The dense op's ATen ops, forward and backward, and at most 4 more (the host checks'
                 # own: a 2-D input's offsets, ids as int64).
                 dense.grad, local.grad = None, None
-                dense_ops = _aten_ops(lambda call=call, dense=dense: call(dense).sum().backward())
-                sharded_ops = _aten_ops(lambda call=call, sharded=sharded: call(sharded).sum().backward())
+                dense_ops = aten_work_ops(lambda call=call, dense=dense: call(dense).sum().backward())
+                sharded_ops = aten_work_ops(lambda call=call, sharded=sharded: call(sharded).sum().backward())
                 assert not dense_ops - sharded_ops, f"{name}, fused {fused}: {dense_ops - sharded_ops} missing"
                 extra = sharded_ops - dense_ops
                 assert sum(extra.values()) <= 4, f"{name}, fused {fused}: {extra}"

@@ -376,6 +376,35 @@ void remember_round_one(Exchange& x) {
   history().record(x.pg, std::move(op));
 }
 
+namespace {
+
+// Round 1's buffers for blocks of these sizes: x.send1, x.recv1 and where each received block starts
+// (x.block_at); returns where each sent block starts.
+std::vector<int64_t> place_blocks(Exchange& x, const std::vector<int64_t>& send_splits,
+                                  const std::vector<int64_t>& recv_splits) {
+  const int64_t world = x.world;
+  std::vector<int64_t> send_at(world, 0);
+  x.block_at.assign(world, 0);
+  for (int64_t p = 1; p < world; ++p) {
+    send_at[p] = send_at[p - 1] + send_splits[p - 1];
+    x.block_at[p] = x.block_at[p - 1] + recv_splits[p - 1];
+  }
+  x.send1 = workspace(send_at[world - 1] + send_splits[world - 1], x.device, 0);
+  x.recv1 = workspace(x.block_at[world - 1] + recv_splits[world - 1], x.device, 1);
+  return send_at;
+}
+
+// Each payload that rides, into its block, `skip` bytes (its header) after the block's start.
+void write_riding_payloads(const Exchange& x, const std::vector<int64_t>& send_at, int64_t skip) {
+  for (int64_t p = 0; p < x.world; ++p) {
+    if (p != x.me && x.rides_out[p] && x.moves->send[p].bytes > 0) {
+      x.write_payload(p, x.send1.narrow(0, send_at[p] + skip, x.moves->send[p].bytes));
+    }
+  }
+}
+
+} // namespace
+
 void all_to_all_round_one(Exchange& x) {
   const int64_t world = x.world;
   // Every rank receives from each peer a block of header + room; it sends each peer the same (fixed
@@ -389,14 +418,7 @@ void all_to_all_round_one(Exchange& x) {
     recv_splits[p] += x.room_in[p];
     send_splits[p] += x.unpadded ? (x.rides_out[p] ? padded16(x.moves->send[p].bytes) : 0) : x.room_out[p];
   }
-  std::vector<int64_t> send_at(world, 0);
-  x.block_at.assign(world, 0);
-  for (int64_t p = 1; p < world; ++p) {
-    send_at[p] = send_at[p - 1] + send_splits[p - 1];
-    x.block_at[p] = x.block_at[p - 1] + recv_splits[p - 1];
-  }
-  x.send1 = workspace(send_at[world - 1] + send_splits[world - 1], x.device, 0);
-  x.recv1 = workspace(x.block_at[world - 1] + recv_splits[world - 1], x.device, 1);
+  const std::vector<int64_t> send_at = place_blocks(x, send_splits, recv_splits);
   if (x.unpadded) {
     // Built on the host (a CPU group): the headers are copied in, as the hub does.
     device_words_into_headers(x);
@@ -424,11 +446,7 @@ void all_to_all_round_one(Exchange& x) {
     }
     x.send1.view(at::kLong).index_copy_(0, header_words_at(send_at, x.device), headers.reshape({-1}));
   }
-  for (int64_t p = 0; p < world; ++p) {
-    if (p != x.me && x.rides_out[p] && x.moves->send[p].bytes > 0) {
-      x.write_payload(p, x.send1.narrow(0, send_at[p] + kHeaderBytes, x.moves->send[p].bytes));
-    }
-  }
+  write_riding_payloads(x, send_at, kHeaderBytes);
   all_to_all_bytes(x.pg, x.recv1, x.send1, recv_splits, send_splits);
   x.table.assign(world * kHeaderWords, 0);
   if (x.unpadded) {
@@ -452,25 +470,14 @@ void all_to_all_round_one(Exchange& x) {
 void split_round_one(Exchange& x) {
   const int64_t world = x.world;
   // The payload blocks: each pair's room, sent whole (the receiver posts exactly that).
-  std::vector<int64_t> send_splits(world, 0), recv_splits(world, 0), send_at(world, 0);
+  std::vector<int64_t> send_splits(world, 0), recv_splits(world, 0);
   for (int64_t p = 0; p < world; ++p) {
     if (p != x.me) {
       send_splits[p] = x.room_out[p];
       recv_splits[p] = x.room_in[p];
     }
   }
-  x.block_at.assign(world, 0);
-  for (int64_t p = 1; p < world; ++p) {
-    send_at[p] = send_at[p - 1] + send_splits[p - 1];
-    x.block_at[p] = x.block_at[p - 1] + recv_splits[p - 1];
-  }
-  x.send1 = workspace(send_at[world - 1] + send_splits[world - 1], x.device, 0);
-  x.recv1 = workspace(x.block_at[world - 1] + recv_splits[world - 1], x.device, 1);
-  for (int64_t p = 0; p < world; ++p) {
-    if (p != x.me && x.rides_out[p] && x.moves->send[p].bytes > 0) {
-      x.write_payload(p, x.send1.narrow(0, send_at[p], x.moves->send[p].bytes));
-    }
-  }
+  write_riding_payloads(x, place_blocks(x, send_splits, recv_splits), 0);
   all_to_all_bytes(x.pg, x.recv1, x.send1, recv_splits, send_splits);
   // The headers, on the host (the group's CPU backend takes CPU tensors).
   std::vector<int64_t> header_splits(world, kHeaderBytes);
