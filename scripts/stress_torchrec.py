@@ -19,17 +19,15 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SCENARIOS = ROOT / "tests" / "torchrec_scenarios.py"
-WORLD_SIZE = 4
+sys.path.insert(0, str(ROOT / "tests"))
+from test_torchrec import RUNNER, WORLD_SIZE, run_isolated  # noqa: E402 - after the tests folder is on the path
+
 # A run takes 10-30 s on a busy 2-core machine; this only stops a hang the group's timeout missed.
 RUN_TIMEOUT_S = 600
 
@@ -37,15 +35,6 @@ RUN_TIMEOUT_S = 600
 def _busy(stop) -> None:
     while not stop.is_set():
         pass
-
-
-def _environment() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
-    env["PYTHONHASHSEED"] = "0"  # TorchRec tags its resharding messages with hash() of table names
-    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    env.setdefault("OMP_NUM_THREADS", "1")
-    return env
 
 
 def run_once(upstream: bool) -> tuple[bool, str, float]:
@@ -57,24 +46,11 @@ def run_once(upstream: bool) -> tuple[bool, str, float]:
             "torch.distributed.run",
             "--standalone",
             f"--nproc-per-node={WORLD_SIZE}",
-            str(SCENARIOS),
+            str(RUNNER),
             results,
         ] + (["--upstream"] if upstream else [])
         start = time.monotonic()
-        proc = subprocess.Popen(
-            command,
-            env=_environment(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        try:
-            output, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            output, _ = proc.communicate()
-            output += f"\n(killed after {RUN_TIMEOUT_S} s)"
+        proc = run_isolated(command, RUN_TIMEOUT_S)
         seconds = time.monotonic() - start
         failures = []
         for rank in range(WORLD_SIZE):
@@ -87,7 +63,7 @@ def run_once(upstream: bool) -> tuple[bool, str, float]:
                     last = (outcome["detail"].strip().splitlines() or [""])[-1]
                     failures.append(f"rank {rank}: {name}: {last[:200]}")
         if not failures and proc.returncode != 0:
-            failures.append(f"torchrun exited {proc.returncode}: {output.strip().splitlines()[-1:]}")
+            failures.append(f"torchrun exited {proc.returncode}: {proc.stdout.strip().splitlines()[-1:]}")
         return not failures, "\n    ".join(failures), seconds
 
 

@@ -58,8 +58,10 @@ def _environment() -> dict[str, str]:
     return env
 
 
-def _run(command: list[str], timeout: float) -> subprocess.CompletedProcess:
-    """``command`` in its own session (so a timeout stops the ranks torchrun started, too)."""
+def run_isolated(command: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """``command`` in its own session (so a timeout stops the ranks torchrun started, too), with the
+    ranks' environment; its output (stdout and stderr) in ``stdout``. scripts/stress_torchrec.py uses it
+    too."""
     proc = subprocess.Popen(
         command, env=_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
@@ -80,7 +82,7 @@ def _why_torchrec_is_unusable() -> str | None:
             f"{' and '.join(missing)} not installed (`make test` installs torchrec 1.8.0 and "
             "fbgemm-gpu-cpu 1.8.0 from requirements/torchrec.txt)"
         )
-    probe = _run([sys.executable, "-c", "import fbgemm_gpu, torchrec"], timeout=300)
+    probe = run_isolated([sys.executable, "-c", "import fbgemm_gpu, torchrec"], timeout=300)
     if probe.returncode != 0:
         last = (probe.stdout.strip().splitlines() or ["(no output)"])[-1]
         return f"torchrec cannot be imported with this torch: {last}"
@@ -105,7 +107,7 @@ class TestTorchRec(unittest.TestCase):
                 str(RUNNER),
                 results,
             ]
-            proc = _run(command, TIMEOUT_S)
+            proc = run_isolated(command, TIMEOUT_S)
             cls.launch_output = proc.stdout
             for rank in range(WORLD_SIZE):
                 path = Path(results) / f"rank{rank}.json"
@@ -187,7 +189,7 @@ class TestFbgemmTableSizes(unittest.TestCase):
             self.skipTest(_why_torchrec_is_unusable())
 
     def _train(self, *rows: int) -> subprocess.CompletedProcess:
-        return _run([sys.executable, "-c", _FBGEMM_TABLE_SIZES, *map(str, rows)], timeout=300)
+        return run_isolated([sys.executable, "-c", _FBGEMM_TABLE_SIZES, *map(str, rows)], timeout=300)
 
     def test_an_empty_last_table_makes_the_kernel_read_past_its_sizes(self):
         proc = self._train(2, 0)
