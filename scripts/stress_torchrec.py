@@ -26,7 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-from test_torchrec import RUNNER, WORLD_SIZE, run_isolated  # noqa: E402 - after the tests folder is on the path
+from test_torchrec import WORLD_SIZE, run_isolated, scenarios_command  # noqa: E402 - after the tests folder is on the path
 
 # A run takes 10-30 s on a busy 2-core machine; this only stops a hang the group's timeout missed.
 RUN_TIMEOUT_S = 600
@@ -40,17 +40,8 @@ def _busy(stop) -> None:
 def run_once(upstream: bool) -> tuple[bool, str, float]:
     """One launch: (every scenario passed on every rank, what failed first, seconds)."""
     with tempfile.TemporaryDirectory(prefix="torch_shard_stress_") as results:
-        command = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={WORLD_SIZE}",
-            str(RUNNER),
-            results,
-        ] + (["--upstream"] if upstream else [])
         start = time.monotonic()
-        proc = run_isolated(command, RUN_TIMEOUT_S)
+        proc = run_isolated(scenarios_command(results, upstream), RUN_TIMEOUT_S)
         seconds = time.monotonic() - start
         failures = []
         for rank in range(WORLD_SIZE):

@@ -58,6 +58,20 @@ def _environment() -> dict[str, str]:
     return env
 
 
+def scenarios_command(results: str, upstream: bool = False) -> list[str]:
+    """torchrun of every scenario on WORLD_SIZE ranks, each rank's outcomes into ``results``; on upstream
+    torch.distributed._shard instead of torch_shard with ``upstream``."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={WORLD_SIZE}",
+        str(RUNNER),
+        results,
+    ] + (["--upstream"] if upstream else [])
+
+
 def run_isolated(command: list[str], timeout: float) -> subprocess.CompletedProcess:
     """``command`` in its own session (so a timeout stops the ranks torchrun started, too), with the
     ranks' environment; its output (stdout and stderr) in ``stdout``. scripts/stress_torchrec.py uses it
@@ -98,16 +112,7 @@ class TestTorchRec(unittest.TestCase):
         if any(importlib.util.find_spec(name) is None for name in ("torchrec", "fbgemm_gpu")):
             raise unittest.SkipTest(_why_torchrec_is_unusable())
         with tempfile.TemporaryDirectory(prefix="torch_shard_torchrec_") as results:
-            command = [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                f"--nproc-per-node={WORLD_SIZE}",
-                str(RUNNER),
-                results,
-            ]
-            proc = run_isolated(command, TIMEOUT_S)
+            proc = run_isolated(scenarios_command(results), TIMEOUT_S)
             cls.launch_output = proc.stdout
             for rank in range(WORLD_SIZE):
                 path = Path(results) / f"rank{rank}.json"
