@@ -20,16 +20,17 @@ namespace comm {
 // in a collective hangs them. So every op starts with an agreement round, and the same round carries
 // the data when it is small:
 //
-//   Round 1 (always): every rank receives a FIXED size per peer, a header plus the slot, which every
-//   rank computes from the group and the group's last op alone (comm/round_one.cpp), never from its
-//   arguments, so the round is safe whatever they are (a sender may send less than that, where gloo
-//   allows it, never more). The header (HeaderField, comm/exchange_state.h) tells the peer: the op
-//   being run, this rank's error code (0: its local checks passed), whether this rank's payloads fit
-//   their slots, how many payload bytes it sends to THAT peer, kAgreedValues op-specific values
-//   (src/dst ranks, layout fingerprints), notes and a device-computed word. When a payload fits, it
-//   rides in the slot. Round 1 runs as one all-to-all, or, on small CPU groups, through a hub
-//   (comm/hub.cpp), unless the group's last op was a dense one that the all-to-all carries in one
-//   round (NOTE [ Round 1 follows the group's history ]).
+//   Round 1 (always): every rank receives from each peer a block whose size every rank computes from
+//   the group and the group's history alone (comm/round_one.cpp), never from its arguments, so the
+//   round is safe whatever they are (a sender may send less than the block, where gloo allows it, never
+//   more). The header (HeaderField, comm/exchange_state.h) tells the peer: the op being run, this
+//   rank's error code (0: its local checks passed), whether this rank's payloads ride in round 1, how
+//   many payload bytes it sends to THAT peer, kAgreedValues op-specific values (src/dst ranks, layout
+//   fingerprints), notes and a device-computed word. A payload that fits its room rides in the block.
+//   Round 1 runs as one all-to-all whose rooms the group's history predicts (NOTE [ Round 1 follows
+//   the group's history ], NOTE [ Rooms ]), or, on small CPU groups when the history predicts no big
+//   dense op, through a hub (comm/hub.cpp); on CUDA groups with a CPU backend its headers travel on the
+//   host (NOTE [ Headers on the host ]).
 //
 //   Verdict: every rank now holds every rank's header, the same table everywhere, so all reach the
 //   same verdict: an error anywhere raises on every rank (the failing rank its own exception, the

@@ -494,9 +494,9 @@ void split_round_one(Exchange& x) {
 std::vector<int64_t> round_one_cost(int64_t world, bool cpu, bool p2p) {
   TORCH_CHECK_VALUE(world >= 1, "torch_shard: world must be at least 1, got ", world);
   const bool hub = round_one_via_hub(cpu, p2p, world, exchange_options().hub_max_world);
-  // As the group alone plans it (on a hub group, before a dense op: NOTE [ Round 1 follows the group's
-  // last op ]). An all-to-all of used bytes (gloo, CPU) sends headers and used payload bytes only: its
-  // "every slot full" is the most it can carry.
+  // As the group alone plans it, without history (on a hub group: NOTE [ Round 1 follows the group's
+  // history ]), every room the base slot. An all-to-all of used bytes (gloo, CPU) sends headers and
+  // used payload bytes only: its "every slot full" is the most it can carry.
   const int64_t slot = !hub && cpu && p2p ? direct_slot(world) : round_one_slot(world);
   const int64_t headers = world * kHeaderBytes;
   if (world == 1) {
