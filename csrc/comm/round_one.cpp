@@ -137,7 +137,10 @@ constexpr size_t kRemembered = 32;
 // payloads are unpacked (device copies) only once it passed, and round 2, when needed, is sized by the
 // headers. So a steady-state reshard, redistribute, gather or scatter on such a group never reads device
 // memory on the host. An agreement with device-computed words (a lookup's counts, its input checks)
-// keeps the one read of NOTE [ One host read per exchange ], as does a CUDA group without a CPU backend.
+// reads them before round 1, the one read of NOTE [ One host read per exchange ]; a CUDA group without
+// a CPU backend reads its headers, as every exchange did before. Every op on such a group splits its
+// round 1 (the split never depends on the op), so ranks that run different ops still run the same
+// collectives and reach the verdict that names the mismatch.
 // Both collectives run on every rank whatever its arguments (the rooms agree at both ends), so the
 // split keeps round 1's guarantees; the test-only switch `split` runs it on CPU groups, where the suite
 // checks it.
@@ -170,12 +173,6 @@ int64_t round_one_slot(int64_t world) {
 int64_t direct_slot(int64_t world) {
   const int64_t bound = kDirectBudgetBytes / std::max<int64_t>(world, 1) / 16 * 16;
   return std::max(std::min(kDirectSlotBytes, bound), round_one_slot(world));
-}
-
-// The largest room an all-to-all round 1 among `world` ranks gives a pair (NOTE [ Rooms ]).
-int64_t room_limit(int64_t world, int64_t base, bool padded) {
-  const int64_t budget = padded ? kPaddedRoomBudget : kRoomBudget;
-  return std::max(budget / std::max<int64_t>(world, 1) / 16 * 16, base);
 }
 
 // See NOTE [ Round 1 follows the group's history ]. Entries are per group OBJECT, each holding a weak
@@ -321,7 +318,9 @@ void plan_round_one(Exchange& x) {
   history().forecast(x.pg, [&](const History::Forecast& f) {
     const History::Op* next = options.rooms ? f.op : nullptr;
     x.via_hub = x.hub_group && !(next != nullptr && next->big && next->dense);
-    x.split = !x.via_hub && !x.device_words && x.p2p && (x.device.is_cuda() || options.split);
+    // Never from this rank's own state (a failed rank has no device words): every rank must run the
+    // same round 1.
+    x.split = !x.via_hub && x.p2p && (x.device.is_cuda() || options.split);
     x.unpadded = !x.via_hub && !x.split && x.p2p && x.device.is_cpu();
     x.slot_bytes = x.unpadded ? direct_slot(x.world) : round_one_slot(x.world);
     if (x.via_hub) {
@@ -469,6 +468,8 @@ void all_to_all_round_one(Exchange& x) {
 
 void split_round_one(Exchange& x) {
   const int64_t world = x.world;
+  // Device-computed words (a lookup's) join the host's headers: the lookup's one read of device memory.
+  device_words_into_headers(x);
   // The payload blocks: each pair's room, sent whole (the receiver posts exactly that).
   std::vector<int64_t> send_splits(world, 0), recv_splits(world, 0);
   for (int64_t p = 0; p < world; ++p) {
