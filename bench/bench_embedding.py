@@ -16,9 +16,12 @@ no TorchRec column).
 Per case and library it prints:
 * fwd ms: forward under no_grad; fwd+bwd ms: forward and ``out.sum().backward()`` into the shards.
   Median of --repeats after a warm-up, of the slowest rank (CUDA: synchronised);
-* aten ops: ATen ops that do work in ONE forward on rank 0: torch.profiler events ``aten::*`` at every
-  level, leaving out the ops that launch no kernel (views, slices, selects, detach, empty*, resize_,
-  the reshape family: torch_shard.testing._aten_work). The CPU's proxy for kernel launches;
+* fwd ops, bwd ops: ATen ops that do work in ONE forward, and in one ``out.sum().backward()``, on rank
+  0: torch.profiler events ``aten::*`` at every level, leaving out the ops that launch no kernel
+  (views, slices, selects, detach, empty*, resize_, the reshape family: torch_shard.testing._aten_work).
+  The CPU's proxy for kernel launches. ``--gpu-path`` runs torch_shard's lookups on the ATen
+  composition every non-CPU device takes (``torch_shard.testing.cpu_loops(False)``): on the CPU, its
+  op counts are what a GPU would launch;
 * syncs: host syncs in one forward (CUDA only: ``torch.cuda.set_sync_debug_mode``);
 * MB sent: bytes this rank sends to other ranks in one forward (torch_shard's own counters; "-" for
   the others). ``ids bound`` is issue 26's target for the ids part: the rank's own ids plus 4 B per bag
@@ -40,6 +43,7 @@ from _timing import timed_cases
 
 import torch_shard.sharded_tensor as ts_st
 import torch_shard.sharding_spec as ts_spec
+from torch_shard.testing import cpu_loops
 from torch_shard.testing._aten_work import aten_work_ops
 
 CASES = (("embedding", None), ("embedding_bag", "sum"), ("embedding_bag", "mean"), ("embedding_bag", "max"))
@@ -123,9 +127,17 @@ def main() -> None:
     parser.add_argument("--cases", default="embedding,sum,mean,max", help="comma-separated: embedding, sum, mean, max")
     parser.add_argument("--no-backward", action="store_true", help="forward times only")
     parser.add_argument(
+        "--gpu-path", action="store_true", help="torch_shard's lookups take the ATen composition GPUs take"
+    )
+    parser.add_argument(
         "--max-norm", type=float, default=None, help="every lookup renormalises the rows it reads to this norm"
     )
     args = parser.parse_args()
+    with cpu_loops(not args.gpu_path):
+        run(args)
+
+
+def run(args) -> None:
     cuda = args.device == "cuda"
     if cuda:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
@@ -144,7 +156,7 @@ def main() -> None:
     dense = torch.rand(args.rows, args.dim, device=device, requires_grad=True)
     wanted_cases = args.cases.split(",")
     cases = [(op, mode) for op, mode in CASES if (mode or op) in wanted_cases]
-    rows = []  # (sharding, case, lib, fwd, fwdbwd, ops, syncs, sent)
+    rows = []  # (sharding, case, lib, fwd, fwdbwd, fwd ops, bwd ops, syncs, sent)
     failures: list[str] = []
     for sharding in args.shardings.split(","):
         shard_dim = {"row": 0, "col": 1}[sharding]
@@ -199,10 +211,17 @@ def main() -> None:
             times = timed_cases(timing, args.repeats)
             for lib, fn in forward.items():
                 with torch.no_grad():
-                    ops = count_aten_ops(fn)
                     syncs = count_syncs(fn, device)
                     sent = bytes_sent(fn) if lib == "torch_shard" else None
-                rows.append((sharding, mode or op, lib, times[f"{lib} fwd"], times.get(f"{lib} bwd"), ops, syncs, sent))
+                ops = count_aten_ops(fn)  # with autograd on, as a training step runs it
+                backward_ops = None
+                if f"{lib} bwd" in times:
+                    zero_grads()
+                    out = fn()
+                    backward_ops = count_aten_ops(lambda out=out: out.sum().backward())
+                rows.append(
+                    (sharding, mode or op, lib, times[f"{lib} fwd"], times.get(f"{lib} bwd"), ops, backward_ops, syncs, sent)
+                )
     if rank == 0:
         _report(args, world, device, ids, rows)
         for failure in failures:
@@ -232,14 +251,16 @@ def _report(args, world, device, ids, rows) -> None:
         f"table {args.rows}x{args.dim} float32, {args.bags} bags x {args.ids_per_bag} ids per rank, "
         f"median of {args.repeats}{'' if args.max_norm is None else f', max_norm {args.max_norm}'}; "
         f"ids bound {ids_bound / 1e6:.3f} MB sent per rank"
+        f"{'; torch_shard on the GPU path (cpu_loops(False))' if args.gpu_path else ''}"
     )
-    header = f"{'sharding':<8} {'case':<10} {'library':<12} {'fwd ms':>9} {'fwd+bwd ms':>11} {'aten ops':>9}"
+    header = f"{'sharding':<8} {'case':<10} {'library':<12} {'fwd ms':>9} {'fwd+bwd ms':>11} {'fwd ops':>8} {'bwd ops':>8}"
     print(header + f" {'syncs':>6} {'MB sent':>8} {'fwd/up':>7} {'fwd/dense':>9}")
     by_key = {(s, c, lib): fwd for s, c, lib, fwd, *_ in rows}
-    for sharding, case, lib, fwd, fwdbwd, ops, syncs, sent in rows:
+    for sharding, case, lib, fwd, fwdbwd, ops, backward_ops, syncs, sent in rows:
         up, dense = by_key.get((sharding, case, "upstream")), by_key.get((sharding, case, "dense"))
         print(
-            f"{sharding:<8} {case:<10} {lib:<12} {ms(fwd):>9} {ms(fwdbwd):>11} {ops:>9} "
+            f"{sharding:<8} {case:<10} {lib:<12} {ms(fwd):>9} {ms(fwdbwd):>11} {ops:>8} "
+            f"{'-' if backward_ops is None else backward_ops:>8} "
             f"{'-' if syncs is None else syncs:>6} {'-' if sent is None else f'{sent / 1e6:.3f}':>8} "
             f"{fwd / up:>7.2f} {fwd / dense:>9.2f}"
         )

@@ -171,10 +171,14 @@ class TestRegistrations(TestCase):
                     self.assertEqual(got_ids.tolist(), [1, 0, 1, 0])
                     self.assertEqual(got_offsets.tolist(), [0, 1, 1, 2, 3, 3])
                     # Ids out of range and ill-formed offsets (the agreement raises on them) and no ids
-                    # at all stay in bounds: every id goes to some owner, every index is in its tensor.
+                    # at all stay in bounds: every index is in its tensor. An id outside the table goes to
+                    # the nearest owner (loops) or to none (the composition counts it for the range check).
                     for bad in (-3, 10, 2**41):
                         send, perm, words, _ = testing._bucket_ids(_long(bad, 1), _long(0), starts, sizes, rows, -1)
-                        self.assertEqual((sorted(perm.tolist()), sum(w & 0xFFFFFFFF for w in words.tolist())), ([0, 1], 2))
+                        counts = [w & 0xFFFFFFFF for w in words.tolist()]
+                        self.assertEqual(sorted(perm.tolist()), [0, 1])
+                        self.assertGreaterEqual(counts[1], 1)  # id 1, on rank 1
+                        self.assertEqual(sum(counts), 2 if loops or 0 <= bad < rows else 1)
                     send, perm, words, _ = testing._bucket_ids(_long(3, 1, 9), _long(2, 0, 7), starts, sizes, rows, -1)
                     self.assertEqual(sorted(perm.tolist()), [0, 1, 2])
                     self.assertEqual(send.numel(), 3 + 3 * sum(1 for w in words.tolist() if w & 0xFFFFFFFF))

@@ -201,12 +201,20 @@ _FORWARD_INPUTS = 14
 def _lookup_setup_context(ctx, inputs, output) -> None:
     ctx.lookup = (inputs[7], inputs[8], inputs[13])  # padding_idx, mode, group_name
     ctx.save_for_backward(*output[1])
+    # What the backward needs is not differentiable, and autograd must not fill a zero gradient for
+    # each of those tensors (a kernel each on a GPU) before every backward.
+    ctx.mark_non_differentiable(*output[1])
+    ctx.set_materialize_grads(False)
 
 
 def _backward_of(op):
     def backward(ctx, grad, *unused):
         padding_idx, mode, group_name = ctx.lookup
-        grad_local = op(grad.contiguous(), list(ctx.saved_tensors), padding_idx, mode, group_name)
+        # The other outputs are not differentiable, so autograd runs this only for a gradient of the
+        # result: every rank that ran the forward gets here with one, and all communicate alike.
+        assert grad is not None
+        # (the ops take any strides: what they send is a copy they make anyway)
+        grad_local = op(grad, list(ctx.saved_tensors), padding_idx, mode, group_name)
         return (grad_local,) + (None,) * (_FORWARD_INPUTS - 1)
 
     return backward

@@ -81,6 +81,7 @@ ColumnRequest prepare_columns(c10d::ProcessGroup& pg, const LookupCall& call) {
   req.columns = checked_blocks(kColumnLookup, call.block_starts, call.block_sizes, pg.getSize(),
                                checked_total(call.block_sizes));
   req.checked = check_input(kColumnLookup, call);
+  req.checked.status = input_status(req.checked.input);
   const int64_t width = req.columns.sizes[pg.getRank()];
   TORCH_CHECK_VALUE(call.local.size(0) == call.num_embeddings && call.local.size(1) == width, kColumnLookup,
                     ": the weight shard of rank ", pg.getRank(), " must be [", call.num_embeddings, ", ",

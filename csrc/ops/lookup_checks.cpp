@@ -8,8 +8,6 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
-#include <ATen/ops/where.h>
-#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
 #include "comm/exchange.h"
@@ -90,40 +88,38 @@ at::Tensor on_host(const at::Tensor& t) {
 }
 
 // The same checks as ATen ops on the input's device: no host read (NOTE [ Input checks on the device ]).
-at::Tensor composed_status(const LookupInput& input) {
+// `outside`, when defined, is how many ids lie outside the table (the row-wise routing counts them).
+at::Tensor composed_status(const LookupInput& input, const at::Tensor& outside) {
+  static_assert(kValueError == 1, "a count of bad ids clamped to 1 is the ValueError code");
   const at::Tensor& ids = input.ids;
   const int64_t n = ids.numel();
-  const auto flag_options = ids.options().dtype(at::kBool);
-  std::vector<std::pair<at::Tensor, int64_t>> checks; // (failed, code), in order
-  checks.emplace_back(input.num_embeddings > 0 ? ids.clamp(0, input.num_embeddings - 1).ne(ids).any()
-                                               : at::full({}, n > 0, flag_options),
-                      kValueError);
+  const at::Tensor bad_ids = outside.defined() ? outside
+                             : input.num_embeddings > 0
+                                 ? ids.clamp(0, input.num_embeddings - 1).ne(ids).count_nonzero()
+                                 : at::full({}, n, ids.options().dtype(at::kLong));
+  at::Tensor status = bad_ids.clamp_max(kValueError);
   const int64_t m = input.offsets.has_value() ? input.offsets->numel() : 0;
-  if (m > 0) {
-    const at::Tensor& offsets = *input.offsets;
-    const at::Tensor first = offsets.select(0, 0), last = offsets.select(0, m - 1);
-    if (input.include_last_offset) {
-      checks.emplace_back(last.ne(n), kValueError);
-    }
-    checks.emplace_back(first.ne(0), kRuntimeError);
-    checks.emplace_back(last.gt(n), kRuntimeError);
-    if (m > 1) {
-      checks.emplace_back(offsets.slice(0, 1).lt(offsets.slice(0, 0, m - 1)).any(), kRuntimeError);
-    }
+  if (m == 0) {
+    return status;
   }
-  // The last check's code where it failed, then each earlier one's over it: the first failure's.
-  at::Tensor code = at::zeros({}, ids.options().dtype(at::kLong));
-  for (auto it = checks.rbegin(); it != checks.rend(); ++it) {
-    code = at::where(it->first, it->second, code);
+  const at::Tensor& offsets = *input.offsets;
+  const at::Tensor first = offsets.select(0, 0), last = offsets.select(0, m - 1);
+  if (input.include_last_offset) {
+    status.masked_fill_(last.ne(n), kValueError);
   }
-  return code;
+  at::Tensor runtime_bad = first.ne(0) | last.gt(n);
+  if (m > 1) {
+    runtime_bad = runtime_bad | offsets.slice(0, 1).lt(offsets.slice(0, 0, m - 1)).any();
+  }
+  // Every ValueError check comes before every RuntimeError one: a RuntimeError only where none failed.
+  return status.masked_fill_(runtime_bad & status.eq(0), kRuntimeError);
 }
 
 } // namespace
 
-at::Tensor input_status(const LookupInput& input) {
+at::Tensor input_status(const LookupInput& input, const at::Tensor& outside) {
   if (!loops_for(input.ids)) {
-    return composed_status(input);
+    return composed_status(input, outside);
   }
   int64_t code = 0;
   walk_checks(input, input.ids.contiguous(),
@@ -175,7 +171,6 @@ CheckedInput check_input(const char* op, const LookupCall& call) {
         op, ": per_sample_weights must be 1-D, one per id, with mode sum, of the weight's dtype");
   }
   checked.input = LookupInput{ids, offsets, include_last_offset, num_embeddings};
-  checked.status = input_status(checked.input);
   return checked;
 }
 

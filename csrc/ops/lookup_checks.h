@@ -42,8 +42,9 @@ struct LookupInput {
   int64_t num_embeddings = 0;
 };
 
-// 0-dim int64 on the ids' device: 0, or the comm::ErrorCode of the first failed check.
-at::Tensor input_status(const LookupInput& input);
+// 0-dim int64 on the ids' device: 0, or the comm::ErrorCode of the first failed check. `outside`
+// (optional, 0-dim): how many of the ids lie outside the table, when the caller counted them already.
+at::Tensor input_status(const LookupInput& input, const at::Tensor& outside = at::Tensor());
 
 // This rank's input failed a check (its status was not 0): raises the first failed check's exception,
 // reading the input on the host (only a failed op does).
@@ -56,7 +57,8 @@ at::Tensor bag_offsets(const LookupInput& input);
 // rank's, which the caller reports in the agreement): `mode` a LookupMode name; `local` a 2-D floating
 // point shard; ids 1-D int64 on its device; offsets given exactly for bags, 1-D int64 there (not empty
 // under include_last_offset); per-sample weights only with "sum", one per id, of the shard's dtype;
-// padding_idx a row or -1. Returns the mode and the input with its device-side status.
+// padding_idx a row or -1. Returns the mode and the input; the caller sets its device-side status
+// (input_status).
 struct LookupCall { // a lookup op's arguments, as its kernel received them
   const at::Tensor& local;
   const at::Tensor& ids;

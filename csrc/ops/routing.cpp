@@ -9,14 +9,13 @@
 #include <ATen/Dispatch.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/arange.h>
-#include <ATen/ops/argsort.h>
 #include <ATen/ops/bucketize.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/cumsum.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/ones_like.h>
+#include <ATen/ops/searchsorted.h>
+#include <ATen/ops/sort.h>
 #include <ATen/ops/zeros.h>
-#include <ATen/ops/zeros_like.h>
 #include <c10/util/Exception.h>
 
 #include "layout/box.h"
@@ -109,6 +108,7 @@ Bucketed bucket_with_loops(const at::Tensor& ids, const std::optional<at::Tensor
   const auto long_options = ids.options().dtype(at::kLong);
   Bucketed out;
   out.loops = true;
+  out.index = index;
   out.send = at::empty({send_size}, ids.options().dtype(index));
   out.perm = at::empty({n}, long_options);
   out.words = at::empty({world}, long_options);
@@ -131,50 +131,78 @@ Bucketed bucket_with_loops(const at::Tensor& ids, const std::optional<at::Tensor
   return out;
 }
 
-// The same from ATen ops, reading no device memory on the host.
+// The same from ATen ops, reading no device memory on the host. Every id falls in a bucket: one per owned
+// range, and two for ids outside the table (below it, at or past its end). Those go to a virtual owner
+// `world` that is never sent anything: its count is the input's range check (Bucketed::outside), and an
+// input with such ids fails the agreement before any exchange.
 Bucketed bucket_composed(const at::Tensor& ids, const std::optional<at::Tensor>& offsets, const Blocks& rows,
-                         c10::ScalarType index, int64_t padding_idx, bool mean) {
+                         c10::ScalarType index, int64_t padding_idx, bool mean, int64_t num_embeddings) {
   const int64_t world = rows.world();
   const bool bags = offsets.has_value();
   const int64_t n = ids.numel();
   const int64_t num_bags = bags ? offsets->numel() : 0;
   const auto long_options = ids.options().dtype(at::kLong);
   const auto owned = owned_ranges(rows);
-  at::Tensor owner;
-  if (owned.empty()) {
-    owner = at::zeros_like(ids);
-  } else {
-    std::vector<int64_t> table;
-    for (const auto& pair : owned) {
-      table.push_back(pair.first);
-    }
-    for (const auto& pair : owned) {
-      table.push_back(pair.second);
-    }
-    const at::Tensor both = to_device(table, ids.device()).view({2, -1});
-    // The last start at or before an id is its range (the first range for ids below every start: an
-    // out-of-range id still names a rank, and fails the range check).
-    const at::Tensor range =
-        (at::bucketize(ids, both[0], /*out_int32=*/false, /*right=*/true) - 1).clamp_min(0);
-    owner = both[1].index_select(0, range);
+  const auto ranges = static_cast<int64_t>(owned.size());
+  // One host-to-device copy: the buckets' boundaries (0, each later range's first row, the table's size;
+  // a bucket is the number of boundaries at or below an id), then each bucket's owner.
+  std::vector<int64_t> table{0};
+  for (int64_t k = 1; k < ranges; ++k) {
+    table.push_back(owned[static_cast<size_t>(k)].first);
   }
+  if (ranges > 0) {
+    table.push_back(num_embeddings);
+  }
+  const auto boundaries = static_cast<int64_t>(table.size());
+  table.push_back(world);
+  for (const auto& pair : owned) {
+    table.push_back(pair.second);
+  }
+  table.push_back(world);
+  const at::Tensor both = to_device(table, ids.device());
+  const at::Tensor bucket =
+      at::bucketize(ids, both.narrow(0, 0, boundaries), /*out_int32=*/false, /*right=*/true);
+  const at::Tensor owner = both.narrow(0, boundaries, boundaries + 1).index_select(0, bucket);
   Bucketed out;
-  const at::Tensor counts = at::zeros({world}, long_options).index_add_(0, owner, at::ones_like(owner));
-  at::Tensor bag;
-  if (bags && num_bags) {
-    // Unchecked offsets (their verdict travels with the agreement) must still give bags in range.
-    bag = (at::bucketize(at::arange(n, long_options), *offsets, false, true) - 1).clamp(0, num_bags - 1);
-    const at::Tensor key = owner * num_bags + bag;
-    out.lengths = at::zeros({world * num_bags}, ids.options().dtype(index))
-                      .index_add_(0, key, at::ones_like(key, key.options().dtype(index)))
-                      .view({world, num_bags});
+  out.index = index;
+  // Each id's key: its owner, and with bags its bag under the owner. Sorted by key (stably: each
+  // owner's ids stay in the requester's order), the keys count themselves: how many lie below each
+  // value is a search in them.
+  const bool by_bag = bags && num_bags > 0;
+  at::Tensor bag, key = owner;
+  int64_t keys = world + 1;
+  if (by_bag) {
+    // Bag b holds the ids from offsets[b] on: the number of later bags' starts at or below a position.
+    // Unchecked offsets (their verdict travels with the agreement) still give bags in range.
+    bag =
+        at::bucketize(at::arange(n, long_options), offsets->slice(0, 1), /*out_int32=*/false, /*right=*/true);
+    key = at::add(bag, owner, /*alpha=*/num_bags);
+    keys = layout::checked_mul(keys, num_bags, kRouting);
   }
-  out.words = bags ? counts + (num_bags << kBagsShift) : counts;
-  out.perm = at::argsort(owner, /*stable=*/true, /*dim=*/0, /*descending=*/false);
-  out.send = ids.index_select(0, out.perm).to(index);
+  const auto [sorted, perm] = at::sort(key, /*stable=*/true, /*dim=*/0, /*descending=*/false);
+  const at::Tensor below = at::searchsorted(sorted, at::arange(keys + 1, long_options)); // keys below j
+  const at::Tensor per_owner = below.slice(0, 0, keys + 1, by_bag ? num_bags : 1);
+  const at::Tensor counts = per_owner.slice(0, 1) - per_owner.slice(0, 0, world + 1);
+  if (by_bag) {
+    out.lengths =
+        (below.slice(0, 1) - below.slice(0, 0, keys)).view({world + 1, num_bags}).narrow(0, 0, world);
+  }
+  out.outside = counts.select(0, world);
+  out.words = counts.narrow(0, 0, world);
+  if (bags) {
+    out.words = out.words + (num_bags << kBagsShift);
+  }
+  out.perm = perm;
+  out.send = ids.index_select(0, out.perm);
+  if (!bags) {
+    out.send = out.send.to(index);
+  }
   if (mean && num_bags) {
-    const at::Tensor keep = padding_idx >= 0 ? ids.ne(padding_idx).to(at::kLong) : at::ones_like(ids);
-    out.divisors = at::zeros({num_bags}, long_options).index_add_(0, bag, keep).clamp_min(1);
+    out.divisors =
+        padding_idx >= 0
+            ? at::zeros({num_bags}, long_options).index_add_(0, bag, ids.ne(padding_idx).to(at::kLong))
+            : out.lengths.sum(0);
+    out.divisors.clamp_min_(1);
   }
   return out;
 }
@@ -182,11 +210,11 @@ Bucketed bucket_composed(const at::Tensor& ids, const std::optional<at::Tensor>&
 } // namespace
 
 Bucketed bucket_ids(const at::Tensor& ids, const std::optional<at::Tensor>& offsets, const Blocks& rows,
-                    c10::ScalarType index, int64_t padding_idx, bool mean) {
+                    c10::ScalarType index, int64_t padding_idx, bool mean, int64_t num_embeddings) {
   TORCH_INTERNAL_ASSERT(ids.scalar_type() == at::kLong && ids.dim() == 1);
   TORCH_INTERNAL_ASSERT(!offsets.has_value() || (offsets->scalar_type() == at::kLong && offsets->dim() == 1));
   return loops_for(ids) ? bucket_with_loops(ids, offsets, rows, index, padding_idx)
-                        : bucket_composed(ids, offsets, rows, index, padding_idx, mean);
+                        : bucket_composed(ids, offsets, rows, index, padding_idx, mean, num_embeddings);
 }
 
 std::vector<int64_t> Routes::send_sizes() const {
@@ -249,7 +277,8 @@ at::Tensor send_buffer(const Bucketed& bucketed, const Routes& routes) {
     }
     at += routes.counts_out[o];
   }
-  return pieces.empty() ? bucketed.send.narrow(0, 0, 0) : at::cat(pieces);
+  const at::Tensor send = pieces.empty() ? bucketed.send.narrow(0, 0, 0) : at::cat(pieces);
+  return send.to(bucketed.index);
 }
 
 std::pair<at::Tensor, at::Tensor> unpack_received(const at::Tensor& received, const Routes& routes,

@@ -26,7 +26,8 @@
 // [ One host read per exchange ]); cpu_loops() off runs that composition on the CPU too (for tests).
 // The input has NOT been checked yet (its verdict travels with the agreement that follows), so ids out
 // of range and ill-formed offsets must leave every index in bounds: an id outside the table goes to the
-// nearest owned range, an id before the first offset to bag 0.
+// nearest owned range (loops) or to no owner (the composition, which counts those ids as the input's
+// range check: Bucketed::outside), an id before the first offset to bag 0.
 #pragma once
 
 #include <cstdint>
@@ -56,18 +57,22 @@ inline int64_t word_bags(int64_t word, bool bags) {
 
 // A requester's ids, bucketed by owner.
 struct Bucketed {
-  bool loops = false;  // prepared by the CPU loops (else the ATen composition)
+  bool loops = false;                // prepared by the CPU loops (else the ATen composition)
+  c10::ScalarType index = at::kLong; // the dtype ids and lengths travel as (index_dtype)
   at::Tensor send;     // loops: the send buffer (each owner of some ids: its ids, then its per-bag
-                       // lengths); composition: the ids in owner order. Index dtype.
-  at::Tensor lengths;  // composition with bags: [world, bags], each owner's ids per bag (index dtype)
+                       // lengths), index dtype; composition: the ids in owner order (int64 with bags:
+                       // send_buffer converts them along with the lengths)
+  at::Tensor lengths;  // composition with bags: [world, bags], each owner's ids per bag (int64)
   at::Tensor perm;     // the positions of the ids in owner order (int64)
   at::Tensor words;    // [world] int64: what each owner is told with the agreement
   at::Tensor divisors; // mean: each bag's ids other than padding_idx, at least 1 (int64)
+  at::Tensor outside;  // composition: 0-dim int64, how many ids lie outside the table (the range check)
 };
 
-// `rows`: each group rank's rows (tiling the table). `offsets`: the bags' starts (None: F.embedding).
+// `rows`: each group rank's rows (tiling the table of `num_embeddings` rows). `offsets`: the bags' starts
+// (None: F.embedding).
 Bucketed bucket_ids(const at::Tensor& ids, const std::optional<at::Tensor>& offsets, const Blocks& rows,
-                    c10::ScalarType index, int64_t padding_idx, bool mean);
+                    c10::ScalarType index, int64_t padding_idx, bool mean, int64_t num_embeddings);
 
 // What the agreement's words tell this rank about its exchanges with each peer (NOTE [ Idle owners ]).
 struct Routes {

@@ -104,7 +104,9 @@ RowRequest prepare_rows(c10d::ProcessGroup& pg, const LookupCall& call) {
                     ": a row-wise sharded lookup takes fewer than 2**31 ids and 2**31 bags per rank, got ",
                     req.ids.numel(), " ids and ", req.num_bags, " bags");
   req.bucketed = bucket_ids(req.ids, req.offsets, rows, index_dtype(call.num_embeddings), call.padding_idx,
-                            req.mode() == LookupMode::kMean);
+                            req.mode() == LookupMode::kMean, call.num_embeddings);
+  // The routing counted the ids outside the table, unless it saw none of them (no bags to put them in).
+  req.checked.status = input_status(req.checked.input, nowhere ? at::Tensor() : req.bucketed.outside);
   req.fingerprint = table_fingerprint(call.fingerprint, call.num_embeddings, /*dim=*/0, call.local, rows);
   return req;
 }
@@ -184,7 +186,12 @@ at::Tensor pooled_back(c10d::ProcessGroup& pg, const at::Tensor& local, const Ro
                    : senders == 1 ? back.view({num_bags, dim})
                                   : back.view({senders, num_bags, dim}).sum(0);
   if (req.mode() == LookupMode::kMean && num_bags) {
-    out = out / req.bucketed.divisors.unsqueeze(1).to(out.scalar_type());
+    // In the result's dtype once, for the forward and (saved) the backward alike.
+    const at::Tensor divisors = req.bucketed.divisors.to(out.scalar_type());
+    out = out / divisors.unsqueeze(1);
+    if (needs_grad) {
+      saved[kRowDivisors] = divisors;
+    }
   }
   return out;
 }
@@ -239,9 +246,6 @@ rowwise_lookup(const at::Tensor& local, const at::Tensor& ids, const std::option
       saved[kRowWeights] = *got.weights;
     }
     saved[kRowPerm] = req.bucketed.perm;
-    if (req.mode() == LookupMode::kMean && req.bucketed.divisors.defined()) {
-      saved[kRowDivisors] = req.bucketed.divisors;
-    }
   }
   saved[kRowCounts] = at::tensor(saved_counts(req, local, routes), at::TensorOptions().dtype(at::kLong));
   std::vector<at::Tensor> outputs{out};
@@ -299,8 +303,9 @@ at::Tensor rowwise_lookup_backward(const at::Tensor& grad, at::TensorList saved,
                         kRowBackward, ": saved winners do not match grad");
     }
     if (mode == LookupMode::kMean && routes.num_bags) {
-      TORCH_CHECK_VALUE(saved[kRowDivisors].numel() == routes.num_bags, kRowBackward,
-                        ": saved divisors do not match the bags");
+      TORCH_CHECK_VALUE(saved[kRowDivisors].numel() == routes.num_bags &&
+                            saved[kRowDivisors].scalar_type() == grad.scalar_type(),
+                        kRowBackward, ": saved divisors do not match the bags and grad");
     }
   } catch (...) {
     error = std::current_exception();
@@ -322,9 +327,8 @@ at::Tensor rowwise_lookup_backward(const at::Tensor& grad, at::TensorList saved,
   if (mode == LookupMode::kMax) {
     return max_backward(*pg, grad, saved, routes, rows, local_pad);
   }
-  const at::Tensor g = mode == LookupMode::kMean && routes.num_bags
-                           ? grad / saved[kRowDivisors].unsqueeze(1).to(grad.scalar_type())
-                           : grad;
+  const at::Tensor g =
+      mode == LookupMode::kMean && routes.num_bags ? grad / saved[kRowDivisors].unsqueeze(1) : grad;
   // Every owner this rank sent ids to gets its bags' gradient (NOTE [ Idle owners ]).
   const int64_t senders = routes.senders();
   const at::Tensor spread =

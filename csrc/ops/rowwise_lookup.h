@@ -23,7 +23,7 @@ enum RowwiseSaved : size_t {
   kRowMaxIndices, //   " (max: the winners' positions, from _embedding_bag_partial)
   kRowWeights,    // the per-sample weights of kRowIds (empty without)
   kRowPerm,       // requester: its ids in owner order (positions in its ids)
-  kRowDivisors,   // mean: each bag's divisor (int64)
+  kRowDivisors,   // mean: each bag's divisor (in the result's dtype)
   kRowChosen,     // max: per output element, which of the owners that sent results won (int64)
   kRowCounts,     // CPU int64: [rows, first row, bags, counts_in (W), counts_out (W), bags_in (W)]
   kRowNumSaved

@@ -111,7 +111,9 @@ Shared share_inputs(c10d::ProcessGroup& pg, const ShareRequest& request) {
       auto pack = [&flat, &notes, nparts](const at::Tensor& into) {
         int64_t pos = 0;
         for (int64_t k = 0; k < nparts; ++k) {
-          into.narrow(0, pos, notes[k]).copy_(flat[k].view(at::kByte)); // a device copy where they differ
+          if (notes[k] > 0) { // an empty part costs no copy (a kernel launch on a GPU)
+            into.narrow(0, pos, notes[k]).copy_(flat[k].view(at::kByte)); // a device copy where they differ
+          }
           pos += padded8(notes[k]);
         }
       };
