@@ -15,7 +15,7 @@ and into column chunks:
 * each through DCP's ``FileSystemReader`` and ``torch_shard.checkpoint.ByteRangeFileSystemReader``,
   unchecked (``verify=False``) and checked (the default).
 
-The lines after the table are the issue-32 ratios on the same files: checked load / ``FileSystemReader``
+The lines after the table are the costs of checking, as ratios on the same files: checked load / ``FileSystemReader``
 (same layout, resharded), checked / unchecked, ``ChecksumFileSystemWriter`` / ``FileSystemWriter``
 save, and where a checked load's time goes (``ByteRangeFileSystemReader.timings``: read, check, agree,
 write into the destinations; the slowest rank's, from one extra load).
@@ -27,7 +27,7 @@ read()-family system calls (checkpoint data, archive headers, the metadata file 
 The files sit in the page cache after the save, so the times are of reading memory and
 deserialising, not of a disk.
 
-``--state replicated`` (issue 43) is a cluster's checkpoint instead: ``--mib`` MiB of a row-sharded
+``--state replicated`` is a cluster's checkpoint instead: ``--mib`` MiB of a row-sharded
 float32 ``ShardedTensor`` (``ChunkShardingSpec(dim=0)``) and ``--mib`` MiB of a plain tensor every
 rank holds (replicated), saved once with ``FileSystemWriter`` and once with ``ChecksumFileSystemWriter``
 (the "save" table: one run each, max over ranks), then loaded from the latter, caches dropped before
@@ -257,7 +257,7 @@ def main() -> None:
 
 
 def _print_ratios(got: dict, spent: dict) -> None:
-    """The issue-32 ratios, from the rows of the table (same files, same run)."""
+    """The costs of checking as ratios, from the rows of the table (same files, same run)."""
     layouts = (("same layout", 0), ("resharded", 1))
     for name, what in (("torch_shard+checksums", "saved by ChecksumFileSystemWriter"),
                        ("torch_shard", "saved by FileSystemWriter, no .checksums")):
@@ -289,7 +289,7 @@ def _dtensor_offsets(dt, rank: int, world: int, n: int) -> list[int]:
     return offsets
 
 
-# --- --state replicated: a cluster's checkpoint (issue 43) ------------------------------------------
+# --- --state replicated: a cluster's checkpoint ----------------------------------------------------
 
 _RSS_PAGE = os.sysconf("SC_PAGE_SIZE")
 

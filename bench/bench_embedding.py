@@ -24,7 +24,7 @@ Per case and library it prints:
   op counts are what a GPU would launch;
 * syncs: host syncs in one forward (CUDA only: ``torch.cuda.set_sync_debug_mode``);
 * MB sent: bytes this rank sends to other ranks in one forward (torch_shard's own counters; "-" for
-  the others). ``ids bound`` is issue 26's target for the ids part: the rank's own ids plus 4 B per bag
+  the others). ``ids bound`` is the target for the ids part: the rank's own ids plus 4 B per bag
   per owner.
 """
 

@@ -27,8 +27,8 @@ MECHANISMS = {
     "round 1 predicts the next op": ("auto", "no_prediction", ("scatter", "gather", "reshard"), (512, 2048)),
     # Superseded by the prediction; kept so the sweeps that measured it read.
     "round 1 follows the last op (superseded)": ("auto", "no_follow", ("gather", "reshard"), (512, 2048)),
-    # Measured at 0461a72 (then "auto" meant the hub up to 8 ranks) and decided there: ahead sends and
-    # the slot history were removed, the hub's limit went from 8 to 16 ranks. Kept so those sweeps read.
+    # Mechanisms the sweeps decided against (ahead sends, the slot history) and the hub's limit of 16
+    # ranks (in those sweeps "auto" meant the hub up to 8): kept so the sweeps that measured them read.
     "ahead (removed)": ("auto", "no_ahead", ("scatter",), (2048,)),
     "slot history (removed)": ("auto", "no_history", ("reshard",), (512,)),
     "hub up to 16 ranks (0461a72)": ("hub16", "auto", ("scatter", "gather", "reshard"), None),

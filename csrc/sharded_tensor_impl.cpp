@@ -218,9 +218,9 @@ void ShardedTensorImpl::check_local_shards(const char* op) const {
 // active, and Python is not TLS-excluded, we defer to the base class: it asks the Python interpreter
 // to run aten.detach through __torch_dispatch__, which answers with a ShardedTensor. That keeps the
 // Python object, its class and a dispatch mode's view of the call intact, and avoids touching the
-// PyInterpreter API, which changed in torch 2.9 (pytorch/pytorch#158427). Otherwise we build the copy
-// here: same shards (shared, not cloned), same layout, no Python key (copy_tensor_metadata keeps the
-// destination's Python bits, and a fresh impl has none).
+// PyInterpreter API, which is not stable across torch releases (it changed in 2.9). Otherwise we build
+// the copy here: same shards (shared, not cloned), same layout, no Python key (copy_tensor_metadata
+// keeps the destination's Python bits, and a fresh impl has none).
 template <typename VariableVersion>
 c10::intrusive_ptr<c10::TensorImpl>
 ShardedTensorImpl::shallow_copy_and_detach_core(VariableVersion&& version_counter,

@@ -1,7 +1,7 @@
 """Check that a move of README text into docs/ lost nothing: every paragraph of README.md as it was
 at a git revision must appear, whitespace aside, in today's README.md or a page under docs/.
 
-    python scripts/check_nothing_lost.py 2591235     # exit 1 and list what is missing
+    python scripts/check_nothing_lost.py REVISION    # exit 1 and list what is missing
 
 A paragraph is a run of non-blank lines (a code block counts as paragraphs too); headings alone
 are skipped, as the pages may retitle them. A paragraph edited by additions only (every one of its

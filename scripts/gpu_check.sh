@@ -14,8 +14,8 @@
 #   scripts/gpu_check.sh [PYTHON]        (PYTHON: default python3; WHEELS=<dir>: install test
 #                                         dependencies from local wheels, for machines without an index
 #                                         (pytest-xdist and execnet too, where the folder has them);
-#                                         GPU_CHECK_BENCH=1: also bench/bench_embedding.py on CUDA, issue
-#                                         26's table size, before the suite; GPU_CHECK_JOBS=N: the suite in
+#                                         GPU_CHECK_BENCH=1: also bench/bench_embedding.py on CUDA, at
+#                                         the table size below, before the suite; GPU_CHECK_JOBS=N: the suite in
 #                                         N pytest-xdist workers, a test file per worker, default
 #                                         cores / 4 where xdist is installed)
 set -uo pipefail

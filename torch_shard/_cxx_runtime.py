@@ -5,9 +5,8 @@ A compiler that links libstdc++ statically (``-static-libstdc++``: the portable 
 images, ``/opt/gcc/bin/g++`` set as ``CXX``) puts a private copy of the C++ runtime into the
 extension. Its functions then run on the shared runtime's data (locale facets, iostream state) that
 torch's libraries already set up, and the first ``c10::str(..., some_int)`` of an error message
-breaks: on the GPU machines of issue 41 it crashed the process with SIGSEGV (inside
-``std::ostream::_M_insert<long>``, building the message of the first TORCH_CHECK that failed); on a
-CPU machine the number silently dropped out of the message. So the build links the shared runtime
+breaks: it can crash the process with SIGSEGV (inside ``std::ostream::_M_insert<long>``, building
+the message of the first TORCH_CHECK that fails), or silently drop the number out of the message. So the build links the shared runtime
 by name (:data:`LINK_ARGS`, placed before the compiler driver's own ``-lstdc++``, so nothing is
 taken from ``libstdc++.a``), setup.py refuses a library that does not list it, and ``import
 torch_shard`` refuses one built elsewhere that does not (:func:`check`), before it loads it.

@@ -85,7 +85,8 @@ class ShardedTensorMetadata:
     tensor_properties: TensorProperties = field(default_factory=TensorProperties)
 
 
-# Pickles (and reprs) name the module users import these from, as they did before this module existed.
+# Pickles (and reprs) name the public module users import these from, not this private one, so a pickle
+# does not depend on where the classes are defined.
 for _cls in (MEM_FORMAT_ENCODING, TensorProperties, ShardedTensorMetadata):
     _cls.__module__ = "torch_shard.sharded_tensor.metadata"
 del _cls

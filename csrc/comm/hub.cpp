@@ -44,9 +44,9 @@ constexpr int64_t kHub = 0;
 //     sparse (a dense reshard keeps its pipelined round 2 instead of packing before the replies). It
 //     tells the receiver in its own header (kAppended).
 // Both ends then skip that pair in round 2. The cap keeps the copies in and out of the round-1
-// buffers (a direct round-2 message needs none) cheaper than the hop they save. (Sending bigger
-// payloads ahead of the hub's reply, straight into a new shard, was measured and removed: it did not
-// win on one host and on two at 4 and 8 ranks; docs/benchmarks.md has the table.)
+// buffers (a direct round-2 message needs none) cheaper than the hop they save. Bigger payloads go in
+// round 2, straight into the destination: sending them ahead of the hub's reply did not beat that on
+// one host or two (docs/benchmarks.md).
 constexpr int64_t kHubAppendMaxBytes = int64_t{1} << 20;
 
 namespace {

@@ -117,8 +117,8 @@ c10::intrusive_ptr<c10d::Work> recv_bytes(c10d::ProcessGroup& pg, const at::Tens
 
 // NOTE [ Pack workspace ]
 // Send and receive staging buffers live only for the duration of one call. On CPU, a fresh
-// multi-megabyte buffer costs one page fault per 4 KiB page on first touch (on the VMs these tests
-// run on, ~10 us each: more than the copy itself), and glibc hands big blocks back to the OS on free.
+// multi-megabyte buffer costs one page fault per 4 KiB page on first touch (each dearer than copying
+// the page), and glibc hands big blocks back to the OS on free.
 // So CPU staging buffers come from per-thread, grow-only workspaces, kept up to kMaxCachedBytes.
 // CUDA buffers go through the caching allocator, which already reuses memory. Data ops run to
 // completion before returning, so a workspace is never in use twice at once.

@@ -82,8 +82,8 @@ at::Tensor region_view(const at::Tensor& tensor, const Box& shard, const Box& re
 // NOTE [ Raw region copies ]
 // Moving a region between two row-major arrays (a shard, another shard, or a message buffer shaped
 // like the region) is a loop of memcpy over its contiguous runs. Doing it with ATen views costs
-// ndim `narrow` calls per side and a `copy_`, each a trip through the dispatcher (~1-2 us); for the
-// small and medium tensors the data ops move, that overhead was most of an op's CPU time. So CPU
+// ndim `narrow` calls per side and a `copy_`, each a trip through the dispatcher; for the small and
+// medium tensors the data ops move, that overhead outweighs the copying itself. So CPU
 // copies between contiguous tensors of the same dtype take this path; anything else (other devices,
 // strided tensors, a dtype conversion into `out`) keeps the ATen path. Every box here comes from a
 // validated layout and every region lies inside both boxes, so the offsets below stay inside the

@@ -155,8 +155,9 @@ def _copy_rows(source: memoryview, offset: int, stride: int, width: int, count: 
 
 
 # FileSource.read_rows reads a run of rows in one read where the holes between them are no wider than
-# the rows and than _HOLE_UP_TO bytes (a hole that size costs less to read than a system call; with 8
-# KiB holes the extra bytes and the copy out cost more, measured), at most _ROWS_READ_UP_TO bytes a read.
+# the rows and than _HOLE_UP_TO bytes (a hole that small costs less to read than a system call; a much
+# wider one costs more in extra bytes and the copy out than the call it saves), at most
+# _ROWS_READ_UP_TO bytes a read.
 _HOLE_UP_TO = 2 * 1024
 _ROWS_READ_UP_TO = 4 << 20
 

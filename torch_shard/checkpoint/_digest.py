@@ -7,15 +7,14 @@ it replaces for checkpoints that have ``.checksums`` (neither resists a forger; 
 stale, swapped or misplaced bytes, XXH3's 64 bits with a 2**-64 chance of a miss per hash against
 CRC-32's 2**-32), and fast on any x86-64 CPU (SSE2/AVX2/AVX-512, dispatched at run time since xxhash
 4.1), where a CRC-32 is fast only with carry-less multiply in wide vectors (VPCLMULQDQ) and
-zlib-ng. Measured with ``bench/bench_hash.py`` on one core of this project's AMD EPYC (VPCLMULQDQ,
-AVX-512), GB/s, in the cache (1 MiB) / from memory (64 MiB) / as 64 KiB tiles in the cache: XXH3-64
-68 / 24 / 63; zlib-ng CRC-32 57 / 24 / 44; CRC32C (``crc32c``) 28 / 14 / 24; XXH64 11 / 10 / 10;
-stdlib zlib CRC-32 4.3 / 4.2 / 4.3. XXH3-128 is as fast as XXH3-64 but twice the table. Without
-VPCLMULQDQ zlib-ng's CRC-32 ran about 8.5 GB/s on a CPU where XXH3-64 ran about 32.
+zlib-ng. Of the hashes ``bench/bench_hash.py`` compares (XXH3-64, zlib-ng and stdlib CRC-32, CRC32C,
+XXH64), XXH3-64 is the fastest in the cache, from memory and over tiles, and it stays fast on CPUs
+without VPCLMULQDQ, where zlib-ng's CRC-32 falls far behind (figures in docs/benchmarks.md). XXH3-128
+is as fast but doubles the table.
 
 A check of a whole record with ``.checksums`` needs only this hash (the record's zip CRC-32 is not
-computed too); a checkpoint without ``.checksums`` (plain DCP) is checked against its zip CRC-32s as
-before (NOTE [ The checksums a DCP chunk already carries ]).
+computed too); a checkpoint without ``.checksums`` (plain DCP) is checked against its zip CRC-32s
+(NOTE [ The checksums a DCP chunk already carries ]).
 """
 
 from __future__ import annotations

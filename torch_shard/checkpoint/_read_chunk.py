@@ -8,15 +8,12 @@ load into the layout it was saved in) is not: before the agreement it is only ha
 a time through one scratch buffer that stays in the cache; after it, it is read again from the file
 straight into the destination (a contiguous CPU tensor of the saved dtype; anything else through one
 buffer and ``copy_``), each piece hashed again as it lands. Staging a big chunk costs fresh memory as
-large as the chunk (the kernel zeroes every page of it) and one more copy, which made a checked load
-slower than DCP's ``FileSystemReader``; the second read comes from the page cache the first one
-filled. The threshold is where staging stops being cheaper, measured on this machine kind by
-``bench/bench_read_twice.py`` (4 ranks, one chunk each, page cache warm, 2026-11-28; staged / read
-twice, against ``FileSystemReader``): 16 MiB chunks 1.03x / 1.24x, 32 MiB 1.04x / 0.56x, 64 MiB 1.09x /
-0.50x, 128 MiB 1.06x / 0.38x. It is glibc's: its allocator recycles blocks under its mmap threshold,
-which grows to at most 32 MiB, so staging below it costs no fresh pages, while every larger buffer is
-fresh memory the kernel zeroes (FSR's own time jumps 2.4x from 16 to 32 MiB chunks). Another
-allocator moves the crossover; rerun the bench there.
+large as the chunk (the kernel zeroes every page of it) and one more copy, more than the second read,
+which comes from the page cache the first one filled. The threshold (``_READ_TWICE_FROM``) is glibc's mmap threshold, which grows to at most
+32 MiB: below it the allocator recycles blocks, so staging costs no fresh pages and is the cheaper
+path; above it every staging buffer is fresh memory the kernel zeroes, and reading twice wins
+(``bench/bench_read_twice.py``; the figures are in docs/benchmarks.md). Another allocator moves the
+crossover: rerun the bench there.
 
 The hash of the second read must equal the first: it differs only when the file changed on disk
 between the two (another job saving into the same directory during the load). The

@@ -167,8 +167,8 @@ def _piece_side(size: tuple[int, ...], mesh, placements: tuple, group_ranks: tup
 
 def _exchange(local: torch.Tensor, size: list[int], source: _Side, target: _Side, group_name: str) -> torch.Tensor:
     """``local`` (this rank's tensor in ``source``) moved to ``target`` in one exchange. Called from
-    :class:`_Redistribute`, which is the autograd: the op runs below its own autograd kernel (a Python
-    function that would only find grad mode off, 15 us a call)."""
+    :class:`_Redistribute`, which is the autograd: the op runs below its own autograd kernel, which
+    would only find grad mode off and add a Python call to every redistribute."""
     with torch._C._AutoDispatchBelowAutograd():
         pieces = torch.ops.torch_shard._redistribute(
             source.cut(local), local, size, source.offsets, source.sizes, source.owners, target.offsets,

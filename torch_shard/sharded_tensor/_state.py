@@ -24,7 +24,7 @@ from .shard import Shard
 
 _ops = torch.ops.torch_shard
 # Our own ops called on a ShardedTensor skip ShardedTensor.__torch_function__ (it would only pass them
-# through, at ~20 us a call).
+# through, at the cost of a Python call each).
 _plain = torch._C.DisableTorchFunctionSubclass
 
 _SLOT_TENSOR = Shard.tensor  # the dataclass slot descriptors, under the properties below
