@@ -5,8 +5,9 @@ plans round 1 with the same functions the exchange uses (its slot within the rou
 all-to-all; NOTE [ Round 1's cost as the group grows ] in csrc/comm/round_one.cpp) and counts the
 messages and bytes that plan sends and receives on the busiest rank (the hub, through the hub). On gloo
 an all-to-all round 1 sends used bytes only (NOTE [ Round 1 of used bytes ]): its "slots full" column
-is the most it can carry, not what every op sends. A hub group's round 1 is that all-to-all after a dense
-op (NOTE [ Round 1 follows the group's last op ]); the table shows the group's own plan.
+is the most it can carry, not what every op sends. A hub group's round 1 is that all-to-all when its
+history predicts a dense op too big for the hub's slot (NOTE [ Round 1 follows the group's history ]);
+the table shows the plan of the group alone, without history.
 
     python bench/bench_round_one_cost.py
 """

@@ -1,6 +1,6 @@
-// Round 1 of the agreed exchange for a group: its slot size, whether it runs through the hub
-// (comm/hub.cpp) or as one all-to-all (here, of fixed blocks or of used bytes), which the group's last
-// op decides on groups that have the hub, and what it costs as the group grows.
+// Round 1 of the agreed exchange (NOTE [ Agreed exchange ] in comm/exchange.cpp) for a group: its slot
+// size, whether it runs through the hub (comm/hub.cpp) or as one all-to-all (here, of fixed blocks or of
+// used bytes), how the group's history decides that, and what round 1 costs as the group grows.
 
 #include <algorithm>
 #include <cstring>
@@ -27,100 +27,84 @@ namespace comm {
 constexpr int64_t kSlotBytes = 16384;
 
 // NOTE [ Round 1's cost as the group grows ]
-// Round 1 runs before anything is known about the op, so its size per peer is fixed for the group:
-// a header (kHeaderBytes) plus the slot. Every rank sends W - 1 of them (all-to-all), or, through the
-// hub, every rank sends the hub W headers plus its riding payloads and the hub sends each rank W
-// headers plus theirs. To keep a rank's round-1 bytes O(W x header) as W grows, the payload a rank
-// can put into round 1 is bounded for the whole round, not per peer: the slot is at most
-// kRoundOneBudget / W (rounded down to 16 bytes), and none below kMinUsefulSlot. So an op among 4 or
-// 16 ranks rides in round 1 when each message fits 16 KiB, one among 1024 ranks sends 1024 headers
-// and at most 256 bytes per peer (256 KiB), never 1024 slots of 16 KiB. The hub's own bytes grow with
-// W^2 headers and the payloads it relays (at most W budgets in and out), which is why it serves small
-// groups only (NOTE [ Round 1 through a hub ]). The slot
-// depends on the group's size alone. This budget bounds rounds whose blocks are padded to the slot
-// (through the hub; on NCCL); an all-to-all of used bytes on gloo sends no padding, and has its own
-// slot and budget (NOTE [ Round 1 of used bytes ]).
+// Round 1 runs before anything is known about the op, so its block per peer is fixed for the group: a
+// header (kHeaderBytes) plus the slot. So that a rank's round-1 bytes stay O(W x header) as W grows,
+// the payload it can put into round 1 is bounded for the whole round, not per peer: the slot is
+// kSlotBytes, at most kRoundOneBudget / W (rounded down to 16 bytes), and 0 below kMinUsefulSlot; among
+// 1024 ranks a rank sends 1024 headers and at most 256 bytes per peer, never 1024 slots of 16 KiB. The
+// hub's own bytes grow with W^2 headers and the payloads it relays (at most W budgets in and out), which
+// is why it serves small groups only (NOTE [ Round 1 through a hub ]). This budget bounds rounds whose
+// blocks are padded to the slot (through the hub; on NCCL); an all-to-all of used bytes on gloo sends
+// no padding and has its own slot and budget (NOTE [ Round 1 of used bytes ]).
 // torch.ops.torch_shard_testing._round_one_cost computes these figures from the functions below.
 constexpr int64_t kRoundOneBudget = int64_t{256} << 10;
 constexpr int64_t kMinUsefulSlot = 256;
 
 // NOTE [ Round 1 through a hub ]
-// What a gloo collective costs on a CPU group is mostly per-message work (socket calls and thread
-// hand-offs, each paid by every process), not bytes: an all-to-all is W(W-1) messages, while the same
-// blocks sent to one rank and sent back from it are 2(W-1). So on CPU groups of at most kHubMaxWorld
-// ranks, round 1 goes through a hub, group rank 0: every other rank sends it its round-1 blocks (a
-// header, and a payload that fits its slot, for each destination); the hub then sends each rank
-// exactly what an all-to-all would have delivered to it (block p: what rank p addressed to it).
-// Every rank ends with the same headers as after the all-to-all, so the verdict, the slots and round
-// 2 are unchanged; small payloads between two non-hub ranks are relayed by the hub. The mode depends
-// only on the group (its backend and size) and its history (NOTE [ Round 1 follows the group's
-// history ]), never on arguments, so all ranks pick the same one.
-// The hub handles W^2 headers and relays their payloads, so its advantage must shrink as W grows; it
-// was measured to win up to kHubMaxWorld ranks, on one host and across two (docs/benchmarks.md
-// has the table that set it), and larger groups, never measured, keep the all-to-all. So do
-// CUDA groups (NCCL's all-to-all is one kernel) and groups without
-// point-to-point messages (a backend written in Python). A peer whose round-1 message fails to arrive
-// (its process ended, its connection broke) is reported by the hub to everyone as lost (kLost), so no
-// rank waits on it. A timeout is different: gloo closes every connection of the process whose wait
-// timed out (the hub's, for a rank that stalls past the group's timeout), so the others raise gloo's
-// own error (connection closed, or their own timeout) at once, and the late rank fails on the closed
-// connection: no rank hangs, no late message can be taken for a later op's, and, as after any timeout
-// in c10d, the group cannot be used again.
+// On a CPU group a gloo collective costs mostly per-message work (socket calls, thread hand-offs), not
+// bytes: an all-to-all is W(W-1) messages, the same blocks sent to one rank and back 2(W-1). So on CPU
+// groups of at most kHubMaxWorld ranks round 1 can go through a hub, group rank 0: every rank sends it
+// its round-1 blocks (a header, and a payload that fits its slot, per destination), and the hub sends
+// each rank exactly what an all-to-all would have delivered (block p: what rank p addressed to it).
+// Every rank ends with the same headers, so the verdict, the slots and round 2 are unchanged. The mode
+// depends only on the group and its history, never on arguments, so all ranks pick the same one
+// (NOTE [ Round 1 follows the group's history ]). kHubMaxWorld is the largest group where the hub beat
+// the all-to-all, on one host and across two (docs/benchmarks.md): its W^2 headers erode the advantage
+// as W grows. CUDA groups (NCCL's all-to-all is one kernel) and groups without point-to-point messages
+// (a backend written in Python) keep the all-to-all.
+// Faults: the hub reports a peer whose round-1 message fails to arrive (process ended, connection
+// broken) to everyone as lost (kLost), so no rank waits on it. On a timeout gloo closes every
+// connection of the process whose wait timed out (the hub's, when a rank stalls past the group's
+// timeout), so the others raise at once and the late rank fails on the closed connection: no rank
+// hangs, no late message is taken for a later op's, and, as after any c10d timeout, the group cannot
+// be used again.
 constexpr int64_t kHubMaxWorld = 16;
 
 // NOTE [ Round 1 of used bytes ]
-// gloo accepts a message shorter than the receive posted for it (never a longer one: its transport
-// checks the length before it writes), as the hub's messages already use (NOTE [ Hub messages ]). So
-// when round 1 runs as an all-to-all on a gloo CPU group, every rank receives W - 1 blocks of header +
-// slot at fixed places, and sends each peer only the header and the payload it has for that peer (its
-// own block is a header). The slot then costs receive memory, not bytes on the wire, and can be as big
-// as a medium message: kDirectSlotBytes per peer, within kDirectBudgetBytes for the whole round. A
-// dense op whose messages all fit moves in that one all-to-all, headers and data together: one round,
-// as one raw all_to_all_single of the data would. Backends that need matching sizes (NCCL, a backend
-// written in Python) keep fixed blocks and NOTE [ Round 1's cost as the group grows ]'s small slot.
+// gloo accepts a message shorter than the receive posted for it, never a longer one (its transport
+// checks the length before it writes; NOTE [ Hub messages ] relies on this too). So an all-to-all
+// round 1 on a gloo CPU group receives W - 1 blocks of header + slot at fixed places, but sends each
+// peer only the header and the payload it has for that peer. The slot then costs receive memory, not
+// bytes on the wire, and can be a medium message: kDirectSlotBytes per peer within kDirectBudgetBytes
+// per round, so a dense op whose messages all fit moves in one all-to-all, headers and data together.
+// Backends that need matching sizes (NCCL, a backend written in Python) keep fixed blocks and the
+// small slot of NOTE [ Round 1's cost as the group grows ].
 constexpr int64_t kDirectSlotBytes = int64_t{256} << 10;
 constexpr int64_t kDirectBudgetBytes = int64_t{4} << 20;
 
 // NOTE [ Round 1 follows the group's history ]
-// How round 1 runs must be settled before anyone looks at the op's arguments (they may differ between
-// ranks), so it follows what every rank already knows alike: the group (its backend and size) and the
-// ops the group ran before, as every rank saw them in the same header tables. From those, every rank
-// predicts the op to come the same way: a program repeats itself (a training step's reshards,
-// redistributes and lookups; a forward move and its backward's reverse), so the op to come is the one
-// that followed the last op the previous time the group ran it, or, where the last op never ran before,
-// the last op again. An op is known by its kind and the values every rank agreed on (layout
-// fingerprints, roots, sizes), the same in every rank's table row once the op was clean; an op that
-// failed or was run differently on different ranks predicts nothing. The prediction sets:
-//   * the mode, on groups that have the hub: the hub wins where round 1 is most of an op (headers, small
-//     payloads, a scatter or a gather: 2(W-1) messages instead of W(W-1)); it loses for a dense op
-//     (more than W - 1 messages) whose messages do not fit its slot, which would need round 2 after it.
-//     So round 1 is an all-to-all when the predicted op is such an op (kPeers and kMaxMessage are in
-//     every header a sender sends), and goes through the hub otherwise (and without a prediction). A
-//     scatter or a gather stays on the hub at any size: its payloads ride the hub's messages up to
-//     1 MiB per rank (NOTE [ Payloads riding the hub's messages ]), and bigger ones go point to point
-//     in round 2, straight from the source into the destination, which was measured faster than one
-//     round through the receive buffers of an all-to-all, whose copies then come after the transfer;
+// How round 1 runs is settled before anyone reads the op's arguments (they may differ between ranks),
+// from what every rank knows alike: the group (backend, size) and the ops it ran, as all ranks saw them
+// in the same header tables. Programs repeat (a training step's reshards, redistributes and lookups; a
+// forward move and its backward's reverse), so every rank predicts the op to come as the one that
+// followed the last op the previous time the group ran it, else the last op again. An op is known by
+// its kind and agreed values (layout fingerprints, roots, sizes); an op that failed or ran differently
+// on different ranks predicts nothing. The prediction sets:
+//   * the mode, on groups that have the hub: an all-to-all when the predicted op is dense (more than
+//     W - 1 messages) with messages that do not fit the hub's slot, which through the hub would need
+//     round 2 after it (kPeers and kMaxMessage are in every header); the hub otherwise, and without a
+//     prediction. A scatter or a gather stays on the hub at any size: payloads up to
+//     kHubAppendMaxBytes ride its messages (NOTE [ Payloads riding the hub's messages ]), and bigger
+//     ones go point to point in round 2, straight into the destination, which beats an all-to-all
+//     whose copies out of its receive buffers follow the transfer (docs/benchmarks.md);
 //   * the rooms of an all-to-all round 1 (NOTE [ Rooms ]).
-// The state is kept per group object (History) and written by every rank at the same point, right after
-// round 1 and before the verdict can raise, so every rank of a group always plans the same round 1.
+// Every rank records the op (History, per group object) right after round 1, before the verdict can
+// raise, so every rank of a group always plans the same round 1.
 
 // NOTE [ Rooms ]
-// An all-to-all round 1 gives each pair of ranks a block: a header, then room for a payload. A payload
-// that fits its room rides in round 1; the rest waits for round 2, sized by the headers. A block's room
-// must be the SAME number at both ends (the receiver posts it, the sender must never send more: gloo
-// ends the receiving process on a longer message, NCCL needs equal sizes), whatever either end is
-// doing, so it cannot come from the op's arguments. It comes from the pair's part of the predicted op
-// (NOTE [ Round 1 follows the group's history ]): the payload the pair carried, sender to receiver, in
-// that op, at least the base slot and at most a budget / W. Both ends know that number alike: the sender
-// sent it, the receiver read it in the sender's header (kBytes). So once the group has seen a loop of ops
-// twice, every op of it moves everything in round 1: one collective, at any size. An op the history does
-// not predict costs what it cost without rooms: round 1 and round 2.
-// Rooms are receive memory, not bytes on the wire, where gloo takes a shorter message than the block
-// (NOTE [ Round 1 of used bytes ]): there a room is also at least the pair's largest payload within the
-// last kPeakWindow ops (a mispredicted op of a recent size still rides), within kRoomBudget per rank.
-// With fixed blocks (NCCL, a backend written in Python) a block is sent whole, so a room bigger than its
-// payload costs that padding on the wire: there a room is the predicted payload alone, within
-// kPaddedRoomBudget per rank, which bounds what a misprediction wastes.
+// An all-to-all round 1 gives each pair of ranks a block: a header, then room for a payload, which
+// rides in round 1 if it fits (the rest waits for round 2, sized by the headers). A room must be the
+// SAME number at both ends whatever either is doing (the receiver posts it; gloo ends a process that
+// receives a longer message, NCCL needs equal sizes), so it cannot come from the op's arguments. It is
+// the pair's payload, sender to receiver, in the predicted op, which both ends know (the sender sent
+// it, the receiver read it in the sender's header, kBytes), at least the base slot and at most a
+// budget / W. So a loop of ops the group has run twice moves everything in round 1, one collective at
+// any size; an op the history does not predict costs round 1 and round 2.
+// Where gloo takes shorter messages (NOTE [ Round 1 of used bytes ]) a room costs receive memory, not
+// bytes on the wire, so it is also at least the pair's largest payload of the last kPeakWindow ops (a
+// mispredicted op of a recent size still rides), within kRoomBudget per rank. With fixed blocks (NCCL,
+// a backend written in Python) room beyond the payload is padding on the wire, so a room is the
+// predicted payload alone, within kPaddedRoomBudget per rank: that bounds what a misprediction wastes.
 constexpr int64_t kRoomBudget = int64_t{1} << 30;
 constexpr int64_t kPaddedRoomBudget = int64_t{64} << 20;
 constexpr int64_t kPeakWindow = 64;
@@ -128,22 +112,19 @@ constexpr int64_t kPeakWindow = 64;
 constexpr size_t kRemembered = 32;
 
 // NOTE [ Headers on the host ]
-// On a CUDA group round 1's blocks live in device memory, and the host must read the headers to reach
-// the verdict: a copy that waits for the device (a host sync) in every op. Where the group also has a
-// gloo backend for CPU tensors (init_process_group("cpu:gloo,cuda:nccl"), torch's default when no
-// backend is named), round 1 splits in two collectives issued back to back: first the payload blocks
-// (each pair's room, NOTE [ Rooms ]) on the device, which the host only enqueues, then the headers,
-// built and read on the host, over the CPU backend. The verdict then needs no device memory; the
-// payloads are unpacked (device copies) only once it passed, and round 2, when needed, is sized by the
-// headers. So a steady-state reshard, redistribute, gather or scatter on such a group never reads device
-// memory on the host. An agreement with device-computed words (a lookup's counts, its input checks)
-// reads them before round 1, the one read of NOTE [ One host read per exchange ]; a CUDA group without
-// a CPU backend reads its headers, as every exchange did before. Every op on such a group splits its
-// round 1 (the split never depends on the op), so ranks that run different ops still run the same
-// collectives and reach the verdict that names the mismatch.
-// Both collectives run on every rank whatever its arguments (the rooms agree at both ends), so the
-// split keeps round 1's guarantees; the test-only switch `split` runs it on CPU groups, where the suite
-// checks it.
+// On a CUDA group round 1's blocks live in device memory, and reading their headers for the verdict
+// would cost a host sync per op. Where the group also has a CPU backend (init_process_group with
+// "cpu:gloo,cuda:nccl", torch's default when no backend is named), round 1 is two collectives issued
+// back to back: the payload blocks (each pair's room, NOTE [ Rooms ]) on the device, which the host
+// only enqueues, then the headers, built and read on the host, over the CPU backend. The verdict needs
+// no device memory; payloads are unpacked only once it passed, and round 2 is sized by the headers. So
+// a steady-state reshard, redistribute, gather or scatter there never reads device memory on the host;
+// device-computed words (a lookup's counts and input checks) are read once, before round 1: the one
+// read of NOTE [ One host read per exchange ]. A CUDA group without a CPU backend reads its headers
+// from the device. The split never depends on the op and both collectives run on every rank whatever
+// its arguments (the rooms agree at both ends), so round 1's guarantees hold and ranks that run
+// different ops reach the verdict that names the mismatch. The test-only switch `split` runs the split
+// on CPU groups, where the suite checks it.
 
 namespace {
 
