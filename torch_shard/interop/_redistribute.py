@@ -15,8 +15,8 @@ already holds its target (then nothing is communicated), how a ``_StridedShard``
 into boxes, the result's DTensorSpec. ``_move`` computes that once per key (:class:`_Move`); a call
 then costs a cache lookup, the exchange, and one DTensor built straight from the moved local tensor by
 one autograd Function (:class:`_Redistribute`, as DTensor's own redistribute does), not
-``to_local`` / ``from_local`` and their two autograd Functions. This is a per-op cost that small
-tensors pay in full: at 64^2 on 4 gloo ranks it was half of the call's CPU time.
+``to_local`` / ``from_local`` and their two autograd Functions. Small tensors pay this per-op cost in
+full, where it is a large share of a call's CPU time (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -316,7 +316,7 @@ def _reduce_partials(dtensor, target: Sequence):
 
 # NOTE [ redistribute under torch.compile ]
 # redistribute moves data in an exchange over the mesh's group, which a graph cannot hold (the op's fake
-# kernel raises), and dynamo tracing into it failed with an internal error. So, as for ShardedTensor's
+# kernel raises), and dynamo tracing into it stops with an internal error. So, as for ShardedTensor's
 # ops (NOTE [ ShardedTensor under torch.compile ]), dynamo breaks the graph at the call and runs it
 # eagerly: under compilation the call goes to ``_untraced``, the implementation wrapped in
 # ``torch._dynamo.disable`` once torch._dynamo is imported (torch_shard/_after_dynamo.py). In eager mode
@@ -336,41 +336,54 @@ def _prepare_for_compile(dynamo) -> None:
 
 
 def redistribute(dtensor, device_mesh=None, placements: Sequence | None = None):
-    """``dtensor`` with ``placements``, moved by torch_shard's exchange: one all-to-all over the mesh's
-    group that sends each element once to each rank that needs it and does not hold it.
+    """``dtensor`` moved to ``placements`` in one exchange over its mesh's group.
 
-    The arguments mirror ``DTensor.redistribute``. Every change between ``Shard(d)`` and ``Replicate()``
-    placements, on 1-D and n-D meshes, even and uneven sizes (split as ``torch.chunk``, as DTensor
-    does), moves in one exchange: a rank keeps what it already holds, a replicated source box is sent
-    by the replica nearest the need (the target rank's own copy, else one replica per target, spread
-    over the replicas). Differentiable: the backward moves the gradient back with the reverse exchange,
-    as ``DTensor.redistribute``'s backward does (a Replicate output's gradient is taken as the same on
-    every replica).
+    Example (on each of 4 ranks)::
 
-    ``Partial`` source placements are first reduced by DTensor (to the target's ``Shard(d)`` on that mesh
-    dim, else to ``Replicate()``); a ``Partial`` target raises ValueError. ``_StridedShard`` (FSDP2 + TP's
-    right-to-left sharding) on either side moves in one exchange too: its local tensor is several boxes
-    of the tensor, found with each placement's own split.
+        mesh = init_device_mesh("cpu", (4,))
+        rows = distribute_tensor(torch.randn(10, 6), mesh, [Shard(0)])
+        cols = torch_shard.interop.redistribute(rows, mesh, [Shard(1)])  # as rows.redistribute(mesh, [Shard(1)])
+
+    Behaviour:
+
+    * Any change between ``Shard(d)`` and ``Replicate()`` placements, on 1-D and n-D meshes, with even or
+      uneven sizes (split as ``torch.chunk``, as in DTensor), is one all-to-all that sends each element
+      once to each rank that needs it and lacks it. A rank keeps what it already holds; a replicated
+      source box is sent by the target rank's own copy, else by one replica per target, spread over the
+      replicas. ``_StridedShard`` (FSDP2 + TP) on either side moves in one exchange too.
+    * ``Partial`` source placements are first reduced by DTensor: to the target's ``Shard(d)`` on that
+      mesh dim, else to ``Replicate()``.
+    * Where no element changes rank (the same placements; ``Replicate`` -> ``Shard``; any change that only
+      narrows what each rank holds) nothing is communicated: each rank takes its part of its own local
+      tensor (a view where that part is contiguous), and a rank whose placements differ from its peers'
+      is not detected.
+    * Differentiable: the backward moves the gradient with the reverse exchange (a ``Replicate`` output's
+      gradient is taken to be the same on every replica).
+    * Collective: every rank of the mesh calls it. An n-D mesh must cover every rank of the default group
+      (its group is then the default one); a 1-D mesh may be any sub-group. A rank outside the mesh gets
+      an empty local tensor, as in DTensor.
+    * Under ``torch.compile`` the call breaks the graph and runs eagerly
+      (NOTE [ redistribute under torch.compile ]).
 
     Args:
         dtensor (DTensor): the tensor to move.
-        device_mesh (DeviceMesh, optional): must be ``dtensor``'s own mesh (as in DTensor, moving to
-            another mesh is not supported).
+        device_mesh (DeviceMesh, optional): must be ``dtensor``'s own mesh.
         placements (Sequence[Placement], optional): one per mesh dim; by default ``dtensor``'s own.
 
     Returns:
-        DTensor: on the same mesh, with ``placements``; ``dtensor`` itself when they are its own and
-        autograd does not record the call (else a new DTensor over the same local tensor, whose
-        gradient comes back in ``dtensor``'s placements, a Partial one reduced, as in DTensor).
+        DTensor: on the same mesh, with ``placements``: ``dtensor`` itself when ``placements`` are its own
+        and autograd does not record the call, else a new DTensor whose gradient comes back in ``dtensor``'s placements
+        (a ``Partial`` one reduced, as in DTensor).
 
-    Collective over the mesh's group (every rank of the mesh calls it). Bad arguments on any rank (a
-    placement list of the wrong length, a dim out of range, another mesh, a local tensor that does not
-    match its shard) raise on every rank of the mesh before any data moves. Where no element changes
-    rank (the same placements; Replicate -> Shard, or any change that only narrows what each rank
-    holds) nothing is communicated, as in DTensor: each rank takes its part of its own local tensor (a
-    view where that part is contiguous in it, as DTensor's split gives), and a rank whose placements
-    differ from its peers' is not detected there. An n-D mesh must cover every
-    rank of the default group (its group is then the default one); a 1-D mesh may be any sub-group.
+    Raises:
+        TypeError: ``dtensor`` is not a DTensor, or a placement is not a Placement.
+        ValueError: a ``Partial`` target, a placement list whose length is not the mesh's ndim, or a local
+            tensor whose size does not match its placements.
+        IndexError: a ``Shard`` dim out of range.
+        NotImplementedError: ``device_mesh`` is another mesh (as in DTensor).
+
+        An error in ``device_mesh``, ``placements`` or a local tensor on any rank raises on every rank
+        of the mesh before any data moves.
     """
     if torch.compiler.is_compiling() and _untraced is not None:
         return _untraced(dtensor, device_mesh, placements)
