@@ -157,6 +157,12 @@ def _collect_local_shard(module: nn.Module) -> nn.Module:
 def shard_module(module: nn.Module, plan, src_rank: int = 0, process_group=None) -> None:
     """Shard ``module`` in place according to a :class:`~torch_shard.sharding_plan.ShardingPlan`.
 
+    Example (on each of 2 ranks)::
+
+        model = nn.Sequential(nn.Linear(4, 8))
+        spec = ChunkShardingSpec(dim=0, placements=["rank:0/cpu", "rank:1/cpu"])
+        shard_module(model, ShardingPlan(plan={"0.weight": spec}))  # model[0].weight: a ShardedTensor
+
     Parameters named in ``plan.plan`` with a ShardingSpec are sharded with :func:`shard_parameter`;
     submodules named with a Sharder are replaced, in their parent, by what ``Sharder.shard`` returns,
     when that is a complete module (its class defines ``forward``). A result without ``forward``

@@ -155,6 +155,10 @@ def _layout_by_rank(st: ShardedTensor) -> tuple[dict[int, list[Box]], dict[int, 
 def to_dtensor(st: ShardedTensor, device_mesh, placements: Sequence):
     """A ``DTensor`` on ``device_mesh`` with ``placements`` holding the values of ``st``.
 
+    Example (``st`` chunked along dim 0 over the mesh's 2 ranks, as :func:`from_dtensor` gives it)::
+
+        dt = torch_shard.interop.to_dtensor(st, init_device_mesh("cpu", (2,)), [Shard(0)])  # zero-copy
+
     Zero-copy when ``st`` already has the layout the placements describe: ``Shard(d)`` on a 1-D mesh is
     ``ChunkShardingSpec(dim=d)`` placed on the mesh's ranks in mesh order, and on an n-D mesh each rank
     holds the box its mesh coordinate gets (for example ``[Shard(0), Shard(1)]`` on a 2 x 2 mesh is a
@@ -270,6 +274,11 @@ def _default_group_for_mesh(mesh, op: str = "from_dtensor"):
 
 def from_dtensor(dt, *, process_group=None, run_check: bool = False) -> ShardedTensor:
     """A ShardedTensor whose local shard is ``dt``'s local tensor (zero-copy).
+
+    Example (on each of 2 ranks, after ``import torch_shard.interop``)::
+
+        dt = distribute_tensor(torch.randn(10, 6), init_device_mesh("cpu", (2,)), [Shard(0)])
+        st = torch_shard.interop.from_dtensor(dt)  # ChunkShardingSpec(dim=0); no data moves
 
     ``Shard(d)`` placements on any mesh dim of a 1-D or n-D mesh, uneven sizes included: the rank at
     mesh coordinate ``c`` holds the box DTensor gives ``c`` (see NOTE [ DTensor layouts as shard

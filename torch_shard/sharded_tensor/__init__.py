@@ -167,6 +167,11 @@ def init_from_local_shards(
 ) -> ShardedTensor:
     """Assemble a ShardedTensor from the shards each rank already holds.
 
+    Example (on each of 2 ranks, rank ``r`` holding rows 5r .. 5r + 4 of a 10 x 4 tensor)::
+
+        meta = ShardMetadata(shard_offsets=[5 * r, 0], shard_sizes=[5, 4], placement=f"rank:{r}/cpu")
+        st = init_from_local_shards([Shard(torch.zeros(5, 4), meta)], 10, 4)
+
     Collective: one exchange of shard metadata over ``process_group``; every rank checks the
     assembled layout (no overlap, full coverage, matching sizes, dtypes, requires_grad and pinning)
     and all ranks raise the same error on failure.

@@ -268,7 +268,11 @@ class ShardedTensor(_RemoteShards, _Pickling, _DeviceMoves, _DCPCheckpointable, 
     """A tensor sharded across the ranks of a process group (``torch.distributed._shard``'s API).
 
     Usually built through :mod:`torch_shard.sharded_tensor` constructors (``empty``, ``ones``,
-    ``rand``, ...), not directly.
+    ``rand``, ...), not directly. On each of 2 ranks::
+
+        spec = ChunkShardingSpec(dim=0, placements=["rank:0/cpu", "rank:1/cpu"])
+        st = torch_shard.sharded_tensor.zeros(spec, 10, 4)
+        st.local_shards()[0].tensor.shape  # torch.Size([5, 4]): rank r holds rows 5r .. 5r + 4
 
     Args:
         sharding_spec (ShardingSpec): how to shard the tensor.
