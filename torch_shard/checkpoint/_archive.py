@@ -339,8 +339,8 @@ def _saved_tensor(source: Source, records: list[Record]) -> tuple[torch.Tensor |
 
 def _fastest_crc32() -> tuple[Callable, str]:
     """The fastest CRC-32 (zlib's polynomial, as zip records use) installed: zlib-ng's or ISA-L's (SIMD,
-    several GB/s per core, and they let go of the GIL while hashing), else the standard library's
-    zlib (about 1-2 GB/s). All give the same values."""
+    several times the standard library's speed, and they let go of the GIL while hashing), else the
+    standard library's zlib. All give the same values."""
     try:
         from zlib_ng.zlib_ng import crc32 as ng_crc32
 
