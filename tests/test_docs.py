@@ -10,9 +10,9 @@
   The one exception: docs/performance.md names the commit each table was measured at, written as
   ``Commit: `<hash>``` or ``commit `<hash>``` (the word "commit", then the hash in backticks).
   History belongs to CHANGELOG.md and git.
-- Every ``make <target>`` the docs print names a target of the Makefile, and every path into the
+- Every ``make <target>`` the docs print names a target of the Makefile, every path into the
   repository they name (``examples/demo.py``, ``scripts/gpu_check.sh``, ``docs/howto/train.md``, ...)
-  exists.
+  exists, and every ``NOTE [ name ]`` they point at is defined in the code.
 
 ``make test`` installs Sphinx into .venv (requirements/docs.txt), and the suite runs with .venv's
 Python: there a missing Sphinx or a missing docs/ fails these tests, never skips them. The same test
@@ -147,3 +147,22 @@ def test_printed_commands_name_what_exists():
             problems += [f"{where}: no Makefile target {t!r}" for t in MAKE_TARGET.findall(code) if t not in targets]
             problems += [f"{where}: no such path {p!r}" for p in sorted(set(REPO_PATH.findall(line))) if not (ROOT / p).exists()]
     assert not problems, "\n".join(problems)
+
+
+def test_named_notes_exist_in_the_code():
+    """Every ``NOTE [ name ]`` the docs point at is defined in csrc/ or torch_shard/ (a renamed or
+    removed NOTE must take its pointers along)."""
+    require((ROOT / "csrc").is_dir() and (ROOT / "torch_shard").is_dir(), "no source tree beside the tests")
+    code = "\n".join(
+        p.read_text(encoding="utf-8", errors="replace")
+        for folder in ("csrc", "torch_shard")
+        for p in (ROOT / folder).rglob("*")
+        if p.suffix in (".cpp", ".h", ".py")
+    )
+    missing = []
+    for path in text_files():
+        text = " ".join(path.read_text(encoding="utf-8").split())
+        for name in re.findall(r"NOTE \\?\[ ([^]\"`]+?) \\?\]", text):
+            if name != "..." and f"NOTE [ {name} ]" not in code:
+                missing.append(f"{path.relative_to(ROOT)}: NOTE [ {name} ]")
+    assert not missing, "the docs name NOTEs the code does not define:\n" + "\n".join(missing)
