@@ -6,7 +6,8 @@
 #include <atomic>
 #include <limits>
 
-#include <ATen/ops/tensor.h>
+#include <ATen/Dispatch.h>
+#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
 #include "layout/layout.h"
@@ -110,8 +111,13 @@ c10::ScalarType index_dtype(int64_t num_embeddings) {
   return num_embeddings <= std::numeric_limits<int32_t>::max() ? at::kInt : at::kLong;
 }
 
-at::Tensor to_device(const std::vector<int64_t>& values, c10::Device device) {
-  at::Tensor host = at::tensor(values, at::TensorOptions().dtype(at::kLong));
+at::Tensor to_device(const std::vector<int64_t>& values, c10::Device device, c10::ScalarType dtype) {
+  TORCH_INTERNAL_ASSERT(dtype == at::kLong || dtype == at::kInt);
+  at::Tensor host = at::empty({static_cast<int64_t>(values.size())}, at::TensorOptions().dtype(dtype));
+  AT_DISPATCH_INDEX_TYPES(dtype, "to_device", [&] {
+    std::transform(values.begin(), values.end(), host.mutable_data_ptr<index_t>(),
+                   [](int64_t v) { return static_cast<index_t>(v); });
+  });
   if (device.is_cpu()) {
     return host;
   }

@@ -88,7 +88,9 @@ inline bool loops_for(const at::Tensor& t) {
 c10::ScalarType index_dtype(int64_t num_embeddings);
 
 // A small host vector on `device` with no host sync: a copy to a GPU from pinned memory does not wait.
-at::Tensor to_device(const std::vector<int64_t>& values, c10::Device device);
+// `dtype`: int64, or int32 for values the caller knows fit.
+at::Tensor to_device(const std::vector<int64_t>& values, c10::Device device,
+                     c10::ScalarType dtype = at::kLong);
 
 // Outputs of an op must not alias its inputs (the dispatcher's contract for functional ops; autograd
 // and functionalization rely on it). The lookups hand back some tensors they were given, reshaped (a

@@ -237,7 +237,7 @@ rowwise_lookup(const at::Tensor& local, const at::Tensor& ids, const std::option
   } else {
     out = pooled_back(*pg, local, req, routes, got, needs_grad, saved);
   }
-  if (needs_grad && req.mode() != LookupMode::kMax) { // max saved its own (int64, for _embedding_bag_partial)
+  if (needs_grad && req.mode() != LookupMode::kMax) { // max saved its own (int64)
     saved[kRowIds] = got.ids;
     if (got.offsets.defined()) {
       saved[kRowOffsets] = got.offsets;

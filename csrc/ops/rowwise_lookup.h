@@ -20,7 +20,7 @@ enum RowwiseSaved : size_t {
   kRowOffsets,    // bags: their offsets into kRowIds
   kRowOffset2bag, // sum and mean: _embedding_bag's, for its backward (empty when no kernel ran)
   kRowBagSize,    //   "
-  kRowMaxIndices, //   " (max: the winners' positions, from _embedding_bag_partial)
+  kRowMaxIndices, //   " (max: the winners' positions among kRowIds, -1 for none)
   kRowWeights,    // the per-sample weights of kRowIds (empty without)
   kRowPerm,       // requester: its ids in owner order (positions in its ids)
   kRowDivisors,   // mean: each bag's divisor (in the result's dtype)

@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/_embedding_bag_forward_only.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/where.h>
@@ -19,9 +20,36 @@
 namespace torch_shard {
 namespace ops {
 
+namespace {
+
+// Which kernel an owner pools with: _embedding_bag_partial's fused loops on the CPU, and its composition
+// where padding_idx is among the owner's rows (it skips them); elsewhere ATen's max pooling over the
+// rows gathered in the order received, whose winners are then positions (owner_max).
+bool partial_kernel(const at::Tensor& local, int64_t local_pad) {
+  return loops_for(local) || local_pad >= 0;
+}
+
+// The owner's partial max of every requester's bags and each element's winner: a position among `ids`
+// (-1 for a bag it holds no id of), the first maximum of the bag among them (ATen keeps the first of
+// equal maxima, as the dense op does). `ids` and `offsets` are int64.
+std::tuple<at::Tensor, at::Tensor> owner_max(const at::Tensor& local, const at::Tensor& ids,
+                                             const at::Tensor& offsets, int64_t local_pad, int64_t owned) {
+  if (partial_kernel(local, local_pad)) {
+    return embedding_bag_partial(local, ids, offsets, std::nullopt, /*row_start=*/0, "max", local_pad, owned);
+  }
+  const at::Tensor rows = local.index_select(0, ids);
+  auto [pooled, offset2bag, bag_size, winner] = at::_embedding_bag_forward_only(
+      rows, at::arange(ids.numel(), ids.options()), offsets, /*scale_grad_by_freq=*/false,
+      aten_bag_mode(LookupMode::kMax), /*sparse=*/false, /*per_sample_weights=*/std::nullopt,
+      /*include_last_offset=*/false, /*padding_idx=*/-1);
+  return {pooled, winner.masked_fill_(bag_size.eq(0).unsqueeze(1), -1)};
+}
+
+} // namespace
+
 // NOTE [ Max over owners ]
-// Max mode: each owner pools the maximum of the ids it holds with _embedding_bag_partial, which also
-// reports, per output element, the POSITION of its winner among the ids it received (-1 for none).
+// Max mode: each owner pools the maximum of the ids it holds (owner_max), and reports, per output
+// element, the POSITION of its winner among the ids it received (-1 for none).
 // Both travel back (the positions as int32, relative to what that requester sent). The requester maps
 // the positions back to its own ids (through its owner order, `perm`) and takes each element from ONE
 // owner: among those holding the overall maximum, the one whose winner comes first in the bag, the
@@ -35,14 +63,14 @@ at::Tensor max_over_owners(c10d::ProcessGroup& pg, const at::Tensor& local, cons
   const int64_t dim = local.size(1);
   const int64_t owned = checked_total(routes.counts_in), pooled_bags = checked_total(routes.bags_in);
   const auto long_options = local.options().dtype(at::kLong);
+  // int64, as every kernel here and the backward's take them (ATen's winners then come in int64 too).
   const at::Tensor ids = local_ids.to(at::kLong), offsets = local_offsets.to(at::kLong);
   at::Tensor pooled, where;
   if (owned > 0 && local.numel() > 0) { // NOTE [ Empty shards reach no embedding kernel ]
-    std::tie(pooled, where) =
-        embedding_bag_partial(local, ids, offsets, std::nullopt, /*row_start=*/0, "max", local_pad, owned);
+    std::tie(pooled, where) = owner_max(local, ids, offsets, local_pad, owned);
   } else {
     pooled = at::zeros({pooled_bags, dim}, local.options());
-    where = at::full({pooled_bags, dim}, -1, long_options);
+    where = at::full({pooled_bags, dim}, -1, ids.options());
   }
   // Positions among the ids each requester sent here: less the ids of the requesters before it.
   std::vector<int64_t> firsts;
@@ -53,7 +81,7 @@ at::Tensor max_over_owners(c10d::ProcessGroup& pg, const at::Tensor& local, cons
     first += routes.counts_in[r];
   }
   const at::Tensor relative =
-      (pooled_bags ? at::where(where.ge(0), where - to_device(firsts, local.device()).unsqueeze(1), where)
+      (pooled_bags ? (where - to_device(firsts, local.device()).unsqueeze(1)).masked_fill_(where.lt(0), -1)
                    : where)
           .to(at::kInt);
   std::vector<int64_t> block_first; // where each owner that got ids starts among this rank's sorted ids
@@ -74,20 +102,19 @@ at::Tensor max_over_owners(c10d::ProcessGroup& pg, const at::Tensor& local, cons
     saved[kRowChosen] = at::zeros({num_bags, dim}, long_options);
     return at::zeros({num_bags, dim}, local.options());
   }
+  // Each element from the owner holding the overall maximum whose winner comes first in the bag.
   const at::Tensor vals = values.view({senders, num_bags, dim});
-  const at::Tensor pos = positions.view({senders, num_bags, dim}).to(at::kLong);
-  const at::Tensor held = pos.ge(0);
-  const at::Tensor in_order = pos + to_device(block_first, local.device()).view({-1, 1, 1});
-  const at::Tensor original =
-      at::where(held, perm.index_select(0, at::where(held, in_order, 0).reshape({-1})).view_as(pos), -1);
-  const at::Tensor best = at::where(held, vals, c10::Scalar(-std::numeric_limits<double>::infinity()))
-                              .amax({0}, /*keepdim=*/true);
-  const at::Tensor candidates =
-      at::where(held & vals.eq(best), original, c10::Scalar(std::numeric_limits<int64_t>::max()));
-  auto [winner, chosen] = candidates.min(0, /*keepdim=*/true);
+  const at::Tensor pos = positions.view({senders, num_bags, dim});
+  const at::Tensor none = pos.lt(0);
+  // (the received values are this call's own: masked in place)
+  const at::Tensor best = vals.masked_fill_(none, -std::numeric_limits<double>::infinity()).amax({0}, true);
+  // Each winner's position in this rank's own order (clamped: an owner without one names a valid id).
+  const at::Tensor in_order = pos + to_device(block_first, local.device(), at::kInt).view({-1, 1, 1});
+  at::Tensor original = perm.index_select(0, in_order.clamp_min_(0).reshape({-1})).view(pos.sizes());
+  original.masked_fill_(vals.ne(best) | none, std::numeric_limits<int64_t>::max());
+  auto [winner, chosen] = original.min(0, /*keepdim=*/true);
   saved[kRowChosen] = chosen.squeeze(0);
-  const at::Tensor out = vals.gather(0, chosen).squeeze(0);
-  return at::where(winner.squeeze(0).eq(std::numeric_limits<int64_t>::max()), 0, out);
+  return best.squeeze(0).masked_fill_(winner.squeeze(0).eq(std::numeric_limits<int64_t>::max()), 0);
 }
 
 at::Tensor max_backward(c10d::ProcessGroup& pg, const at::Tensor& grad, at::TensorList saved,
