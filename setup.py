@@ -72,9 +72,9 @@ TESTING_DIR = os.path.join("csrc", "testing")
 # most of it parsing the same headers, and csrc/ is split into files by concept (one job each), so each
 # folder of concept files (csrc/layout, csrc/comm, csrc/ops) is compiled as ONE translation unit: a
 # generated file, build/unity/<folder>.cpp, that includes them all. A fresh build then compiles 9 units
-# instead of 32 (docs/development.md has the times). The price: a name in a file's anonymous namespace
-# must be unique within its folder (two that collide fail the build at once, in every configuration),
-# and an edit recompiles its folder's unit. TORCH_SHARD_UNITY=0 compiles every file on its own (while
+# instead of 32 (docs/performance.md, "Figures behind design choices", has the times). The price: a
+# name in a file's anonymous namespace must be unique within its folder (two that collide fail the
+# build at once, in every configuration), and an edit recompiles its folder's unit. TORCH_SHARD_UNITY=0 compiles every file on its own (while
 # iterating on one file, or for tools that want one unit per file).
 UNITY = os.environ.get("TORCH_SHARD_UNITY", "1") != "0"
 UNITY_FOLDERS = ("layout", "comm", "ops")

@@ -1,5 +1,5 @@
 """What a data op costs in rounds and time, first call and steady state, beside the raw collectives:
-the measurements behind the latency model in docs/architecture.md (NOTE [ Rooms ]).
+the measurements behind docs/performance.md, "Steady state, per op" (NOTE [ Rooms ]).
 
 Run: ``torchrun --standalone --nproc-per-node=W bench/bench_rounds.py`` (gloo on CPU), or across
 emulated hosts with ``scripts/torchrun_hosts.py``. For each op (scatter from rank 0, gather to rank 0,

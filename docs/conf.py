@@ -3,8 +3,6 @@
 Built by ``make docs`` and checked by tests/test_docs.py (``sphinx-build -W``: any warning fails).
 """
 
-import re
-
 # First, before anything imports torch.distributed._shard: the reference documents torch_shard.compat,
 # and importing it installs the alias, which refuses to do so once upstream's package is loaded.
 import torch_shard.compat
@@ -32,18 +30,3 @@ nitpick_ignore_regex = [(r"py:.*", r"(?!torch_shard\b).*")]
 
 html_theme = "alabaster"
 html_title = f"torch_shard {version}"
-
-_STAR_ARGS = re.compile(r"^(\s*)\*(\w+), \*\*(\w+):(.*)$")
-
-
-def _escape_star_args(app, what, name, obj, options, lines):
-    """napoleon escapes an ``*args:`` or ``**kwargs:`` entry, not ``*args, **kwargs:`` on one line."""
-    for i, line in enumerate(lines):
-        match = _STAR_ARGS.match(line)
-        if match:
-            indent, args, kwargs, rest = match.groups()
-            lines[i] = f"{indent}\\*{args}, \\*\\*{kwargs}:{rest}"
-
-
-def setup(app):
-    app.connect("autodoc-process-docstring", _escape_star_args, priority=400)

@@ -145,7 +145,7 @@ class Steps:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--checkpoint-dir", default=None, help="where the step-4 checkpoint goes (a temporary folder inside it)")
+    parser.add_argument("--checkpoint-dir", default=None, help="where check 5's checkpoint goes (a temporary folder inside it)")
     parser.add_argument("--timeout", type=float, default=300, help="process-group timeout, seconds")
     args = parser.parse_args()
 
@@ -184,7 +184,7 @@ def main() -> int:
     )
     steps.check("one training step (loss, updated shards) equals the dense model's", diff, RTOL_FLOAT)
 
-    # 3. Reshard a copy of the trained table: rows -> columns -> an uneven grid. Each move must
+    # 3. and 4. Reshard a copy of the trained table: rows -> columns -> an uneven grid. Each move must
     #    keep every value exactly: compare with the table as it was before the moves.
     table = model.bag.weight.detach().clone()
     before = full_copy(table)
@@ -197,7 +197,7 @@ def main() -> int:
     visualize_sharding(table, "the table after reshard(grid):")
     steps.check("reshard columns -> an uneven grid (several shards per rank, an empty shard)", max_diff_of_shards(table, before))
 
-    # 4. Save the trained model's state_dict (rows) the way we recommend, with checksums of this save;
+    # 5. Save the trained model's state_dict (rows) the way we recommend, with checksums of this save;
     #    load the table as columns with each reader (ours checks every byte it hands over).
     path = shared_temp_dir(rank, args.checkpoint_dir)
     try:
@@ -221,7 +221,7 @@ def main() -> int:
         if rank == 0:
             shutil.rmtree(path, ignore_errors=True)
 
-    # 5. To DTensor and back. Shard(0) over a 1-D mesh is the row layout: no copy.
+    # 6. To DTensor and back. Shard(0) over a 1-D mesh is the row layout: no copy.
     mesh = init_device_mesh("cpu", (world,))
     weight = model.bag.weight.detach()
     dt = to_dtensor(weight, mesh, [DShard(0)])
@@ -231,7 +231,7 @@ def main() -> int:
     diff = diff if max_over_ranks(0 if shared else 1) == 0 else float("inf")
     steps.check("to_dtensor(Shard(0)) shares the shards; to_dtensor(Shard(1)) -> from_dtensor", diff)
 
-    # 6. The whole trained table on rank 0 only.
+    # 7. The whole trained table on rank 0 only.
     out = torch.empty(NUM_EMBEDDINGS, EMBEDDING_DIM) if rank == 0 else None
     model.bag.weight.gather(dst=0, out=out)
     diff = (out - dense.bag.weight.detach()).abs().max().item() if rank == 0 else 0.0

@@ -13,7 +13,7 @@ placed ``rank:r/cuda:<local rank of r>``; with ``--backend gloo`` too, rank ``r`
 mod GPU count>`` (one GPU serves 4 ranks: CUDA kernels and placements, bytes carried by gloo); with ``--device cpu`` the same cases run on gloo with
 ``rank:r/cpu`` placements (gloo needs a usable interface: on one machine, ``GLOO_SOCKET_IFNAME=lo``).
 
-Only public API is used (see the README's API map).
+Only public API is used (see docs/reference/api.md).
 """
 
 from __future__ import annotations

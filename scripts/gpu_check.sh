@@ -53,7 +53,7 @@ step() {  # step NAME COMMAND...: run, log, one summary line
 gpus=$("$PY" -c "import torch; print(torch.cuda.device_count())" 2>>"$LOG" || echo 0)
 echo "gpu-check: $("$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', '.'.join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else '-')" 2>>"$LOG"), $gpus GPU(s): $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | sort | uniq -c | xargs)"
 # The compilers: the extension is built with this machine's g++, torch with its own; a mismatched C++
-# runtime shows as SIGSEGVs where the extension throws (NOTE [ One C++ runtime ], docs/gpus.md).
+# runtime shows as SIGSEGVs where the extension throws (NOTE [ One C++ runtime ], docs/howto/gpus.md).
 { echo "c++: $(c++ --version 2>&1 | head -1)"; "$PY" -c "import torch; print('torch built with:', [l.strip() for l in torch.__config__.show().splitlines() if 'GCC' in l or 'CXX_COMPILER' in l or 'ABI' in l])"; } >>"$LOG" 2>&1
 if [ "$gpus" -lt 1 ]; then
   echo "gpu-check: no GPU on this machine; nothing to check" >&2

@@ -15,10 +15,10 @@
   exists, and every ``NOTE [ name ]`` they point at is defined in the code.
 
 ``make test`` installs Sphinx into .venv (requirements/docs.txt), and the suite runs with .venv's
-Python: there a missing Sphinx or a missing docs/ fails these tests, never skips them. The same test
-files also run elsewhere, without the docs' tools or the docs themselves: make test's torch legs (other
-venvs, no Sphinx) and its wheel check (copies of tests/ only). There the checks that lack what they
-check say so and skip.
+Python: there a missing Sphinx or a missing docs/ fails these tests, never skips them. make test's
+torch legs (other venvs, no Sphinx: scripts/torch_leg.sh) and its wheel check (copies of tests/ only:
+scripts/wheel_check.sh) leave this file out (``--ignore``). Run anywhere else, the checks that lack what
+they check say so and skip.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 fresh interpreter that installs the alias first (this test process has imported upstream's
 torch.distributed._shard already, through torch.distributed.checkpoint).
 
-What FSDP1 cannot do on CPU is documented in docs/compat.md (section "TorchRec and FSDP1").
+What FSDP1 cannot do on CPU is documented in docs/howto/upstream.md (section "FSDP1").
 """
 
 from __future__ import annotations

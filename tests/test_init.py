@@ -120,7 +120,7 @@ class TestShardedTensorNNInit(ShardedTensorTestBase):
 
         torch.manual_seed(seed)
         # fan_in is w = 2 for the global 8x2 tensor and for each 2x2 row shard alike, so torch_shard's
-        # global-fan bound (see docs/differences.md) and upstream's local-fan bound agree here.
+        # global-fan bound (see docs/reference/differences.md) and upstream's local-fan bound agree here.
         torch.nn.init.kaiming_uniform_(
             local_tensor_clone, a=a, mode=mode, nonlinearity=nonlinearity
         )

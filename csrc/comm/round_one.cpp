@@ -49,8 +49,8 @@ constexpr int64_t kMinUsefulSlot = 256;
 // Every rank ends with the same headers, so the verdict, the slots and round 2 are unchanged. The mode
 // depends only on the group and its history, never on arguments, so all ranks pick the same one
 // (NOTE [ Round 1 follows the group's history ]). kHubMaxWorld is the largest group where the hub beat
-// the all-to-all, on one host and across two (docs/benchmarks.md): its W^2 headers erode the advantage
-// as W grows. CUDA groups (NCCL's all-to-all is one kernel) and groups without point-to-point messages
+// the all-to-all, on one host and across two (docs/performance.md, "Figures behind design choices"):
+// its W^2 headers erode the advantage as W grows. CUDA groups (NCCL's all-to-all is one kernel) and groups without point-to-point messages
 // (a backend written in Python) keep the all-to-all.
 // Faults: the hub reports a peer whose round-1 message fails to arrive (process ended, connection
 // broken) to everyone as lost (kLost), so no rank waits on it. On a timeout gloo closes every
@@ -86,7 +86,8 @@ constexpr int64_t kDirectBudgetBytes = int64_t{4} << 20;
 //     prediction. A scatter or a gather stays on the hub at any size: payloads up to
 //     kHubAppendMaxBytes ride its messages (NOTE [ Payloads riding the hub's messages ]), and bigger
 //     ones go point to point in round 2, straight into the destination, which beats an all-to-all
-//     whose copies out of its receive buffers follow the transfer (docs/benchmarks.md);
+//     whose copies out of its receive buffers follow the transfer (docs/performance.md, "Figures
+//     behind design choices");
 //   * the rooms of an all-to-all round 1 (NOTE [ Rooms ]).
 // Every rank records the op (History, per group object) right after round 1, before the verdict can
 // raise, so every rank of a group always plans the same round 1.

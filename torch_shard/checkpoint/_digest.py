@@ -9,8 +9,8 @@ CRC-32's 2**-32), and fast on any x86-64 CPU (SSE2/AVX2/AVX-512, dispatched at r
 4.1), where a CRC-32 is fast only with carry-less multiply in wide vectors (VPCLMULQDQ) and
 zlib-ng. Of the hashes ``bench/bench_hash.py`` compares (XXH3-64, zlib-ng and stdlib CRC-32, CRC32C,
 XXH64), XXH3-64 is the fastest in the cache, from memory and over tiles, and it stays fast on CPUs
-without VPCLMULQDQ, where zlib-ng's CRC-32 falls far behind (figures in docs/benchmarks.md). XXH3-128
-is as fast but doubles the table.
+without VPCLMULQDQ, where zlib-ng's CRC-32 falls far behind (figures in docs/performance.md,
+"Checkpoints"). XXH3-128 is as fast but doubles the table.
 
 A check of a whole record with ``.checksums`` needs only this hash (the record's zip CRC-32 is not
 computed too); a checkpoint without ``.checksums`` (plain DCP) is checked against its zip CRC-32s

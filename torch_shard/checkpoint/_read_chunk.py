@@ -12,8 +12,8 @@ large as the chunk (the kernel zeroes every page of it) and one more copy, more 
 which comes from the page cache the first one filled. The threshold (``_READ_TWICE_FROM``) is glibc's mmap threshold, which grows to at most
 32 MiB: below it the allocator recycles blocks, so staging costs no fresh pages and is the cheaper
 path; above it every staging buffer is fresh memory the kernel zeroes, and reading twice wins
-(``bench/bench_read_twice.py``; the figures are in docs/benchmarks.md). Another allocator moves the
-crossover: rerun the bench there.
+(``bench/bench_read_twice.py``; the figures are in docs/performance.md, "Figures behind design
+choices"). Another allocator moves the crossover: rerun the bench there.
 
 The hash of the second read must equal the first: it differs only when the file changed on disk
 between the two (another job saving into the same directory during the load). The

@@ -38,8 +38,8 @@ NOTE [ When read-once is on ]
 ``read_once=None`` (the default) turns it on when the checkpoint lies on a network or FUSE file system
 (NFS, Lustre, GPFS, sshfs, ...: ``_read_once.on_network_filesystem``), where every rank's read of a
 byte crosses the network, and off on a local one, where ranks on one host share its page cache and
-handing bytes over the process group costs more than reading them again (docs/benchmarks.md). The
-coordinator decides, so every rank of a load does the same.
+handing bytes over the process group costs more than reading them again (docs/performance.md,
+"Checkpoints from shared storage"). The coordinator decides, so every rank of a load does the same.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ into boxes, the result's DTensorSpec. ``_move`` computes that once per key (:cla
 then costs a cache lookup, the exchange, and one DTensor built straight from the moved local tensor by
 one autograd Function (:class:`_Redistribute`, as DTensor's own redistribute does), not
 ``to_local`` / ``from_local`` and their two autograd Functions. Small tensors pay this per-op cost in
-full, where it is a large share of a call's CPU time (docs/benchmarks.md).
+full, where it is a large share of a call's CPU time (docs/performance.md, "DTensor placement changes").
 """
 
 from __future__ import annotations

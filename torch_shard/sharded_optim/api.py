@@ -23,7 +23,8 @@ class ShardedOptimizer(optim.Optimizer):
         named_params (Mapping[str, Tensor | ShardedTensor]): e.g. the output of
             :func:`~torch_shard.sharded_optim.named_params_with_sharded_tensor`.
         optimizer_class: e.g. ``torch.optim.SGD``.
-        *optimizer_args, **optimizer_kwargs: passed to ``optimizer_class``.
+        *optimizer_args: positional arguments passed to ``optimizer_class``.
+        **optimizer_kwargs: keyword arguments passed to ``optimizer_class``.
     """
 
     def __init__(self, named_params: Mapping[str, Tensor | ShardedTensor], optimizer_class, *optimizer_args, **optimizer_kwargs):

@@ -158,6 +158,7 @@ class EnumerableShardingSpec(ShardingSpec):
         return super()._layout_args(size, properties, resolve)
 
     def shard(self, tensor: torch.Tensor, src_rank: int = 0, process_group=None) -> torch.Tensor:
+        """Always raises ``NotImplementedError``, as upstream does: shard by chunks and reshard instead."""
         # Upstream's exact refusal, which callers and upstream's tests match on. The C++ op
         # torch.ops.torch_shard.shard scatters any layout, enumerable ones included; from Python, shard
         # by chunks and reshard, or call the op.

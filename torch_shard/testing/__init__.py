@@ -153,7 +153,7 @@ def rank_device(rank: int) -> str:
 def full_tensor(dt) -> torch.Tensor:
     """``dt.full_tensor()`` of a DTensor, gathered through the CPU where ``dt`` holds CUDA tensors on a
     gloo mesh (the one-gpu mode): there torch 2.11's DTensor all-gather (``all_gather_into_tensor``
-    through gloo's CUDA path) killed every rank with SIGSEGV (docs/gpus.md). Elsewhere it is
+    through gloo's CUDA path) killed every rank with SIGSEGV (docs/howto/gpus.md). Elsewhere it is
     ``dt.full_tensor()`` itself."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import DTensor
