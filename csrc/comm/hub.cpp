@@ -46,7 +46,7 @@ constexpr int64_t kHub = 0;
 // Both ends then skip that pair in round 2. The cap keeps the copies in and out of the round-1
 // buffers (a direct round-2 message needs none) cheaper than the hop they save. Bigger payloads go in
 // round 2, straight into the destination: sending them ahead of the hub's reply did not beat that on
-// one host or two (0.89x to 1.11x the time without; bench/decide_round_one.py, "ahead (removed)").
+// one host or two (docs/performance.md, "Figures behind design choices").
 constexpr int64_t kHubAppendMaxBytes = int64_t{1} << 20;
 
 namespace {

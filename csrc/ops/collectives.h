@@ -16,7 +16,7 @@
 //   * they would not count in comm_stats (bytes to and from peers, rounds), from which
 //     bench/bench_embedding.py reports the bytes each rank sends, as for the other data ops;
 //   * tracing and autograd are what they would add, and the sharded lookups that use these cannot be
-//     traced anyway (a ShardedTensor is no tensor dynamo can trace: docs/torch_compile.md), and carry
+//     traced anyway (a ShardedTensor is no tensor dynamo can trace: docs/howto/compile.md), and carry
 //     their own backward ops.
 #pragma once
 
