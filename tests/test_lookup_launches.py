@@ -20,15 +20,7 @@ import torch.nn.functional as F
 
 import torch_shard.sharded_tensor as ts_st
 import torch_shard.sharding_spec as ts_spec
-from torch_shard.testing import (
-    TEST_WORLD_SIZE,
-    ShardedTensorTestBase,
-    cpu_loops,
-    placement,
-    rank_device,
-    run_tests,
-    with_comms,
-)
+from torch_shard.testing import ShardedTensorTestBase, cpu_loops, placement, rank_device, run_tests, with_comms
 from torch_shard.testing._aten_work import aten_work_ops
 
 MODES = ("embedding", "sum", "mean", "max")
@@ -53,10 +45,6 @@ def _launches(mode, ids, weight):
 
 
 class TestLookupLaunches(ShardedTensorTestBase):
-    @property
-    def world_size(self):
-        return TEST_WORLD_SIZE
-
     @with_comms(init_rpc=False)
     def test_launches_beside_upstream(self):
         rows, dim = 400, 8
