@@ -259,8 +259,8 @@ def test_units_cover_every_needed_box_once_and_readers_are_balanced():
     )
     from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 
-    from torch_shard.checkpoint._agreement import Participants
     from torch_shard.checkpoint._checksums import ItemChecksums, TileGrid
+    from torch_shard.checkpoint._load_outcome import Participants
 
     # One 4096 x 1024 float32 chunk (16 MiB), replicated on 4 ranks, plus 4 row chunks each needed by
     # its own rank.

@@ -54,8 +54,8 @@ import torch
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan
 
-from ._agreement import Participants
 from ._checksums import location_key, reads_archive_whole
+from ._load_outcome import Participants
 
 # Bands of a saved chunk that one rank reads for all (about this many bytes; tile-aligned).
 BAND_BYTES = 16 << 20

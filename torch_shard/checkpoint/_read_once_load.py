@@ -33,8 +33,8 @@ import torch
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
 
-from ._agreement import Outcome, flag_device, group_of, this_rank
 from ._errors import Corruption
+from ._load_outcome import Outcome, flag_device, group_of, this_rank
 from ._read_chunk import Deferred, read_again, read_checked_copy
 from ._read_once import Prefetcher, ReadOnce, Unit, exchange_round, prefetch_ranges, read_by
 from ._timing import reading_again, spent

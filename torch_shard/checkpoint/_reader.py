@@ -56,11 +56,11 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.futures import Future
 
 from . import _metadata
-from ._agreement import LocalRank, Outcome, Participants, exchange, this_rank
 from ._archive import BytesSource, FileSource, Source
 from ._checksums import location_key
 from ._chunk import Expected, ItemPlace, open_chunk, read_bytes_item
 from ._errors import CheckpointCorruptionError, CheckpointLoadError, Corruption
+from ._load_outcome import LocalRank, Outcome, Participants, exchange, this_rank
 from ._read_chunk import Deferred, read_again, read_chunk_boxes, reads_whole
 from ._read_once import ReadOnce, on_network_filesystem, plan_read_once
 from ._read_once_load import ReadOnceLoad
