@@ -8,12 +8,14 @@ other rank raises the same class naming that rank instead of waiting for it. Aft
 group is still in step: a valid call on every rank equals the dense op.
 """
 
+import itertools
+
 import torch
 import torch.nn.functional as F
 
 from torch_shard import _shard_tensor
 from torch_shard.sharding_spec import ChunkShardingSpec
-from torch_shard.testing import ShardedTensorTestBase, placement, rank_device, run_tests, with_comms
+from torch_shard.testing import ShardedTensorTestBase, cpu_loops, placement, rank_device, run_tests, with_comms
 
 BAD_RANK = 1
 NUM_EMBEDDINGS, EMBEDDING_DIM = 10, 4
@@ -221,8 +223,9 @@ class TestEmbeddingInputValidation(ShardedTensorTestBase):
         device = rank_device(self.rank)
         for dim, dense, weight in self._weights():
             good, cases = self._embedding_bag_cases(device)
-            for bad, cls, pattern, dense_pattern in cases:
-                with self.subTest(dim=dim, pattern=pattern):
+            # On both paths: the CPU's loops and the ATen composition every other device takes.
+            for (bad, cls, pattern, dense_pattern), fused in itertools.product(cases, (True, False)):
+                with self.subTest(dim=dim, pattern=pattern, fused=fused), cpu_loops(fused):
                     self._check_case(F.embedding_bag, weight, dense, good, bad, cls, pattern, dense_pattern)
             # Still in step: a valid call on every rank equals the dense op.
             ids = torch.randint(0, NUM_EMBEDDINGS, (7,), generator=torch.Generator().manual_seed(self.rank))
@@ -274,8 +277,8 @@ class TestEmbeddingInputValidation(ShardedTensorTestBase):
             (((ids,), {"sparse": True}), RuntimeError, 'flag on "sparse" not supported!', None, None),
         ]
         for dim, dense, weight in self._weights():
-            for bad, cls, pattern, dense_pattern, peer_cls in cases:
-                with self.subTest(dim=dim, pattern=pattern):
+            for (bad, cls, pattern, dense_pattern, peer_cls), fused in itertools.product(cases, (True, False)):
+                with self.subTest(dim=dim, pattern=pattern, fused=fused), cpu_loops(fused):
                     self._check_case(F.embedding, weight, dense, good, bad, cls, pattern, dense_pattern, peer_cls)
             mine = torch.randint(0, NUM_EMBEDDINGS, (3, 2), generator=torch.Generator().manual_seed(self.rank))
             self.assertEqual(F.embedding(mine.to(device), weight), F.embedding(mine.to(device), dense))

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 #include <c10/util/Exception.h>
@@ -107,10 +108,13 @@ at::Tensor composed_status(const LookupInput& input, const at::Tensor& outside) 
   if (input.include_last_offset) {
     status.masked_fill_(last.ne(n), kValueError);
   }
-  at::Tensor runtime_bad = first.ne(0) | last.gt(n);
-  if (m > 1) {
-    runtime_bad = runtime_bad | offsets.slice(0, 1).lt(offsets.slice(0, 0, m - 1)).any();
-  }
+  // Well-formed offsets start at 0, never decrease and end at most at n: in one comparison, every
+  // element of lhs is at least rhs's, pairing (offsets[0], 0), each (offsets[i], offsets[i - 1]),
+  // (n, offsets[-1]) and (0, offsets[0]).
+  const at::Tensor ends = to_device({n, 0, 0}, offsets.device());
+  const at::Tensor lhs = at::cat({offsets, ends.narrow(0, 0, 2)});
+  const at::Tensor rhs = at::cat({ends.narrow(0, 2, 1), offsets, first.reshape({1})});
+  const at::Tensor runtime_bad = lhs.lt(rhs).any();
   // Every ValueError check comes before every RuntimeError one: a RuntimeError only where none failed.
   return status.masked_fill_(runtime_bad & status.eq(0), kRuntimeError);
 }
