@@ -26,7 +26,7 @@ from torch_shard.testing._aten_work import aten_work_ops
 MODES = ("embedding", "sum", "mean", "max")
 
 # Row-wise embedding_bag forwards: the ops they may launch beyond upstream's in the same case.
-ROWWISE_BAG_BUDGET = {"sum": 7, "mean": 7, "max": 32}
+ROWWISE_BAG_BUDGET = {"sum": 5, "mean": 5, "max": 30}
 
 
 def _lookup(mode, ids, weight):
