@@ -16,9 +16,10 @@ no TorchRec column).
 Per case and library it prints:
 * fwd ms: forward under no_grad; fwd+bwd ms: forward and ``out.sum().backward()`` into the shards.
   Median of --repeats after a warm-up, of the slowest rank (CUDA: synchronised);
-* fwd ops, bwd ops: ATen ops that do work in ONE forward, and in one ``out.sum().backward()``, on rank
-  0: torch.profiler events ``aten::*`` at every level, leaving out the ops that launch no kernel
-  (views, slices, selects, detach, empty*, resize_, the reshape family: torch_shard.testing._aten_work).
+* fwd ops, bwd ops: ATen ops that do work in ONE forward (autograd on, as a training step runs it:
+  unlike fwd ms), and in one ``out.sum().backward()``, on rank 0: torch.profiler events ``aten::*`` at
+  every level, leaving out the ops that launch no kernel (views, slices, selects, detach, empty*,
+  resize_, the reshape family: torch_shard.testing._aten_work).
   The CPU's proxy for kernel launches. ``--gpu-path`` runs torch_shard's lookups on the ATen
   composition every non-CPU device takes (``torch_shard.testing.cpu_loops(False)``): on the CPU, its
   op counts are what a GPU would launch;
