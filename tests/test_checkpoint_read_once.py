@@ -37,9 +37,9 @@ from torch_shard.checkpoint import (
     CheckpointLoadError,
     ChecksumFileSystemWriter,
     _archive,
+    _load_outcome,
     _read_chunk,
     _read_once,
-    _reader,
     load,
 )
 from torch_shard.testing import ShardedTensorTestBase, run_tests, with_comms
@@ -158,7 +158,7 @@ class TestReadOnce(ShardedTensorTestBase):
         path, full, rep = self._save()
         md = dcp.FileSystemReader(path).read_metadata()
         (info,) = [md.storage_data[i] for i in md.storage_data if i.fqn == "rep"]
-        agree, calls = _reader.exchange, []
+        agree, calls = _load_outcome.exchange, []
 
         def agree_then_change(outcome, participants):
             calls.append(outcome)
@@ -172,7 +172,7 @@ class TestReadOnce(ShardedTensorTestBase):
             return agree(outcome, participants)
 
         state = self._targets(chunks(1))
-        with mock.patch.object(_reader, "exchange", agree_then_change), \
+        with mock.patch.object(_load_outcome, "exchange", agree_then_change), \
                 self.assertRaises(CheckpointCorruptionError) as cm:
             load(state, path, read_once=True)
         self.assertEqual(len(calls), 1)

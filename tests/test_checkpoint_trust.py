@@ -46,9 +46,9 @@ from torch_shard.checkpoint import (
     CheckpointLoadError,
     ChecksumFileSystemWriter,
     _checksums,
+    _load_outcome,
     _metadata,
     _read_chunk,
-    _reader,
     load,
     verify_checkpoint,
 )
@@ -381,7 +381,7 @@ class TestCheckpointTrust(ShardedTensorTestBase):
         path = self._tmp_dir()
         dcp.save({"w": filled(full, chunks(0))}, storage_writer=ChecksumFileSystemWriter(path))
         [info] = [s for i, s in _storage(path).items() if i.offset[0] == 0]
-        agree, calls = _reader.exchange, []
+        agree, calls = _load_outcome.exchange, []
 
         def agree_then_change(outcome, participants):
             calls.append(outcome)
@@ -397,7 +397,7 @@ class TestCheckpointTrust(ShardedTensorTestBase):
 
         target = sharded_tensor.full(chunks(0), (ROWS, COLS), FILL)
         # Every whole chunk read twice, however small (the reader stages chunks under 32 MiB).
-        with mock.patch.object(_reader, "exchange", agree_then_change), mock.patch.object(_read_chunk, "_READ_TWICE_FROM", 0):
+        with mock.patch.object(_load_outcome, "exchange", agree_then_change), mock.patch.object(_read_chunk, "_READ_TWICE_FROM", 0):
             with self.assertRaises(CheckpointCorruptionError) as cm:
                 load({"w": target}, path)
         self.assertEqual(len(calls), 1)  # one agreement; DCP's read step gathers what the copy found

@@ -15,12 +15,14 @@ more collectives) to name every corruption.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
-from ._errors import Corruption
+from ._errors import CheckpointCorruptionError, CheckpointLoadError, Corruption
+from ._timing import spent
 
 
 @dataclass(frozen=True)
@@ -88,3 +90,20 @@ def exchange(outcome: Outcome, participants: Participants | None) -> list[Outcom
     gathered: list = [None] * len(participants.ranks)
     dist.all_gather_object(gathered, outcome, group=group)
     return gathered
+
+
+def agree(outcome: Outcome, participants: Participants | None, path: str, failure: BaseException | None) -> None:
+    """Learn every participant's outcome and raise, on every rank alike, what any of them found: every
+    corruption as one :class:`CheckpointCorruptionError`, else every other error as one
+    :class:`CheckpointLoadError` (chained to ``failure``, this rank's own exception, if it had one)."""
+    clock = time.perf_counter()
+    outcomes = exchange(outcome, participants)
+    spent("agree_s", clock)
+    corruptions = [c for o in outcomes for c in o.corruptions]
+    if corruptions:
+        raise CheckpointCorruptionError(path, corruptions)
+    failed = [f"rank {o.rank}: {o.error}" if o.rank is not None else o.error for o in outcomes if o.error]
+    if failed:
+        raise CheckpointLoadError(
+            path, f"torch_shard.checkpoint: loading '{path}' failed, so nothing was loaded: {'; '.join(failed)}"
+        ) from failure

@@ -60,7 +60,7 @@ from ._archive import BytesSource, FileSource, Source
 from ._checksums import location_key
 from ._chunk import Expected, ItemPlace, open_chunk, read_bytes_item
 from ._errors import CheckpointCorruptionError, CheckpointLoadError, Corruption
-from ._load_outcome import LocalRank, Outcome, Participants, exchange, this_rank
+from ._load_outcome import LocalRank, Outcome, Participants, agree, this_rank
 from ._read_chunk import Deferred, read_again, read_chunk_boxes, reads_whole
 from ._read_once import ReadOnce, on_network_filesystem, plan_read_once
 from ._read_once_load import ReadOnceLoad
@@ -194,18 +194,7 @@ class ByteRangeFileSystemReader(FileSystemReader):
                     outcome.error = outcome.error or f"{type(e).__name__}: {e}"
             if once is not None:
                 failure = once.check(outcome) or failure
-            clock = time.perf_counter()
-            outcomes = exchange(outcome, participants)
-            clock = spent("agree_s", clock)
-            corruptions = [c for o in outcomes for c in o.corruptions]
-            if corruptions:
-                raise CheckpointCorruptionError(str(self.path), corruptions)
-            failed = [f"rank {o.rank}: {o.error}" if o.rank is not None else o.error for o in outcomes if o.error]
-            if failed:
-                raise CheckpointLoadError(
-                    str(self.path),
-                    f"torch_shard.checkpoint: loading '{self.path}' failed, so nothing was loaded: {'; '.join(failed)}",
-                ) from failure
+            agree(outcome, participants, str(self.path), failure)
             # Every rank read, checked and decoded everything: now write the destinations. A read-once
             # load's deliveries first: every rank takes part in each of their exchanges, whatever fails
             # in them; a failure in the writes below then keeps no rank waiting. Then what this rank
