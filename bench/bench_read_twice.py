@@ -1,5 +1,5 @@
 """Where a checked load should stop staging whole chunks and read them twice instead (NOTE [ Whole chunks
-are checked, then read again into the destination ], ``_read_chunk._READ_TWICE_FROM``).
+are checked, then read again into the destination ], ``torch_shard/checkpoint/read/chunk.py``'s ``_READ_TWICE_FROM``).
 
 Run with ``torchrun --standalone --nproc-per-node=4 bench/bench_read_twice.py``. For saved chunks of 4 to
 128 MiB (a float32 tensor of 4 x that many bytes in row chunks, saved by ``ChecksumFileSystemWriter``),
@@ -25,7 +25,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from torch_shard import sharded_tensor
-from torch_shard.checkpoint import ByteRangeFileSystemReader, ChecksumFileSystemWriter, _read_chunk
+from torch_shard.checkpoint import ByteRangeFileSystemReader, ChecksumFileSystemWriter
+from torch_shard.checkpoint.read import chunk as read_chunk
 from torch_shard.sharding_spec import ChunkShardingSpec
 
 
@@ -62,8 +63,8 @@ def main() -> None:
             times: dict[str, list[float]] = {name: [] for name in ways}
             for i in range(args.repeats + 1):
                 for name, (make, threshold) in ways.items():
-                    patch = (mock.patch.object(_read_chunk, "_READ_TWICE_FROM", threshold) if threshold is not None
-                             else mock.patch.object(_read_chunk, "_READ_TWICE_FROM", _read_chunk._READ_TWICE_FROM))
+                    patch = (mock.patch.object(read_chunk, "_READ_TWICE_FROM", threshold) if threshold is not None
+                             else mock.patch.object(read_chunk, "_READ_TWICE_FROM", read_chunk._READ_TWICE_FROM))
                     dist.barrier()
                     with patch:
                         start = time.perf_counter()

@@ -38,10 +38,12 @@ from torch_shard.checkpoint import (
     ChecksumFileSystemWriter,
     _archive,
     _load_outcome,
-    _read_chunk,
-    _read_once,
     load,
 )
+from torch_shard.checkpoint.read import chunk as read_chunk
+from torch_shard.checkpoint.read import exchange as read_exchange
+from torch_shard.checkpoint.read import mounts as read_mounts
+from torch_shard.checkpoint.read import schedule as read_schedule
 from torch_shard.testing import ShardedTensorTestBase, run_tests, with_comms
 
 ROWS, COLS, REP = 512, 256, 384
@@ -101,7 +103,7 @@ class TestReadOnce(ShardedTensorTestBase):
             self.assertGreaterEqual(read_each, ROWS * COLS * 4 + self.world_size * REP * COLS * 4, name)
         # Whole chunks checked, then read again into their destinations (as chunks of 32 MiB and more
         # are): the second reads are counted apart, as read again.
-        with mock.patch.object(_read_chunk, "_READ_TWICE_FROM", 0):
+        with mock.patch.object(read_chunk, "_READ_TWICE_FROM", 0):
             once, read_once, reader = self._load(path, chunks(0), read_once=True)
         self._holds(once, full, rep, "read twice")
         self.assertLessEqual(read_once, 1.05 * union)
@@ -114,15 +116,15 @@ class TestReadOnce(ShardedTensorTestBase):
         union = (ROWS + rep_rows) * COLS * 4
         # 1 MiB bands, 1 MiB rounds: the replicated tensor in 6 bands read by different ranks, two
         # rounds for a rank that reads two of them.
-        with mock.patch.object(_read_once, "BAND_BYTES", 1 << 20), mock.patch.object(_read_once, "ROUND_BYTES", 1 << 20):
+        with mock.patch.object(read_schedule, "BAND_BYTES", 1 << 20), mock.patch.object(read_schedule, "ROUND_BYTES", 1 << 20):
             calls = []
-            exchange = _read_once.exchange_round
+            exchange = read_exchange.exchange_round
 
             def counted(*args, **kwargs):
                 calls.append(1)
                 return exchange(*args, **kwargs)
 
-            with mock.patch("torch_shard.checkpoint._read_once_load.exchange_round", counted):
+            with mock.patch("torch_shard.checkpoint.read.read_once.exchange_round", counted):
                 for spec in (chunks(0), chunks(1, (2, 0, 3, 1))):
                     calls.clear()
                     state, read, _ = self._load(path, spec, rep_rows, read_once=True)
@@ -241,11 +243,11 @@ def test_network_and_fuse_mounts_are_told_from_local_ones():
     )
     with mock.patch("builtins.open", mock.mock_open(read_data=mounts)), \
             mock.patch("os.path.realpath", side_effect=lambda p: p):
-        assert _read_once.on_network_filesystem("/mnt/nfs/ckpt")
-        assert _read_once.on_network_filesystem("/mnt/ss/run/step100")
-        assert not _read_once.on_network_filesystem("/mnt/nfs/local/ckpt")  # the deeper mount wins
-        assert not _read_once.on_network_filesystem("/home/ckpt")
-        assert not _read_once.on_network_filesystem("/mnt/nfsx")  # a prefix of the name is not the mount
+        assert read_mounts.on_network_filesystem("/mnt/nfs/ckpt")
+        assert read_mounts.on_network_filesystem("/mnt/ss/run/step100")
+        assert not read_mounts.on_network_filesystem("/mnt/nfs/local/ckpt")  # the deeper mount wins
+        assert not read_mounts.on_network_filesystem("/home/ckpt")
+        assert not read_mounts.on_network_filesystem("/mnt/nfsx")  # a prefix of the name is not the mount
 
 
 def test_units_cover_every_needed_box_once_and_readers_are_balanced():
@@ -288,8 +290,8 @@ def test_units_cover_every_needed_box_once_and_readers_are_balanced():
         items.append(ReadItem(LoadItemType.TENSOR, wi, torch.Size([0, 0]), wi, torch.Size([0, 0]),
                               torch.Size([shard_rows, cols])))
         plans.append(LoadPlan(items))
-    with mock.patch.object(_read_once, "BAND_BYTES", 1 << 20):
-        out = _read_once.plan_read_once(plans, Participants(tuple(range(world))), storage, Metadata(md), Sums())
+    with mock.patch.object(read_schedule, "BAND_BYTES", 1 << 20):
+        out = read_schedule.plan_read_once(plans, Participants(tuple(range(world))), storage, Metadata(md), Sums())
     schedule = out[0].storage_data
     units = schedule.units
     # Every rank's every item is covered exactly by its pieces.

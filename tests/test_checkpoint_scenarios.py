@@ -50,7 +50,8 @@ from torch.distributed.tensor import zeros as dtensor_zeros
 from torch.testing._internal.distributed.checkpoint_utils import Rot13Example, get_test_extension_registry
 
 from torch_shard import shard_parameter, sharded_tensor
-from torch_shard.checkpoint import ByteRangeFileSystemReader, ChecksumFileSystemWriter, _read_chunk
+from torch_shard.checkpoint import ByteRangeFileSystemReader, ChecksumFileSystemWriter
+from torch_shard.checkpoint.read import chunk as read_chunk
 from torch_shard.sharding_spec import ChunkShardingSpec, EnumerableShardingSpec, ShardMetadata
 from torch_shard.testing import ShardedTensorTestBase, full_tensor, placement, run_tests, with_comms
 
@@ -534,7 +535,7 @@ class TestByteRangeReader(ShardedTensorTestBase):
             same_layout = self._load_counting(ByteRangeFileSystemReader, path, rows, full, **kwargs)
             self.assertGreaterEqual(same_layout, nbytes // 4)
             self.assertLess(same_layout, nbytes // 4 + 64 * 1024)
-        with mock.patch.object(_read_chunk, "_READ_TWICE_FROM", 0):
+        with mock.patch.object(read_chunk, "_READ_TWICE_FROM", 0):
             twice = self._load_counting(ByteRangeFileSystemReader, path, rows, full)
         self.assertGreaterEqual(twice, 2 * (nbytes // 4))
         self.assertLess(twice, 2 * (nbytes // 4) + 64 * 1024)

@@ -48,11 +48,11 @@ from torch_shard.checkpoint import (
     _checksums,
     _load_outcome,
     _metadata,
-    _read_chunk,
     load,
     verify_checkpoint,
 )
 from torch_shard.checkpoint._archive import BytesSource, read_archive
+from torch_shard.checkpoint.read import chunk as read_chunk
 from torch_shard.testing import ShardedTensorTestBase, run_tests, with_comms
 
 ROWS, COLS = 64, 640
@@ -397,7 +397,7 @@ class TestCheckpointTrust(ShardedTensorTestBase):
 
         target = sharded_tensor.full(chunks(0), (ROWS, COLS), FILL)
         # Every whole chunk read twice, however small (the reader stages chunks under 32 MiB).
-        with mock.patch.object(_load_outcome, "exchange", agree_then_change), mock.patch.object(_read_chunk, "_READ_TWICE_FROM", 0):
+        with mock.patch.object(_load_outcome, "exchange", agree_then_change), mock.patch.object(read_chunk, "_READ_TWICE_FROM", 0):
             with self.assertRaises(CheckpointCorruptionError) as cm:
                 load({"w": target}, path)
         self.assertEqual(len(calls), 1)  # one agreement; DCP's read step gathers what the copy found

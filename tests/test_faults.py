@@ -129,7 +129,7 @@ def _read_once_scenario(rank: int, action: str, fault_rank: int):
     import torch.distributed.checkpoint as dcp
 
     from torch_shard.checkpoint import ChecksumFileSystemWriter, load
-    from torch_shard.checkpoint._read_once_load import ReadOnceLoad
+    from torch_shard.checkpoint.read.read_once import ReadOnceLoad
 
     path = _checkpoint_dir()
     dcp.save({"rep": torch.arange(256 * 512, dtype=torch.float32).view(256, 512)},

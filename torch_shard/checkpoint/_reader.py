@@ -1,18 +1,23 @@
 """:class:`ByteRangeFileSystemReader`: DCP's ``FileSystemReader`` that reads only the bytes a rank
 needs from each saved chunk, and checks every byte it hands to the model; with ``read_once``, every
-stored byte any rank needs is read by one rank only (``_read_once.py``).
+stored byte any rank needs is read by one rank only (``read/schedule.py``).
+
+The reader picks how a load reads; the ways of reading live in ``read/`` (its ``__init__.py`` maps
+them), and each takes its bytes through the one ``read.source.ChunkSource`` the reader makes per
+load: ``read/unchecked.py`` (``verify=False``), ``read/staged.py`` (this rank's own items of a
+checked load) and ``read/read_once.py`` (the items a read-once schedule serves).
 
 It reads, for each tensor a rank loads, only the bytes of the region it needs from each saved chunk,
 instead of every overlapping saved chunk whole. With ``verify=True`` (the default) every byte read
 is checked (NOTE [ Verified loads ]); ``verify=False`` is the unchecked reader of NOTE [ Reading
-byte ranges of a DCP checkpoint ] (``_read_unchecked.py``).
+byte ranges of a DCP checkpoint ] (``read/unchecked.py``).
 
 NOTE [ Verified loads ]
 Before any data: ``.metadata`` and ``.checksums`` are checked (NOTE [ Checking a checkpoint's
 metadata ]); a problem with either raises on every rank when DCP sets the reader up. Then per saved
 chunk the reader parses the ``torch.save`` archive's zip directory, checks its small records against
 their zip CRC-32s and the saved tensor's shape and dtype against ``.metadata`` (``_chunk.open_chunk``),
-and reads the bytes it needs as ``_read_chunk.read_chunk_boxes`` decides: the whole data record,
+and reads the bytes it needs as ``read/chunk.py``'s ``read_chunk_boxes`` decides: the whole data record,
 checked against the writer's XXH3-64 digest where the checkpoint has a ``.checksums``, else against
 its zip CRC-32 (plain DCP checkpoints: a partial read then costs the whole record, as with
 ``FileSystemReader``, and the reader warns once), when the rank needs the whole chunk, the chunk is
@@ -36,7 +41,7 @@ file offsets that still land on archives of the right shape).
 
 NOTE [ When read-once is on ]
 ``read_once=None`` (the default) turns it on when the checkpoint lies on a network or FUSE file system
-(NFS, Lustre, GPFS, sshfs, ...: ``_read_once.on_network_filesystem``), where every rank's read of a
+(NFS, Lustre, GPFS, sshfs, ...: ``read/mounts.py``), where every rank's read of a
 byte crosses the network, and off on a local one, where ranks on one host share its page cache and
 handing bytes over the process group costs more than reading them again (docs/performance.md,
 "Checkpoints from shared storage"). The coordinator decides, so every rank of a load does the same.
@@ -46,26 +51,22 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import io
-import time
 
-import torch
 from torch.distributed.checkpoint.filesystem import FileSystemReader
-from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, TensorStorageMetadata
-from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
+from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
 from torch.futures import Future
 
 from . import _metadata
-from ._archive import BytesSource, FileSource, Source
-from ._checksums import location_key
-from ._chunk import Expected, ItemPlace, open_chunk, read_bytes_item
 from ._errors import CheckpointCorruptionError, CheckpointLoadError, Corruption
 from ._load_outcome import LocalRank, Outcome, Participants, agree, this_rank
-from ._read_chunk import Deferred, read_again, read_chunk_boxes, reads_whole
-from ._read_once import ReadOnce, on_network_filesystem, plan_read_once
-from ._read_once_load import ReadOnceLoad
-from ._read_unchecked import read_unchecked
-from ._timing import LoadTimings, recording, spent
+from ._timing import LoadTimings, recording
+from .read.mounts import on_network_filesystem
+from .read.read_once import ReadOnceLoad
+from .read.schedule import ReadOnce, plan_read_once
+from .read.source import ChunkSource
+from .read.staged import OwnReads
+from .read.unchecked import read_unchecked
 
 __all__ = ["ByteRangeFileSystemReader"]
 
@@ -161,7 +162,8 @@ class ByteRangeFileSystemReader(FileSystemReader):
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         if not self.verify:
-            fallback = read_unchecked(self, plan, planner)
+            with contextlib.ExitStack() as opened:
+                fallback = read_unchecked(self._chunks(opened), plan, planner)
             if fallback:
                 super().read_data(LoadPlan(fallback), planner)
             return _done()
@@ -170,26 +172,16 @@ class ByteRangeFileSystemReader(FileSystemReader):
         if not isinstance(participants, Participants):
             participants = None
         outcome = Outcome(this_rank())
-        staged: list[tuple[ReadItem, object]] = []
-        failure: BaseException | None = None
         self.timings = LoadTimings()
         with recording(self.timings), contextlib.ExitStack() as opened:
-            self._handles: dict[str, object] = {}
-            self._opened = opened
-            self._scratch: dict = {}
-            try:
-                own = plan.items if schedule is None else [
-                    item for item, pieces in zip(plan.items, schedule.pieces) if pieces is None
-                ]
-                self._stage(own, staged, outcome.corruptions)
-            except Exception as e:  # noqa: BLE001 - reported to every rank, raised below
-                failure = e
-                outcome.error = f"{type(e).__name__}: {e}"
+            chunks = self._chunks(opened)
+            own = OwnReads(chunks, plan.items if schedule is None else schedule.read_alone(plan.items))
+            failure = own.check(outcome)
             once = None
             if schedule is not None:
                 try:
-                    once = ReadOnceLoad(self, plan, schedule)
-                except Exception as e:  # noqa: BLE001 - as above: every rank raises at the agreement
+                    once = ReadOnceLoad(chunks, plan, schedule)
+                except Exception as e:  # noqa: BLE001 - as for own reads: every rank raises at the agreement
                     failure = failure or e
                     outcome.error = outcome.error or f"{type(e).__name__}: {e}"
             if once is not None:
@@ -197,26 +189,12 @@ class ByteRangeFileSystemReader(FileSystemReader):
             agree(outcome, participants, str(self.path), failure)
             # Every rank read, checked and decoded everything: now write the destinations. A read-once
             # load's deliveries first: every rank takes part in each of their exchanges, whatever fails
-            # in them; a failure in the writes below then keeps no rank waiting. Then what this rank
-            # staged, the last read first (its bytes are the likeliest to be still in the cache; the
-            # regions do not overlap). Whole chunks are read again into them (NOTE [ Whole chunks are
-            # checked, then read again into the destination ]).
+            # in them; a failure in the writes of this rank's own items then keeps no rank waiting.
+            # Whole chunks are read again into their destinations (NOTE [ Whole chunks are checked,
+            # then read again into the destination ]).
             changed: list[Corruption] = []
             late = once.deliver(planner, changed) if once is not None else None
-            clock = time.perf_counter()  # deliver counts its own exchange and write time
-            for item, value in reversed(staged):
-                if isinstance(value, io.BytesIO):
-                    planner.load_bytes(item, value)
-                    continue
-                target = planner.resolve_tensor(item).detach()
-                if list(target.shape) != list(item.lengths):
-                    raise AssertionError(f"req {item.storage_index} mismatch sizes {list(target.shape)} vs {list(item.lengths)}")
-                if isinstance(value, Deferred):
-                    read_again(value, self._handle(value.relative_path), target, changed)
-                else:
-                    target.copy_(value)
-                planner.commit_tensor(item, target)
-            spent("write_s", clock)
+            own.write(planner, changed)  # deliver counts its own exchange and write time
         if changed:
             raise CheckpointCorruptionError(str(self.path), changed)
         if late is not None:
@@ -227,93 +205,12 @@ class ByteRangeFileSystemReader(FileSystemReader):
             ) from late
         return _done()
 
-    def _handle(self, relative_path: str):
-        """The load's unbuffered handle on a data file, opened on first use (positioned reads: a
-        buffered reader would fetch a full buffer around each of the archive directory's small reads)."""
-        raw = self._handles.get(relative_path)
-        if raw is None:
-            stream = self._opened.enter_context(self.fs.create_stream(self.fs.concat_path(self.path, relative_path), "rb"))
-            raw = self._handles[relative_path] = getattr(stream, "raw", stream)
-        return raw
-
-    def _place(self, index: MetadataIndex, relative_path: str) -> ItemPlace:
-        return ItemPlace(index.fqn, tuple(index.offset) if index.offset is not None else None, relative_path, this_rank())
-
-    def _expected(self, index: MetadataIndex, place: ItemPlace) -> Expected:
-        info = self.storage_data[index]
-        checked = self._checked
-        sums = None
-        if checked is not None and checked.checksums is not None:
-            sums = checked.checksums.items.get(location_key(info.relative_path, info.offset))
-        md = self._metadata.state_dict_metadata.get(index.fqn)
-        if isinstance(md, TensorStorageMetadata):
-            chunk = next(c for c in md.chunks if tuple(c.offsets) == place.chunk_offsets)
-            return Expected(place, tuple(chunk.sizes), md.properties.dtype, sums)
-        return Expected(place, None, None, sums)
-
-    def _source(self, index: MetadataIndex, boxes, item: ReadItem | None = None) -> tuple[Source, Expected]:
-        """The saved item ``index`` as a :class:`Source` (decoded, where a stream-transforming extension
-        wrote it), and what the checkpoint says it is. Raises OSError where it cannot be read."""
-        info = self.storage_data[index]
-        place = self._place(index, info.relative_path)
-        expected = self._expected(index, place)
-        if info.transform_descriptors:
-            with self.fs.create_stream(self.fs.concat_path(self.path, info.relative_path), "rb") as stream:
-                decoded = self.transforms.transform_load_stream(
-                    item, info.transform_descriptors, self._slice_file(stream, info)
-                ).read(-1)
-            return BytesSource(decoded, info.offset), expected
-        whole = reads_whole(info.length, expected, boxes)
-        return FileSource(self._handle(info.relative_path), info.offset, info.length, windows=whole), expected
-
-    def _stage(self, items: list[ReadItem], staged: list, corruptions: list[Corruption]) -> None:
-        """Read, check and decode ``items`` (this rank's own reads), chunk by chunk in storage order:
-        into buffers of our own, or for whole chunks only hashed (``staged`` gets a :class:`Deferred`)."""
-        per_chunk: dict[tuple[str, int], list[ReadItem]] = {}
-        for item in items:
-            info = self.storage_data[item.storage_index]
-            per_chunk.setdefault((info.relative_path, info.offset), []).append(item)
-        for (relative_path, _), chunk_items in sorted(per_chunk.items()):
-            index = chunk_items[0].storage_index
-            boxes = [(tuple(item.storage_offsets), tuple(item.lengths)) for item in chunk_items]
-            try:
-                source, expected = self._source(index, boxes, chunk_items[0])
-                if chunk_items[0].type == LoadItemType.BYTE_IO:
-                    self._stage_bytes(source, expected, chunk_items, staged, corruptions)
-                    continue
-                values, bad = self._read_boxes(source, expected, boxes, [True] * len(boxes), relative_path)
-            except OSError as e:  # a missing, truncated or undecodable file: the item is damaged
-                place = self._place(index, relative_path)
-                corruptions.append(place.corruption(None, None, None, None, f"cannot be read ({type(e).__name__}: {e})"))
-                continue
-            corruptions.extend(bad)
-            staged.extend((item, value) for item, value in zip(chunk_items, values) if value is not None)
-
-    def _read_boxes(self, source: Source, expected: Expected, boxes, may_defer, relative_path, *,
-                    check_only: bool = False):
-        clock = time.perf_counter()
-        archive, bad = open_chunk(source, expected)
-        spent("read_s", clock)
-        if archive is None:
-            return [None] * len(boxes), bad
-        return read_chunk_boxes(source, archive, expected, boxes, may_defer, relative_path, str(self.path),
-                                self._scratch, check_only=check_only)
-
-    def _stage_bytes(self, source, expected, items, staged, corruptions) -> None:
-        data, bad = read_bytes_item(source, expected)
-        if bad:
-            corruptions.extend(bad)
-            return
-        # Unpickled here as DCP's planner will (torch.load, weights_only=False), so an item that
-        # cannot be fails before any destination is written.
-        clock = time.perf_counter()
-        try:
-            torch.load(io.BytesIO(data), weights_only=False)
-        except Exception as e:
-            raise RuntimeError(f"bytes item '{expected.place.fqn}' cannot be unpickled ({type(e).__name__}: {e})") from e
-        finally:
-            spent("check_s", clock)
-        staged.extend((item, io.BytesIO(data)) for item in items)
+    def _chunks(self, opened: contextlib.ExitStack) -> ChunkSource:
+        """The checkpoint's saved chunks for one load, its files held open by ``opened``."""
+        checksums = self._checked.checksums if self._checked is not None else None
+        return ChunkSource(fs=self.fs, path=self.path, storage_data=self.storage_data, opened=opened,
+                           transforms=self.transforms, slice_file=self._slice_file, metadata=self._metadata,
+                           checksums=checksums)
 
 
 def _done() -> Future[None]:

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ._archive import Archive, FileSource, Source, _SourceFile
-from ._checksums import reads_archive_whole
-from ._chunk import (
+from .._archive import Archive, FileSource, Source, _SourceFile
+from .._checksums import reads_archive_whole
+from .._chunk import (
     Expected,
     ItemPlace,
     as_saved_tensor,
@@ -45,8 +45,8 @@ from ._chunk import (
     read_record,
     read_whole,
 )
-from ._errors import Corruption
-from ._timing import reading_again
+from .._errors import Corruption
+from .._timing import reading_again
 
 # Whole chunks from this size on are checked, then read again into the destination; smaller ones are
 # staged (NOTE [ Whole chunks are checked, then read again into the destination ]).
@@ -169,6 +169,15 @@ def _warn_whole_reads(key: str) -> None:
         f"check only the bytes a load needs.",
         stacklevel=4,
     )
+
+
+def destination(planner, item) -> torch.Tensor:
+    """The tensor ``planner`` resolves ``item`` to, detached; an AssertionError where its shape is not the
+    item's (as ``FileSystemReader`` raises)."""
+    target = planner.resolve_tensor(item).detach()
+    if list(target.shape) != list(item.lengths):
+        raise AssertionError(f"req {item.storage_index} mismatch sizes {list(target.shape)} vs {list(item.lengths)}")
+    return target
 
 
 def writable_view(tensor: torch.Tensor) -> memoryview | None:

@@ -29,33 +29,33 @@ import sys
 import torch
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 
-from ._archive import Archive, FileSource, read_archive
-from ._checksums import reads_archive_whole
-from ._read_chunk import writable_view
+from .._archive import Archive, FileSource, read_archive
+from .._checksums import reads_archive_whole
+from .chunk import destination, writable_view
+from .source import ChunkSource
 
 
-def read_unchecked(reader, plan: LoadPlan, planner: LoadPlanner) -> list[ReadItem]:
+def read_unchecked(chunks: ChunkSource, plan: LoadPlan, planner: LoadPlanner) -> list[ReadItem]:
     """Read ``plan``'s tensor items straight into their destinations; returns the items left to
     ``FileSystemReader``'s own path (see the NOTE)."""
     fallback: list[ReadItem] = []
     per_file: dict[str, list[ReadItem]] = {}
     for item in plan.items:
-        info = reader.storage_data[item.storage_index]
+        info = chunks.storage_data[item.storage_index]
         if item.type != LoadItemType.TENSOR or info.transform_descriptors or sys.byteorder != "little":
             fallback.append(item)
         else:
             per_file.setdefault(info.relative_path, []).append(item)
 
     for relative_path, items in per_file.items():
-        path = reader.fs.concat_path(reader.path, relative_path)
-        items.sort(key=lambda item: reader.storage_data[item.storage_index].offset)
+        items.sort(key=lambda item: chunks.storage_data[item.storage_index].offset)
         sources: dict[int, tuple[FileSource, Archive] | None] = {}
-        with reader.fs.create_stream(path, "rb") as stream:
+        with chunks.stream(relative_path) as stream:
             # Headers and ranges go through the unbuffered handle: a buffered reader would fetch a
             # full buffer around each of the archive directory's small reads.
             raw = getattr(stream, "raw", stream)
             for item in items:
-                info = reader.storage_data[item.storage_index]
+                info = chunks.storage_data[item.storage_index]
                 if info.offset not in sources:
                     sources[info.offset] = _open(raw, info)
                 opened = sources[info.offset]
@@ -88,10 +88,8 @@ def _contiguous_strides(shape) -> list[int]:
 
 
 def _read_region(source: FileSource, archive: Archive, item: ReadItem, planner: LoadPlanner) -> None:
-    target = planner.resolve_tensor(item).detach()
+    target = destination(planner, item)
     lengths = list(item.lengths)
-    if list(target.shape) != lengths:
-        raise AssertionError(f"req {item.storage_index} mismatch sizes {list(target.shape)} vs {lengths}")
     meta = archive.meta
     if target.numel() > 0:
         shape, element_size, dtype = list(meta.shape), meta.element_size(), meta.dtype
