@@ -240,11 +240,15 @@ class TestEmbeddingKernels(ShardedTensorTestBase):
             F.embedding_bag(no_ids, weight, offsets_of_empty, mode=mode)
             base = torch.ops.torch_shard._comm_stats(True)[0]
             self.assertEqual(sent(own, mode) - base, 0, mode)
-            # ... and every rank's `mixed` bags use rows of every rank: its foreign ids (int32), 4 lengths
-            # (int32) to each other owner, and 4 partial bags of 3 floats back to each other requester
-            # (max: with the winners' positions, 3 int32 per bag).
-            results = others * 4 * 3 * 4 * (2 if mode == "max" else 1)
-            self.assertEqual(sent(mixed, mode) - base, 4 * foreign + others * 4 * 4 + results, mode)
+            # ... and every rank's `mixed` bags use rows of every rank. Sum: its foreign ids (int32), 4
+            # lengths (int32) to each other owner, and 4 partial bags of 3 floats back to each other
+            # requester. Max (NOTE [ Max pools on the requester ]): its foreign ids alone, and back to
+            # each other requester the row (3 floats) of each of that requester's ids this rank owns.
+            if mode == "sum":
+                expected = 4 * foreign + others * 4 * 4 + others * 4 * 3 * 4
+            else:
+                expected = 4 * foreign + others * (len(mixed) - foreign) * 3 * 4
+            self.assertEqual(sent(mixed, mode) - base, expected, mode)
 
     @with_comms(init_rpc=False)
     def test_composition_path_matches_dense(self):

@@ -1,6 +1,5 @@
 // What one row-wise weight shard contributes to bags that use rows it does not all hold: the ops
-// _embedding_bag_partial and its backward (ops/partial_pooling.cpp, NOTE [ Max ties ]), also called
-// from the row-wise lookup's max mode (NOTE [ Max over owners ] in ops/rowwise_max.cpp).
+// _embedding_bag_partial and its backward (ops/partial_pooling.cpp, NOTE [ Max ties ]).
 #pragma once
 
 #include <optional>

@@ -11,13 +11,14 @@
 //   2. the agreement (NOTE [ Shared inputs ]): every rank's failures, layout and arguments, and the word
 //      each rank tells each owner (how many of its ids the owner holds, and its bags); the only host
 //      read of device memory in the forward;
-//   3. one all-to-all carries each owner its ids (and, for bags, their per-bag lengths), one more the
-//      per-sample weights when given;
+//   3. one all-to-all carries each owner its ids (and, for sum and mean, their per-bag lengths), one
+//      more the per-sample weights when given;
 //   4. the owner looks every requester's ids up in ONE kernel (ATen's embedding, or _embedding_bag in
-//      sum mode; for max our _embedding_bag_partial: NOTE [ Max over owners ]), never on an empty shard
-//      or with no ids (NOTE [ Empty shards reach no embedding kernel ]);
-//   5. one all-to-all returns each requester its rows (embedding) or its bags' partial results, which it
-//      puts in place (embedding), adds up and divides (sum, mean) or takes from one owner (max).
+//      sum mode), never on an empty shard or with no ids (NOTE [ Empty shards reach no embedding
+//      kernel ]);
+//   5. one all-to-all returns each requester its rows (embedding, max) or its bags' partial sums, which
+//      it puts in place (embedding), pools with ATen's max kernel (max: NOTE [ Max pools on the
+//      requester ] in ops/rowwise_max.cpp), or adds up and divides (sum, mean).
 // It returns the result and what the backward needs (`saved`). _rowwise_lookup_backward agrees too (a
 // bad call on one rank raises on every rank), sends the output's gradient to the owners (the reverse of
 // 5) and runs the lookup kernel's backward there. Autograd connects them
@@ -27,7 +28,6 @@
 #include "ops/rowwise_lookup.h"
 
 #include <exception>
-#include <limits>
 #include <optional>
 
 #include <ATen/TensorOperators.h>
@@ -60,6 +60,12 @@ namespace {
 
 constexpr const char* kRowLookup = "torch_shard._rowwise_lookup";
 constexpr const char* kRowBackward = "torch_shard._rowwise_lookup_backward";
+
+// Whether owners pool bags (sum, mean: their per-bag lengths travel with the ids) or send rows back
+// (embedding, and max: NOTE [ Max pools on the requester ]).
+bool owners_pool(LookupMode mode) {
+  return mode == LookupMode::kSum || mode == LookupMode::kMean;
+}
 
 // Step 1's result: what this rank brings to the lookup.
 struct RowRequest {
@@ -103,7 +109,8 @@ RowRequest prepare_rows(c10d::ProcessGroup& pg, const LookupCall& call) {
   TORCH_CHECK_VALUE(req.ids.numel() < kLimit && req.num_bags < kLimit, kRowLookup,
                     ": a row-wise sharded lookup takes fewer than 2**31 ids and 2**31 bags per rank, got ",
                     req.ids.numel(), " ids and ", req.num_bags, " bags");
-  req.bucketed = bucket_ids(req.ids, req.offsets, rows, index_dtype(call.num_embeddings), call.padding_idx,
+  req.bucketed = bucket_ids(req.ids, owners_pool(req.mode()) ? req.offsets : std::nullopt, rows,
+                            index_dtype(call.num_embeddings), call.padding_idx,
                             req.mode() == LookupMode::kMean, call.num_embeddings);
   // The routing counted the ids outside the table, unless it saw none of them (no bags to put them in).
   req.checked.status = input_status(req.checked.input, nowhere ? at::Tensor() : req.bucketed.outside);
@@ -122,7 +129,7 @@ Routes agree(c10d::ProcessGroup& pg, const RowRequest& req, std::exception_ptr e
     request.words = req.bucketed.words;
   }
   const Shared shared = share_inputs(pg, request);
-  return routes_from(shared.words_in, shared.words_out, is_bags(req.mode()), req.num_bags);
+  return routes_from(shared.words_in, shared.words_out, owners_pool(req.mode()), req.num_bags);
 }
 
 // Step 3's result: what this rank received as an owner.
@@ -144,16 +151,14 @@ Received send_ids(c10d::ProcessGroup& pg, const RowRequest& req, const Routes& r
   return got;
 }
 
-// Steps 4 and 5 for F.embedding: the owner's rows back, put where the requester's ids were.
+// Steps 4 and 5 for F.embedding and max: the rows of this rank's ids, in owner order.
 at::Tensor rows_back(c10d::ProcessGroup& pg, const at::Tensor& local, const RowRequest& req,
                      const Routes& routes, const Received& got) {
   const int64_t owned = checked_total(routes.counts_in);
   const bool lookup = owned > 0 && local.numel() > 0;
   const at::Tensor found = lookup ? at::embedding(local, got.ids, req.local_pad)
                                   : at::zeros({owned, local.size(1)}, local.options());
-  const at::Tensor back = move_rows(pg, found, routes.counts_in, routes.counts_out);
-  // perm is a permutation: every row is written.
-  return at::empty({req.ids.numel(), local.size(1)}, local.options()).index_copy_(0, req.bucketed.perm, back);
+  return move_rows(pg, found, routes.counts_in, routes.counts_out);
 }
 
 // Steps 4 and 5 for sum and mean: each owner pools its part of every requester's bags; each requester
@@ -231,13 +236,16 @@ rowwise_lookup(const at::Tensor& local, const at::Tensor& ids, const std::option
   }
   at::Tensor out;
   if (req.mode() == LookupMode::kEmbedding) {
-    out = rows_back(*pg, local, req, routes, got);
+    // perm is a permutation: every row is written.
+    out = at::empty({req.ids.numel(), local.size(1)}, local.options())
+              .index_copy_(0, req.bucketed.perm, rows_back(*pg, local, req, routes, got));
   } else if (req.mode() == LookupMode::kMax) {
-    out = max_over_owners(*pg, local, got.ids, got.offsets, req.bucketed.perm, routes, req.local_pad, saved);
+    out = max_of_rows(rows_back(*pg, local, req, routes, got), req.ids, *req.offsets, req.bucketed.perm,
+                      padding_idx, needs_grad, saved);
   } else {
     out = pooled_back(*pg, local, req, routes, got, needs_grad, saved);
   }
-  if (needs_grad && req.mode() != LookupMode::kMax) { // max saved its own (int64)
+  if (needs_grad) {
     saved[kRowIds] = got.ids;
     if (got.offsets.defined()) {
       saved[kRowOffsets] = got.offsets;
@@ -245,7 +253,9 @@ rowwise_lookup(const at::Tensor& local, const at::Tensor& ids, const std::option
     if (got.weights.has_value()) {
       saved[kRowWeights] = *got.weights;
     }
-    saved[kRowPerm] = req.bucketed.perm;
+    if (req.mode() != LookupMode::kMax) { // max saved its ids' rows among those sent back
+      saved[kRowPerm] = req.bucketed.perm;
+    }
   }
   saved[kRowCounts] = at::tensor(saved_counts(req, local, routes), at::TensorOptions().dtype(at::kLong));
   std::vector<at::Tensor> outputs{out};
@@ -265,6 +275,7 @@ at::Tensor rowwise_lookup_backward(const at::Tensor& grad, at::TensorList saved,
   LookupMode mode = LookupMode::kEmbedding;
   Routes routes;
   int64_t rows = 0, row_start = 0;
+  at::Tensor max_rows_grad; // max: the requester's part, before the agreement (it checks saved winners)
   std::exception_ptr error;
   try {
     mode = parse_mode(kRowBackward, mode_name);
@@ -278,7 +289,7 @@ at::Tensor rowwise_lookup_backward(const at::Tensor& grad, at::TensorList saved,
     rows = c[0];
     row_start = c[1];
     TORCH_CHECK_VALUE(rows >= 0 && row_start >= 0, kRowBackward, ": malformed counts");
-    routes.bags = is_bags(mode);
+    routes.bags = owners_pool(mode);
     routes.num_bags = c[2];
     c += 3;
     routes.counts_in.assign(c, c + world);
@@ -293,19 +304,28 @@ at::Tensor rowwise_lookup_backward(const at::Tensor& grad, at::TensorList saved,
     } else {
       TORCH_CHECK_VALUE(grad.size(0) == routes.num_bags, kRowBackward, ": grad must have one row per bag (",
                         routes.num_bags, "), got ", grad.sizes());
+    }
+    if (owners_pool(mode)) {
       TORCH_CHECK_VALUE(saved[kRowOffsets].numel() == checked_total(routes.bags_in) &&
                             saved[kRowOffsets].scalar_type() == saved[kRowIds].scalar_type(),
                         kRowBackward, ": saved offsets do not match the counts");
     }
-    if (mode == LookupMode::kMax) {
-      TORCH_CHECK_VALUE(saved[kRowChosen].sizes() == grad.sizes() &&
-                            saved[kRowChosen].scalar_type() == at::kLong,
-                        kRowBackward, ": saved winners do not match grad");
+    if (mode == LookupMode::kMax && checked_total(routes.counts_out) > 0 && grad.size(1) > 0) {
+      TORCH_CHECK_VALUE(
+          saved[kRowPerm].numel() == checked_total(routes.counts_out) &&
+              saved[kRowPerm].scalar_type() == at::kLong && saved[kRowOffsets].numel() == routes.num_bags &&
+              saved[kRowMaxIndices].sizes() == grad.sizes() &&
+              saved[kRowMaxIndices].scalar_type() == at::kLong &&
+              saved[kRowBagSize].numel() == routes.num_bags && saved[kRowBagSize].scalar_type() == at::kLong,
+          kRowBackward, ": saved positions do not match the counts and grad");
     }
     if (mode == LookupMode::kMean && routes.num_bags) {
       TORCH_CHECK_VALUE(saved[kRowDivisors].numel() == routes.num_bags &&
                             saved[kRowDivisors].scalar_type() == grad.scalar_type(),
                         kRowBackward, ": saved divisors do not match the bags and grad");
+    }
+    if (mode == LookupMode::kMax) {
+      max_rows_grad = max_rows_backward(grad, saved, checked_total(routes.counts_out), padding_idx);
     }
   } catch (...) {
     error = std::current_exception();
@@ -318,14 +338,13 @@ at::Tensor rowwise_lookup_backward(const at::Tensor& grad, at::TensorList saved,
   const int64_t local_pad =
       padding_idx >= row_start && padding_idx < row_start + rows ? padding_idx - row_start : -1;
   const bool lookup = ids.numel() > 0 && rows > 0 && dim > 0;
-  if (mode == LookupMode::kEmbedding) {
-    const at::Tensor got =
-        move_rows(*pg, grad.index_select(0, saved[kRowPerm]), routes.counts_out, routes.counts_in);
+  if (!owners_pool(mode)) {
+    // The gradient of the rows sent back, in owner order, back to their owners.
+    const at::Tensor rows_grad =
+        mode == LookupMode::kEmbedding ? grad.index_select(0, saved[kRowPerm]) : max_rows_grad;
+    const at::Tensor got = move_rows(*pg, rows_grad, routes.counts_out, routes.counts_in);
     return lookup ? at::embedding_dense_backward(got, ids, rows, local_pad, /*scale_grad_by_freq=*/false)
                   : at::zeros({rows, dim}, grad.options());
-  }
-  if (mode == LookupMode::kMax) {
-    return max_backward(*pg, grad, saved, routes, rows, local_pad);
   }
   const at::Tensor g =
       mode == LookupMode::kMean && routes.num_bags ? grad / saved[kRowDivisors].unsqueeze(1) : grad;

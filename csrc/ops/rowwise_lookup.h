@@ -16,15 +16,15 @@ namespace ops {
 
 // What the forward saves for the backward (its second output), by position.
 enum RowwiseSaved : size_t {
-  kRowIds = 0,    // the ids this rank owns, every requester's, less its first row (index dtype; max: int64)
-  kRowOffsets,    // bags: their offsets into kRowIds
-  kRowOffset2bag, // sum and mean: _embedding_bag's, for its backward (empty when no kernel ran)
+  kRowIds = 0,    // the ids this rank owns, every requester's, less its first row (index dtype)
+  kRowOffsets,    // sum and mean: their bags' offsets into kRowIds; max: the requester's own offsets
+  kRowOffset2bag, // sum, mean, max: _embedding_bag's, for its backward (empty when no kernel ran)
   kRowBagSize,    //   "
-  kRowMaxIndices, //   " (max: the winners' positions among kRowIds, -1 for none)
+  kRowMaxIndices, //   "
   kRowWeights,    // the per-sample weights of kRowIds (empty without)
-  kRowPerm,       // requester: its ids in owner order (positions in its ids)
+  kRowPerm,       // requester: its ids in owner order (positions in its ids); max: the inverse, each
+                  // id's row among the rows sent back (NOTE [ Max pools on the requester ])
   kRowDivisors,   // mean: each bag's divisor (in the result's dtype)
-  kRowChosen,     // max: per output element, which of the owners that sent results won (int64)
   kRowCounts,     // CPU int64: [rows, first row, bags, counts_in (W), counts_out (W), bags_in (W)]
   kRowNumSaved
 };

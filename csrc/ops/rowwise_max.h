@@ -1,30 +1,26 @@
-// Row-wise embedding_bag(mode="max"): every owner's partial maximum, and each element taken from ONE
-// owner (NOTE [ Max over owners ] in ops/rowwise_max.cpp); steps 4 and 5 of the row-wise lookup in max
-// mode, and the matching part of its backward.
+// Row-wise embedding_bag(mode="max"): the owners send back the rows of the requester's ids and the
+// requester pools them with ATen's max kernel (NOTE [ Max pools on the requester ] in
+// ops/rowwise_max.cpp); step 5 of the row-wise lookup in max mode, and the first step of its backward.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-
-#include "ops/routing.h"
 
 namespace torch_shard {
 namespace ops {
 
-// `local_ids` / `local_offsets`: every requester's ids here (less this rank's first row) and their bags;
-// `perm`: this rank's ids in owner order. Returns this rank's [bags, dim] result; fills the saved ids,
-// offsets, winners' positions and chosen owners (RowwiseSaved in ops/rowwise_lookup.h).
-at::Tensor max_over_owners(c10d::ProcessGroup& pg, const at::Tensor& local, const at::Tensor& local_ids,
-                           const at::Tensor& local_offsets, const at::Tensor& perm, const Routes& routes,
-                           int64_t local_pad, std::vector<at::Tensor>& saved);
+// `back`: the rows of this rank's `ids` in owner order (`perm` lists the ids in that order); `offsets`:
+// its bags. Returns this rank's [bags, dim] result; fills the saved positions, offsets and the kernel's
+// bookkeeping (RowwiseSaved in ops/rowwise_lookup.h) when `needs_grad`.
+at::Tensor max_of_rows(const at::Tensor& back, const at::Tensor& ids, const at::Tensor& offsets,
+                       const at::Tensor& perm, int64_t padding_idx, bool needs_grad,
+                       std::vector<at::Tensor>& saved);
 
-// The shard's gradient (`rows` rows) from the gradient of max_over_owners' result: each owner gets the
-// gradient of exactly the elements it won.
-at::Tensor max_backward(c10d::ProcessGroup& pg, const at::Tensor& grad, at::TensorList saved,
-                        const Routes& routes, int64_t rows, int64_t local_pad);
+// The gradient of the `num_ids` rows max_of_rows pooled (in owner order) from the gradient of its result.
+at::Tensor max_rows_backward(const at::Tensor& grad, at::TensorList saved, int64_t num_ids,
+                             int64_t padding_idx);
 
 } // namespace ops
 } // namespace torch_shard
