@@ -31,8 +31,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 from torch_shard.interop import redistribute
-from torch_shard.interop._dtensor import _default_group_for_mesh
-from torch_shard.interop._redistribute import _group_ranks, _layout_args
+from torch_shard.interop._layouts import _default_group_for_mesh, _group_ranks, _layout_args
 
 S0, S1, R = Shard(0), Shard(1), Replicate()
 CASES_1D = [([S0], [S1]), ([S1], [S0]), ([S0], [R]), ([R], [S1])]

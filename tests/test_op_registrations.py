@@ -29,9 +29,10 @@ COMMUNICATE = {
 }
 # Of those, the whole lookups in one call (NOTE [ A row-wise lookup in one call ], NOTE [ A column-wise
 # lookup in one call ]) and DTensor's redistribute (NOTE [ Redistributing replicated layouts ]) take and
-# return plain tensors only: CPU and CUDA kernels, registered autograd and a fake kernel that raises (the
-# others run at the Autograd key, before the Python key of a ShardedTensor). The lookups' backward ops
-# have no autograd of their own (no double backward); _redistribute's backward is itself.
+# return plain tensors only: CPU and CUDA kernels and a fake kernel that raises (the others run at the
+# Autograd key, before the Python key of a ShardedTensor). The lookups have registered autograd, their
+# backward ops none (no double backward); _redistribute none either: interop.redistribute's autograd
+# Function, on DTensors, is its autograd.
 LOOKUP = {"_rowwise_lookup", "_rowwise_lookup_backward", "_colwise_lookup", "_colwise_lookup_backward", "_redistribute"}
 # ... build or read a ShardedTensor's C++ impl ...
 READ_IMPL = {
@@ -125,7 +126,7 @@ class TestRegistrations(TestCase):
             with self.subTest(op=name):
                 for key in ("CPU", "CUDA"):
                     self.assertTrue(_has_kernel(name, key), f"{name} has no {key} kernel")
-                self.assertEqual(_has_kernel(name, "Autograd"), not name.endswith("_backward"))
+                self.assertEqual(_has_kernel(name, "Autograd"), name.endswith("_lookup"))
                 self.assertFalse(_has_kernel(name, "CompositeImplicitAutograd"))
                 self.assertTrue(_has_fake_kernel(name))  # it raises: TestUntraceableOps
         # The others run at the Autograd key, before the Python key of a wrapped ShardedTensor.

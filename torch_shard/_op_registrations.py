@@ -11,8 +11,8 @@ What is written in Python lives here, imported once with the extension:
 * the autograd of ``_rowwise_lookup`` and ``_colwise_lookup`` (a whole sharded lookup in one call; each
   backward is the op of the same name with ``_backward``), and their fake kernels and make_fx rules,
   which raise: they communicate;
-* the same for ``_redistribute`` (torch_shard.interop.redistribute's exchange), whose backward is
-  itself with the layouts swapped.
+* the fake kernel and make_fx rule of ``_redistribute`` (torch_shard.interop.redistribute's exchange),
+  which raise too; its autograd is redistribute's own autograd Function, on DTensors.
 
 The other ops taking or returning tensors cannot be traced either and raise a RuntimeError under
 FakeTensorMode / make_fx (NOTE [ Ops that cannot be traced ] in csrc/ops/untraceable.h): the
@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import torch
 from torch.fx.experimental.proxy_tensor import ProxyTorchDispatchMode
+
+from . import _torch_private as private
 
 _PARTIAL = "torch_shard::_embedding_bag_partial"
 _PARTIAL_BACKWARD = "torch_shard::_embedding_bag_partial_backward"
@@ -123,7 +125,7 @@ torch.library.register_autograd(_PARTIAL, _partial_backward, setup_context=_part
 def _chunk_boxes_fake(global_size, dim, num_chunks):
     """(N, ndim) int64 CPU offsets and sizes. They depend on the integer arguments only, so the real
     kernel runs (raising what it raises for a bad dim or count) and its results' shapes are returned."""
-    with torch._C._DisableTorchDispatch():
+    with private.DisableTorchDispatch():
         offsets, _ = torch.ops.torch_shard.chunk_boxes(global_size, dim, num_chunks)
     return torch.empty(offsets.shape, dtype=torch.int64), torch.empty(offsets.shape, dtype=torch.int64)
 
@@ -140,7 +142,7 @@ def _cannot_trace(op: str) -> RuntimeError:
 def _refuse_proxy(mode, func, types, args, kwargs):
     """make_fx without fake tensors (tracing_mode="real") reaches ProxyTorchDispatchMode, not the fake
     kernel: it would record the op and run it once, communicating at trace time."""
-    raise _cannot_trace(func._schema.name.split("::", 1)[1])
+    raise _cannot_trace(private.op_name(func).split("::", 1)[1])
 
 
 # A whole sharded lookup in one call, row-wise or column-wise (NOTE [ A row-wise lookup in one call ]
@@ -161,35 +163,14 @@ def _raising_fake(name: str):
 
 
 # torch_shard.interop.redistribute's exchange (NOTE [ Redistributing replicated layouts ]): it
-# communicates, so its fake kernel raises too; its backward is the same op with the layouts swapped.
+# communicates, so its fake kernel raises too. It has no autograd here: redistribute's autograd Function
+# (torch_shard/interop/_redistribute.py) is its one caller that differentiates, works on DTensors (so
+# it can bring a Partial gradient to the forward's placements first) and runs the op with grad mode off.
 _REDISTRIBUTE = "torch_shard::_redistribute"
 
 for _op in (*LOOKUP_OPS, _REDISTRIBUTE):
     torch.library.register_fake(_op)(_raising_fake(_op.split("::", 1)[1]))
     torch.library.register_torch_dispatch(_op, ProxyTorchDispatchMode, _refuse_proxy)
-
-
-def _redistribute_setup_context(ctx, inputs, output) -> None:
-    _sources, like, size, src_offsets, src_sizes, src_owners, dst_offsets, dst_sizes, dst_owners, group = inputs
-    ctx.layouts = (size, src_offsets, src_sizes, src_owners, dst_offsets, dst_sizes, dst_owners, group)
-    ctx.like = like.detach().new_empty(0)
-    ctx.out_shapes = [t.shape for t in output]
-
-
-def _redistribute_backward(ctx, grads):
-    size, src_offsets, src_sizes, src_owners, dst_offsets, dst_sizes, dst_owners, group = ctx.layouts
-    grads = [
-        g.contiguous() if g is not None else ctx.like.new_zeros(shape) for g, shape in zip(grads, ctx.out_shapes)
-    ]
-    back = torch.ops.torch_shard._redistribute(
-        grads, ctx.like, size, dst_offsets, dst_sizes, dst_owners, src_offsets, src_sizes, src_owners, group
-    )
-    return (back,) + (None,) * 9
-
-
-torch.library.register_autograd(
-    _REDISTRIBUTE, _redistribute_backward, setup_context=_redistribute_setup_context
-)
 
 
 # Both forward schemas: (local, ids, offsets, per_sample_weights, block_starts, block_sizes, num_embeddings,

@@ -11,7 +11,9 @@ import weakref
 
 import torch
 from torch.distributed import distributed_c10d, rpc
-from torch.distributed.remote_device import _remote_device
+
+from . import _torch_private as private
+from ._torch_private import RemoteDevice
 
 # Global rank -> group rank of each process group's members, read once per group (a group's membership
 # never changes). Weak keys: a destroyed group's entry goes with it.
@@ -20,7 +22,7 @@ _GROUP_RANKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def _group_ranks(pg) -> dict[int, int] | None:
     """Global rank -> group rank for ``pg``'s members; None when this process is not one."""
-    if pg is None or distributed_c10d._rank_not_in_group(pg):
+    if pg is None or private.rank_not_in_group(pg):
         return None
     ranks = _GROUP_RANKS.get(pg)
     if ranks is None:
@@ -53,11 +55,11 @@ class _PlacementResolver:
         to_group = self._ranks()
         return -1 if to_group is None else to_group.get(global_rank, -1)
 
-    def owner(self, remote_device: _remote_device) -> int:
+    def owner(self, remote_device: RemoteDevice) -> int:
         """Group rank that holds shards placed on ``remote_device`` (validated as :meth:`__call__`)."""
         return self.group_rank(self(remote_device)[0])
 
-    def __call__(self, remote_device: _remote_device | None) -> tuple[int, torch.device]:
+    def __call__(self, remote_device: RemoteDevice | None) -> tuple[int, torch.device]:
         if remote_device is None:
             raise ValueError("remote device is None")
         worker_name = remote_device.worker_name()

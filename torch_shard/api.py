@@ -6,9 +6,9 @@ import zlib
 
 import torch
 import torch.nn as nn
-from torch.distributed import distributed_c10d
 
 from . import _native
+from . import _torch_private as private
 from ._agreement import abort_and_raise
 from ._placement import _PlacementResolver
 from ._tensor_metadata import TensorProperties
@@ -75,7 +75,7 @@ def _unbuildable_spec_fingerprint(spec: ShardingSpec) -> int:
 
 
 def _shard_tensor_checked(tensor, sharding_spec, src_rank, process_group, error):
-    pg = process_group if process_group is not None else distributed_c10d._get_default_group()
+    pg = process_group if process_group is not None else private.default_group()
     if error is None and isinstance(tensor, torch.Tensor) and not tensor.is_contiguous():
         error = ValueError("input tensor is not a contiguous Tensor")
     if error is not None:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
-from torch.utils import _pytree as pytree
+from . import _torch_private as private
 
 # The classes the op tables serve. ``torch_shard.sharded_tensor.api`` registers ShardedTensorBase when
 # it defines it: the op tables sit below the ShardedTensor (the specs' tables too), so they do not
@@ -21,7 +20,7 @@ def _register_sharded_type(cls: type) -> None:
 
 
 def _sharded_tensors_in(args, kwargs) -> list:
-    leaves = pytree.tree_leaves((args, kwargs or {}))
+    leaves = private.pytree.tree_leaves((args, kwargs or {}))
     return [leaf for leaf in leaves if isinstance(leaf, _SHARDED_TYPES)]
 
 
@@ -48,5 +47,5 @@ def _register_default_op(op: Callable, decorator: Callable) -> None:
 
     @decorator(op)
     def tensor_default_op(types, args=(), kwargs=None, pg=None):
-        with torch._C.DisableTorchFunctionSubclass():
+        with private.DisableTorchFunctionSubclass():
             return op(*args, **(kwargs or {}))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import reduce
 
-from torch.distributed.remote_device import _remote_device
+from ._torch_private import RemoteDevice
 
 
 @dataclass
@@ -24,17 +24,17 @@ class ShardMetadata:
 
     shard_offsets: list[int]
     shard_sizes: list[int]
-    placement: _remote_device | None
+    placement: RemoteDevice | None
 
     def __init__(
         self,
         shard_offsets: list[int],
         shard_sizes: list[int],
-        placement: str | _remote_device | None = None,
+        placement: str | RemoteDevice | None = None,
     ):
         self.shard_offsets = shard_offsets
         self.shard_sizes = shard_sizes
-        self.placement = _remote_device(placement) if isinstance(placement, str) else placement
+        self.placement = RemoteDevice(placement) if isinstance(placement, str) else placement
         if len(self.shard_offsets) != len(self.shard_sizes):
             raise ValueError(
                 f"shard_offsets and shard_sizes should have the same number of elements, found "

@@ -7,27 +7,19 @@
   into that layout first (the argument is left untouched).
 * :func:`from_dtensor` wraps a ``DTensor``'s local tensor as the local shard of a ShardedTensor.
 
-NOTE [ DTensor layouts as shard boxes ]
-DTensor splits a dim like ``torch.chunk``: ``ceil(n / k)`` elements per chunk, the trailing chunks
-shorter or empty. Placements apply in mesh-dim order, so ``[Shard(0), Shard(0)]`` on a 2 x 2 mesh
-splits dim 0 in two along mesh dim 0 and each half in two again along mesh dim 1. The box of the rank
-at mesh coordinate ``c`` is therefore a pure function of the global size, the mesh shape and the
-placements, which every rank computes for every coordinate without communicating. ChunkShardingSpec
-uses the same split, so the non-empty boxes agree; empty boxes differ only in where they sit (DTensor
-puts them at the end of the dim, ChunkShardingSpec at ``split * i``), which carries no data, so layouts
-are compared on their non-empty boxes.
+The layouts themselves (placements, boxes per mesh coordinate: NOTE [ DTensor layouts as shard
+boxes ]) are ``_layouts.py``'s.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
-from torch.distributed import distributed_c10d
 
 from .. import _native
+from .. import _torch_private as private
 from .._agreement import abort_and_raise
 from .._placement import _PlacementResolver
 from .._tensor_metadata import ShardedTensorMetadata, TensorProperties
@@ -35,84 +27,9 @@ from ..metadata import ShardMetadata
 from ..sharded_tensor import Shard, ShardedTensor, init_from_local_shards
 from ..sharding_spec import ChunkShardingSpec, EnumerableShardingSpec
 from ._common import Box, is_empty, require_sharded_tensor
+from ._layouts import _contiguous_strides, _default_group_for_mesh, _mesh_layout, _normalize_placements
 
 __all__ = ["from_dtensor", "to_dtensor"]
-
-
-
-def _chunk(length: int, chunks: int, index: int) -> tuple[int, int]:
-    """(start, size) of chunk ``index`` of ``length`` elements split like ``torch.chunk`` (and like
-    ChunkShardingSpec, whose chunk math this is), an empty chunk starting at the end."""
-    offsets, lengths = _native.chunk_layout(length, chunks)
-    return min(offsets[index], length), lengths[index]
-
-
-def _normalize_placements(placements, mesh, ndim: int, op: str) -> list:
-    """Placements with non-negative Shard dims; the errors a caller can act on for anything else."""
-    from torch.distributed.tensor import Partial, Replicate
-    from torch.distributed.tensor import Shard as DShard
-    from torch.distributed.tensor.placement_types import _StridedShard
-
-    placements = list(placements)
-    if len(placements) != mesh.ndim:
-        raise ValueError(
-            f"torch_shard.interop.{op}: expected one placement per mesh dim ({mesh.ndim}), but got "
-            f"{len(placements)}: {placements}"
-        )
-    out = []
-    for mesh_dim, placement in enumerate(placements):
-        if isinstance(placement, _StridedShard):
-            raise NotImplementedError(
-                f"torch_shard.interop.{op}: {placement} on mesh dim {mesh_dim} is not a box of the "
-                f"tensor (strided shards interleave); redistribute to Shard or Replicate first"
-            )
-        if isinstance(placement, DShard):
-            dim = placement.dim
-            if not -ndim <= dim < ndim:
-                raise IndexError(
-                    f"torch_shard.interop.{op}: Shard(dim={dim}) on mesh dim {mesh_dim} is out of range "
-                    f"for a {ndim}-D tensor"
-                )
-            out.append(DShard(dim % ndim))
-        elif isinstance(placement, Replicate):
-            out.append(placement)
-        elif isinstance(placement, Partial):
-            raise ValueError(
-                f"torch_shard.interop.{op}: expected Shard or Replicate placements, but got {placement} "
-                f"on mesh dim {mesh_dim}: a Partial DTensor holds unreduced values, not the tensor. "
-                f"Call .redistribute(mesh, [...Replicate() or Shard(d)...]) first"
-            )
-        else:
-            raise TypeError(
-                f"torch_shard.interop.{op}: unknown placement {placement!r} on mesh dim {mesh_dim}"
-            )
-    return out
-
-
-def _mesh_layout(size: Sequence[int], mesh, placements, replicas: bool = False) -> list[tuple[int, Box | None]]:
-    """(global rank, box) for every mesh coordinate in row-major order; see NOTE [ DTensor layouts as
-    shard boxes ]. Along a Replicate mesh dim only coordinate 0 owns its box (the others get None),
-    unless ``replicas``: then every coordinate gets the box it holds a copy of."""
-    from torch.distributed.tensor import Shard as DShard
-
-    mesh_shape = tuple(mesh.mesh.shape)
-    ranks = mesh.mesh.flatten().tolist()
-    layout = []
-    for pos, coord in enumerate(itertools.product(*(range(n) for n in mesh_shape))):
-        offsets, sizes = [0] * len(size), list(size)
-        owner = True
-        for mesh_dim, placement in enumerate(placements):
-            if isinstance(placement, DShard):
-                start, length = _chunk(sizes[placement.dim], mesh_shape[mesh_dim], coord[mesh_dim])
-                offsets[placement.dim] += start
-                sizes[placement.dim] = length
-            elif coord[mesh_dim] != 0 and not replicas:
-                owner = False
-        for d, length in enumerate(sizes):
-            if length == 0:
-                offsets[d] = size[d]
-        layout.append((ranks[pos], (offsets, sizes) if owner else None))
-    return layout
 
 
 def _rank_device(rank: int, device_type: str, known: dict[int, torch.device]) -> str:
@@ -129,14 +46,6 @@ def _mesh_device(mesh) -> torch.device:
     if mesh.device_type == "cpu":
         return torch.device("cpu")
     return torch.device(mesh.device_type, torch.get_device_module(mesh.device_type).current_device())
-
-
-def _contiguous_strides(size: Sequence[int]) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for length in reversed(list(size)):
-        strides.append(acc)
-        acc *= max(length, 1)
-    return tuple(reversed(strides))
 
 
 def _layout_by_rank(st: ShardedTensor) -> tuple[dict[int, list[Box]], dict[int, torch.device]]:
@@ -254,24 +163,6 @@ def to_dtensor(st: ShardedTensor, device_mesh, placements: Sequence):
     return dt
 
 
-def _default_group_for_mesh(mesh, op: str = "from_dtensor"):
-    """The process group of ``mesh``: its own on a 1-D mesh, the default group for an n-D mesh over
-    every rank; ValueError otherwise (an n-D mesh has no single group)."""
-    if mesh.ndim == 1:
-        return mesh.get_group(0)
-    # A mesh's ranks are distinct ranks of the default group, so it covers them all exactly when it has
-    # as many; the size is what the layout gives directly (``mesh.mesh`` builds a tensor on every read,
-    # and this runs on every redistribute).
-    if dist.is_initialized() and mesh.size() == dist.get_world_size():
-        return distributed_c10d._get_default_group()
-    ranks = sorted(mesh.mesh.flatten().tolist())
-    needs = "process_group=: a process group containing those ranks" if op == "from_dtensor" else "to cover every rank"
-    raise ValueError(
-        f"torch_shard.interop.{op}: a DTensor on a {mesh.ndim}-D mesh over ranks {ranks} needs {needs} "
-        f"(the mesh has no single group)"
-    )
-
-
 def from_dtensor(dt, *, process_group=None, run_check: bool = False) -> ShardedTensor:
     """A ShardedTensor whose local shard is ``dt``'s local tensor (zero-copy).
 
@@ -317,7 +208,6 @@ def from_dtensor(dt, *, process_group=None, run_check: bool = False) -> ShardedT
     """
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor import Shard as DShard
-    from torch.distributed.tensor._shards_wrapper import LocalShardsWrapper
 
     if not isinstance(dt, DTensor):
         raise TypeError(
@@ -328,10 +218,10 @@ def from_dtensor(dt, *, process_group=None, run_check: bool = False) -> ShardedT
     size = list(dt.shape)
     placements = _normalize_placements(dt.placements, mesh, len(size), "from_dtensor")
     pg = process_group if process_group is not None else _default_group_for_mesh(mesh)
-    local = dt._local_tensor
+    local = private.local_tensor(dt)
     me = dist.get_rank()
 
-    if isinstance(local, LocalShardsWrapper):
+    if isinstance(local, private.LocalShardsWrapper):
         return _from_local_shards_wrapper(local, size, mesh, pg)
 
     device = local.device

@@ -286,7 +286,7 @@ def custom_sharded_op_impl(func: Callable):
 
 def _register_safe_globals() -> None:
     # torch.load defaults to weights_only=True: allow exactly what a pickled ShardedTensor references.
-    from torch.distributed.remote_device import _remote_device
+    from .._torch_private import RemoteDevice
 
 
     torch.serialization.add_safe_globals(
@@ -302,7 +302,7 @@ def _register_safe_globals() -> None:
             MEM_FORMAT_ENCODING,
             ChunkShardingSpec,
             EnumerableShardingSpec,
-            _remote_device,
+            RemoteDevice,
         ]
     )
 

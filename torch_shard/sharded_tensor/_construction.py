@@ -13,9 +13,9 @@ import gc
 
 import torch
 import torch.distributed as dist
-from torch.distributed import distributed_c10d
 
 from .. import _native
+from .. import _torch_private as private
 from .._placement import _PlacementResolver
 from .._tensor_metadata import ShardedTensorMetadata, TensorProperties
 from ..metadata import ShardMetadata
@@ -75,12 +75,12 @@ def _create_tensor_from_params(*size, local_device, tensor_properties: TensorPro
 
 def group_of(process_group):
     """``process_group``, or the default group when None."""
-    return process_group if process_group is not None else distributed_c10d._get_default_group()
+    return process_group if process_group is not None else private.default_group()
 
 
 def _group_args(process_group) -> tuple[str, int, int]:
     """(name, this rank, size) of the group, or ("", -1, -1) without one (or outside it)."""
-    if process_group is None or distributed_c10d._rank_not_in_group(process_group):
+    if process_group is None or private.rank_not_in_group(process_group):
         return "", -1, -1
     return process_group.group_name, dist.get_rank(process_group), dist.get_world_size(process_group)
 
@@ -142,7 +142,7 @@ def build(
         world,
         validate,
     )
-    obj = torch.Tensor._make_subclass(cls, raw, properties.requires_grad)
+    obj = private.make_subclass(cls, raw, properties.requires_grad)
     obj._init_python_state(process_group)
     _state.seed(obj, metadata, local_shards, local_indices)
     _state.set_spec(obj, sharding_spec)

@@ -14,6 +14,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
+from .. import _torch_private as private
 from .._placement import _PlacementResolver
 from ._converted import converted
 from .shard import Shard
@@ -116,7 +117,7 @@ class _DeviceMoves:
                     shard.tensor, device=device, dtype=dtype, pinned=pinned, non_blocking=non_blocking, copy=copy_shards
                 )
             md = copy.deepcopy(shard.metadata)
-            md.placement._device = tensor.device
+            private.set_remote_device_device(md.placement, tensor.device)
             local_shards.append(Shard(tensor, md))
         metadata = copy.deepcopy(self.metadata())
         metadata.tensor_properties.dtype = dtype
@@ -130,9 +131,9 @@ class _DeviceMoves:
             # [ What ranks agree on about a placement ], csrc/layout/layout.h). Upstream writes this
             # rank's device everywhere.
             if resolve.owner(md.placement) == me:
-                md.placement._device = device
+                private.set_remote_device_device(md.placement, device)
             elif md.placement.device().type != device.type:
-                md.placement._device = torch.device(device.type)
+                private.set_remote_device_device(md.placement, torch.device(device.type))
         pg = process_group if process_group is not None else self._process_group
         return type(self)._init_from_local_shards_and_global_metadata(
             local_shards, metadata, process_group=pg, init_rrefs=self._init_rrefs

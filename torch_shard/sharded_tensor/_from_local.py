@@ -18,12 +18,12 @@ from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
-from torch.distributed.remote_device import _remote_device
 
 from .. import _native
 from .._agreement import _error_class, _error_code
 from .._placement import _PlacementResolver
 from .._tensor_metadata import ShardedTensorMetadata, TensorProperties
+from .._torch_private import RemoteDevice
 from ..metadata import ShardMetadata
 from ._construction import _flatten_tensor_size
 from ._packing import pack_shards
@@ -319,7 +319,7 @@ def gather_global_metadata_many(local_shards, global_sizes, process_group, *, na
             else:
                 first.metadata = recalculated
         local_indices = list(range(my_first, my_first + len(shards)))
-        owners = [resolve.owner(_remote_device(name)) if name else -1 for name in names]
+        owners = [resolve.owner(RemoteDevice(name)) if name else -1 for name in names]
         layout = _native.LayoutArgs(None, offsets, sizes, index, names, owners)
         results.append((size, properties, shards, local_indices, layout))
     return results

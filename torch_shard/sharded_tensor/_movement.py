@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _native
+from .. import _torch_private as private
 from .._agreement import abort_and_raise
 from .._placement import _PlacementResolver
 from .._tensor_metadata import TensorProperties
@@ -27,7 +28,7 @@ _ops = torch.ops.torch_shard
 
 def wrap(cls: type, raw: torch.Tensor, spec, process_group, requires_grad: bool) -> torch.Tensor:
     """A ``cls`` (the ShardedTensor class: this module sits below it) over an impl returned by a C++ op."""
-    st = torch.Tensor._make_subclass(cls, raw, requires_grad)
+    st = private.make_subclass(cls, raw, requires_grad)
     st._init_python_state(process_group)
     _state.set_spec(st, spec)
     return st

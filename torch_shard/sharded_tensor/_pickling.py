@@ -16,11 +16,12 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
-from torch.distributed.remote_device import _remote_device
 
+from .. import _torch_private as private
 from .._native import LayoutArgs
 from .._placement import _PlacementResolver
 from .._tensor_metadata import TensorProperties
+from .._torch_private import RemoteDevice
 from . import _packing, _state
 from ._construction import build
 from ._converted import pinned_leaf_copy
@@ -57,7 +58,7 @@ def load_with_process_group(process_group):
 def _get_current_process_group():
     """The group set by :func:`load_with_process_group`, else the default group."""
     if _CURRENT_PROCESS_GROUP is None:
-        return distributed_c10d._get_default_group()
+        return private.default_group()
     return _CURRENT_PROCESS_GROUP
 
 
@@ -94,7 +95,7 @@ def _rebuild_sharded_tensor(
     # The layout goes to the impl as buffers (validated there); ShardMetadata objects are made for
     # the local shards only (metadata() builds the rest from the impl when asked).
     offsets, sizes, index, names = _packing.unpack_boxes(packed_shards)
-    parsed = [_remote_device(name) if name else None for name in names]
+    parsed = [RemoteDevice(name) if name else None for name in names]
     if len(local_tensors) != len(local_indices) or any(not 0 <= i < len(index) for i in local_indices):
         raise ValueError("corrupt ShardedTensor pickle: local shard indices do not match the layout")
     which = index.tolist()

@@ -13,10 +13,11 @@ import copy
 import weakref
 
 import torch
-from torch.distributed.remote_device import _remote_device
 
+from .. import _torch_private as private
 from .._native import LayoutArgs
 from .._tensor_metadata import ShardedTensorMetadata, TensorProperties
+from .._torch_private import RemoteDevice
 from ..metadata import ShardMetadata
 from ..sharding_spec._infer import _infer_sharding_spec_from_shards_metadata
 from ._shard_checks import SIZE, shard_mismatch
@@ -25,7 +26,7 @@ from .shard import Shard
 _ops = torch.ops.torch_shard
 # Our own ops called on a ShardedTensor skip ShardedTensor.__torch_function__ (it would only pass them
 # through, at the cost of a Python call each).
-_plain = torch._C.DisableTorchFunctionSubclass
+_plain = private.DisableTorchFunctionSubclass
 
 _SLOT_TENSOR = Shard.tensor  # the dataclass slot descriptors, under the properties below
 _SLOT_METADATA = Shard.metadata
@@ -130,7 +131,7 @@ def _new_shard_metadata(offsets: list[int], sizes: list[int], placement) -> Shar
 
 def _tensor_facts(st) -> tuple[torch.dtype, bool, torch.Size]:
     """(dtype, requires_grad, size) of the impl, without a trip through __torch_function__."""
-    with torch._C.DisableTorchFunctionSubclass():
+    with private.DisableTorchFunctionSubclass():
         return st.dtype, st.requires_grad, st.size()
 
 
@@ -139,7 +140,7 @@ def metadata_from_impl(st, pin_memory: bool) -> ShardedTensorMetadata:
     once per distinct placement."""
     with _plain():
         offsets, sizes, index, names, _owners, _chunk_dim = _ops._layout(st)
-    parsed = [_remote_device(name) if name else None for name in names]
+    parsed = [RemoteDevice(name) if name else None for name in names]
     shards = [
         _new_shard_metadata(off, size, parsed[i])
         for off, size, i in zip(offsets.tolist(), sizes.tolist(), index.tolist())

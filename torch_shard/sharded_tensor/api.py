@@ -17,14 +17,17 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
-from torch.utils import _pytree as pytree
 
-from .. import _C  # noqa: F401  (registers torch.ops.torch_shard)
+from .. import (
+    _C,  # noqa: F401  (registers torch.ops.torch_shard)
+    _compile,
+)
+from .. import _torch_private as private
 from .._tensor_metadata import ShardedTensorMetadata, TensorProperties
 from ..common_op_utils import _register_sharded_type
 from ..metadata import ShardMetadata  # noqa: F401  (upstream's api module exports it)
 from ..sharding_spec.api import ShardingSpec, _dispatch_custom_op, _has_custom_op, _register_scatter
-from . import _compile, _construction, _from_local, _movement, _state
+from . import _construction, _from_local, _movement, _state
 from ._checkpoint import (
     _DCPCheckpointable,
     _GroupHandle,
@@ -133,7 +136,7 @@ class ShardedTensorBase(torch.Tensor):
     def _shallow_rewrap(self, raw: torch.Tensor, requires_grad: bool):
         """A new Python ShardedTensor over ``raw`` (a detached copy of this impl: same layout, same
         shard tensors), with this tensor's spec and process group."""
-        obj = torch.Tensor._make_subclass(type(self), raw, requires_grad)
+        obj = private.make_subclass(type(self), raw, requires_grad)
         obj._init_python_state(self._process_group)
         _state.set_spec(obj, self.sharding_spec())
         obj._init_rrefs = self._init_rrefs
@@ -195,7 +198,7 @@ class ShardedTensorBase(torch.Tensor):
             raise RuntimeError("ShardedTensor is not supported under torch.compile / export")
         kwargs = kwargs or {}
         if _is_own_op(func):
-            with torch._C.DisableTorchFunctionSubclass():
+            with private.DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)
 
         st = _first_sharded_tensor(args, kwargs)
@@ -224,11 +227,11 @@ class ShardedTensorBase(torch.Tensor):
         if func.namespace == "torch_shard":
             # Our own kernels, called below the autograd keys (e.g. by repr() of an argument while
             # this method formats an error): they are registered for the backend keys too.
-            with torch._C._DisableTorchDispatch():
+            with private.DisableTorchDispatch():
                 return func(*args, **kwargs)
         if func is torch.ops.aten.detach.default:
             (src,) = args
-            with torch._C.DisableTorchFunctionSubclass(), torch._C._DisableTorchDispatch():
+            with private.DisableTorchFunctionSubclass(), private.DisableTorchDispatch():
                 raw = func(src)
             return src._shallow_rewrap(raw, False)
         raise RuntimeError(
@@ -238,23 +241,23 @@ class ShardedTensorBase(torch.Tensor):
 
 
 # Dynamo breaks the graph at any op on a ShardedTensor: NOTE [ ShardedTensor under torch.compile ].
-_compile.prepare_for_compile(ShardedTensorBase)
+_compile.prepare_sharded_tensor(ShardedTensorBase)
 
 
 def _is_own_op(func) -> bool:
     # torch.ops.torch_shard.* calls with ShardedTensor arguments reach __torch_function__ too; they are
     # our C++ kernels and must run on the ShardedTensor itself.
-    if isinstance(func, torch._ops.OpOverload):
+    if isinstance(func, private.OpOverload):
         return func.namespace == "torch_shard"
-    if isinstance(func, torch._ops.OpOverloadPacket):
-        return func._qualified_op_name.startswith("torch_shard::")
+    if isinstance(func, private.OpOverloadPacket):
+        return private.op_name(func).startswith("torch_shard::")
     return False
 
 
 def _first_sharded_tensor(args, kwargs):
     if args and isinstance(args[0], ShardedTensorBase):
         return args[0]
-    for leaf in pytree.tree_leaves((args, kwargs)):
+    for leaf in private.pytree.tree_leaves((args, kwargs)):
         if isinstance(leaf, ShardedTensorBase):
             return leaf
     return None
@@ -295,7 +298,7 @@ class ShardedTensor(_RemoteShards, _Pickling, _DeviceMoves, _DCPCheckpointable, 
     Tracing: a ShardedTensor cannot be traced, and neither can its ops (they communicate or read the
     C++ impl). Under ``torch.compile`` dynamo breaks the graph where a ShardedTensor enters a torch
     function and runs that call eagerly (``fullgraph=True`` raises ``torch._dynamo.exc.Unsupported``;
-    NOTE [ ShardedTensor under torch.compile ] in ``torch_shard/sharded_tensor/_compile.py``). Under
+    NOTE [ ShardedTensor under torch.compile ] in ``torch_shard/_compile.py``). Under
     ``FakeTensorMode`` or ``make_fx`` the ops raise a RuntimeError saying they cannot be traced.
     """
 

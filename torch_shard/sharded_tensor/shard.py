@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch.distributed.remote_device import _remote_device
 
+from .._torch_private import RemoteDevice
 from ..metadata import ShardMetadata
 from ._shard_checks import DEVICE, SIZE, shard_mismatch
 
@@ -47,7 +47,7 @@ class Shard:
     @classmethod
     def from_tensor_and_offsets(cls, tensor: torch.Tensor, shard_offsets: list[int], rank: int) -> Shard:
         """A Shard of ``tensor`` at ``shard_offsets``, placed on ``rank`` and ``tensor``'s device."""
-        placement = _remote_device(f"rank:{rank}/{tensor.device}")
+        placement = RemoteDevice(f"rank:{rank}/{tensor.device}")
         metadata = ShardMetadata(
             shard_offsets=shard_offsets, shard_sizes=list(tensor.size()), placement=placement
         )

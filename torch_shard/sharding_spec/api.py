@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-from torch.distributed.remote_device import _remote_device
 
 from .. import _native
 from .._tensor_metadata import ShardedTensorMetadata, TensorProperties
+from .._torch_private import RemoteDevice
 from ..metadata import ShardMetadata
 from ..op_registry_utils import _decorator_func
 from ._internals import check_tensor
@@ -43,11 +43,11 @@ class DevicePlacementSpec(PlacementSpec):
             ``"rank:0/cpu"`` or ``torch.device(0)``.
     """
 
-    device: _remote_device
+    device: RemoteDevice
 
     def __post_init__(self):
-        if not isinstance(self.device, _remote_device):
-            self.device = _remote_device(self.device)
+        if not isinstance(self.device, RemoteDevice):
+            self.device = RemoteDevice(self.device)
 
 
 class ShardingSpec(abc.ABC):

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-from torch.distributed.remote_device import _remote_device
 
 from .. import _native
 from .._tensor_metadata import ShardedTensorMetadata, TensorProperties
+from .._torch_private import RemoteDevice
 from ..metadata import ShardMetadata
 from . import api
 from .api import ShardingSpec
@@ -33,19 +33,19 @@ class ChunkShardingSpec(ShardingSpec):
     Args:
         dim (int): the dim to shard; negative values count from the end. Named dims are not supported.
         placements (List[str | torch.distributed._remote_device]): e.g. ``"rank:0/cuda:0"`` or
-            ``"rank:1/cpu"``. Strings are converted to ``_remote_device`` in place.
+            ``"rank:1/cpu"``. Strings are converted to ``RemoteDevice`` in place.
     """
 
     ShardingDim = int | str
 
     dim: ShardingDim
-    placements: list[_remote_device | str]
+    placements: list[RemoteDevice | str]
 
     def __post_init__(self):
         self._verify_dim(self.dim)
         for i, placement in enumerate(self.placements):
-            if not isinstance(placement, _remote_device):
-                self.placements[i] = _remote_device(placement)
+            if not isinstance(placement, RemoteDevice):
+                self.placements[i] = RemoteDevice(placement)
 
     @staticmethod
     def _verify_dim(dim) -> None:

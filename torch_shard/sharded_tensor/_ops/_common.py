@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ... import _torch_private as private
 from ..api import _PASSTHROUGH_OPS, _SHARDED_OPS
 
 
@@ -11,7 +12,7 @@ def _register_passthrough(op) -> None:
     # Registered straight into the table (no per-call argument validation): these are called on every
     # size()/dtype access and only read fields of the ShardedTensorImpl.
     def tensor_default_op(types, args=(), kwargs=None, pg=None):
-        with torch._C.DisableTorchFunctionSubclass():
+        with private.DisableTorchFunctionSubclass():
             return op(*args, **(kwargs or {}))
 
     _SHARDED_OPS[op] = tensor_default_op

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import torch
-from torch.distributed import distributed_c10d
 
+from ... import _torch_private as private
 from .. import _sharded_op_impl
 from ..api import ShardedTensor
 
@@ -23,10 +23,10 @@ def _binary_cmp(cmp_fun, types, args, kwargs=None, process_group=None) -> bool:
         raise TypeError(f"Both arguments to torch.{cmp_fun.__name__} need to be of type ShardedTensor")
     if st1._process_group is not st2._process_group:
         return False
-    if distributed_c10d._rank_not_in_group(st1._process_group) or distributed_c10d._rank_not_in_group(
+    if private.rank_not_in_group(st1._process_group) or private.rank_not_in_group(
         st2._process_group
     ):
-        return distributed_c10d._rank_not_in_group(st1._process_group) == distributed_c10d._rank_not_in_group(
+        return private.rank_not_in_group(st1._process_group) == private.rank_not_in_group(
             st2._process_group
         )
     local = st1.metadata() == st2.metadata()

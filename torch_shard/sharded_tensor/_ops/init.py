@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from ... import _torch_private as private
 from .. import _sharded_op_impl
 
 
@@ -50,7 +51,7 @@ def kaiming_uniform_(types, args=(), kwargs=None, pg=None):
     mode = _param(kwargs, "mode")
     nonlinearity = _param(kwargs, "nonlinearity")
     generator = kwargs.get("generator")
-    fan = torch.nn.init._calculate_correct_fan(torch.empty(st.size(), device="meta"), mode)
+    fan = private.calculate_correct_fan(torch.empty(st.size(), device="meta"), mode)
     bound = math.sqrt(3.0) * torch.nn.init.calculate_gain(nonlinearity, a) / math.sqrt(fan)
     with torch.no_grad():
         for shard in st.local_shards():

@@ -6,6 +6,7 @@ import copy
 
 import torch
 
+from ... import _torch_private as private
 from .. import _sharded_op_impl, empty, full, ones, rand, randn, zeros
 from .._converted import converted
 from ..api import ShardedTensorBase
@@ -32,7 +33,7 @@ def sharded_requires_grad_(types, args=(), kwargs=None, pg=None):
         return st
     for shard in st.local_shards():
         shard.tensor.requires_grad_(requires_grad)
-    with torch._C.DisableTorchFunctionSubclass():
+    with private.DisableTorchFunctionSubclass():
         st.requires_grad_(requires_grad)
     st.metadata().tensor_properties.requires_grad = requires_grad
     return st
@@ -129,7 +130,7 @@ def sharded_copy_(types, args=(), kwargs=None, pg=None):
     return self_st
 
 
-@_sharded_op_impl(torch._has_compatible_shallow_copy_type)
+@_sharded_op_impl(private.has_compatible_shallow_copy_type)
 def sharded_has_compatible_shallow_copy_type(types, args=(), kwargs=None, pg=None):
     # Module._apply then replaces parameters instead of assigning `.data` into a ShardedTensor.
     return False
