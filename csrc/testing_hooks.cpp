@@ -26,7 +26,7 @@ std::vector<at::Tensor> bucket_ids(const at::Tensor& ids, const at::Tensor& offs
   const auto rows = ops::checked_blocks(op, block_starts, block_sizes,
                                         static_cast<int64_t>(block_starts.size()), num_embeddings);
   const auto bucketed =
-      ops::bucket_ids(ids, bags ? std::optional<at::Tensor>(offsets) : std::nullopt, rows,
+      ops::bucket_ids(ids, bags ? ops::RoutedBags{offsets, offsets.numel(), -1} : ops::RoutedBags{}, rows,
                       ops::index_dtype(num_embeddings), padding_idx, /*mean=*/true, num_embeddings);
   // The send buffer as the lookups assemble it once the words are known (a test may read them).
   const at::Tensor words = bucketed.words.to(at::kCPU).contiguous();

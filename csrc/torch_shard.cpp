@@ -141,7 +141,8 @@ TORCH_LIBRARY(torch_shard, m) {
   // empty block may start anywhere, as ChunkShardingSpec's empty chunks do). `local` is this rank's
   // shard, `ids` its 1-D int64 ids; `mode` "embedding" (F.embedding: one row per id) or
   // F.embedding_bag's "sum", "mean", "max", with `offsets` the bags' starts as the caller gave them
-  // (with the input's length last under include_last_offset). padding_idx is global (-1: none).
+  // (with the input's length last under include_last_offset), or without offsets 2-D ids, one bag per
+  // row, as F.embedding_bag takes them. padding_idx is global (-1: none).
   // `fingerprint` (the weight's layout) and `arguments` (the call's scalars) must agree on every rank;
   // the op adds what it computes with. Every check that can differ between ranks runs inside the op's
   // agreement, so a bad call on one rank raises on every rank (the others carrying its message). The

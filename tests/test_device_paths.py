@@ -207,6 +207,12 @@ class TestDevicePaths(ShardedTensorTestBase):
                 ("bag sum psw", lambda w: F.embedding_bag(flat, w, offsets, mode="sum", per_sample_weights=psw)),
                 ("bag mean", lambda w: F.embedding_bag(flat, w, offsets, mode="mean", padding_idx=5)),
                 ("bag max 2-D", lambda w: F.embedding_bag(ids, w, mode="max")),
+                # A 2-D input's rows are its bags: no offsets to build or check (NOTE [ Requester-side
+                # routing in one op ]).
+                ("bag sum 2-D psw", lambda w: F.embedding_bag(ids, w, mode="sum", per_sample_weights=psw.view(6, 3))),
+                ("bag mean 2-D padding", lambda w: F.embedding_bag(ids, w, mode="mean", padding_idx=5)),
+                ("bag max 2-D padding", lambda w: F.embedding_bag(ids, w, mode="max", padding_idx=5)),
+                ("bag mean 2-D no bags", lambda w: F.embedding_bag(ids[:0], w, mode="mean")),
                 ("bag sum last", lambda w: F.embedding_bag(flat, w, torch.tensor([0, 9, 18], device=device), include_last_offset=True, mode="sum")),
             ]
             # On the CPU the lookups check and bucket their ids with loops (NOTE [ Requester-side

@@ -213,6 +213,8 @@ class TestEmbeddingInputValidation(ShardedTensorTestBase):
             ),
             (bag(ids.view(1, 1, 3), offsets=None), ValueError, "Input more than 2 dims not supported", None),
             (bag(ids.view(1, 3)), ValueError, "Input dimension needs to be exactly 1 dim", None),
+            # Bags of no ids in a 2-D input: the dense op's offsets would step by 0.
+            (bag(ids[:0].view(2, 0), offsets=None), RuntimeError, "step must be nonzero", "step must be nonzero"),
             (bag(ids, mode="foo"), ValueError, "mode 'foo' is not supported", None),
             # The dense op rejects None too ("mode has to be one of sum, mean or max").
             (bag(ids, mode=None), ValueError, "mode 'None' is not supported", None),

@@ -86,8 +86,9 @@ ColumnRequest prepare_columns(c10d::ProcessGroup& pg, const LookupCall& call) {
   TORCH_CHECK_VALUE(call.local.size(0) == call.num_embeddings && call.local.size(1) == width, kColumnLookup,
                     ": the weight shard of rank ", pg.getRank(), " must be [", call.num_embeddings, ", ",
                     width, "] (every row, its block's columns), got ", call.local.sizes());
-  const at::Tensor starts = is_bags(req.mode()) ? bag_offsets(req.checked.input) : call.ids.narrow(0, 0, 0);
-  req.parts = {starts, call.ids.to(index_dtype(call.num_embeddings))};
+  const at::Tensor& ids = req.checked.input.ids;
+  const at::Tensor starts = is_bags(req.mode()) ? bag_offsets(req.checked.input) : ids.narrow(0, 0, 0);
+  req.parts = {starts, ids.to(index_dtype(call.num_embeddings))};
   if (call.per_sample_weights.has_value()) {
     req.parts.push_back(*call.per_sample_weights);
   }

@@ -6,9 +6,11 @@
 #include <vector>
 
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
 #include "comm/exchange.h"
@@ -154,13 +156,17 @@ CheckedInput check_input(const char* op, const LookupCall& call) {
   TORCH_CHECK_VALUE(local.dim() == 2, op, ": the weight shard must be 2-D, got shape ", local.sizes());
   TORCH_CHECK_TYPE(at::isFloatingType(local.scalar_type()), op,
                    ": the weight shard must be a floating point tensor, got ", local.scalar_type());
-  TORCH_CHECK_TYPE(ids.scalar_type() == at::kLong && ids.dim() == 1, op, ": ids must be 1-D int64, got ",
-                   ids.dim(), "-D ", ids.scalar_type());
+  // Bags without offsets are the rows of a 2-D input.
+  const bool fixed = bags && !offsets.has_value();
+  TORCH_CHECK_TYPE(ids.scalar_type() == at::kLong && ids.dim() == (fixed ? 2 : 1), op, ": ids must be ",
+                   fixed ? "2-D (bags without offsets)" : "1-D", " int64, got ", ids.dim(), "-D ",
+                   ids.scalar_type());
   TORCH_CHECK_VALUE(ids.device() == local.device(), op, ": ids are on ", ids.device(),
                     ", the weight shard on ", local.device());
-  TORCH_CHECK_VALUE(bags == offsets.has_value(), op, ": offsets are given exactly for embedding_bag");
+  TORCH_CHECK_VALUE(bags || !offsets.has_value(), op, ": offsets are for embedding_bag");
   TORCH_CHECK_VALUE(bags || !include_last_offset, op, ": include_last_offset is for embedding_bag");
-  if (bags) {
+  TORCH_CHECK_VALUE(!fixed || !include_last_offset, op, ": include_last_offset needs offsets");
+  if (offsets.has_value()) {
     TORCH_CHECK_VALUE(offsets->scalar_type() == at::kLong && offsets->dim() == 1 &&
                           offsets->device() == local.device(),
                       op, ": offsets must be 1-D int64 on the weight shard's device");
@@ -174,7 +180,9 @@ CheckedInput check_input(const char* op, const LookupCall& call) {
             per_sample_weights->scalar_type() == local.scalar_type(),
         op, ": per_sample_weights must be 1-D, one per id, with mode sum, of the weight's dtype");
   }
-  checked.input = LookupInput{ids, offsets, include_last_offset, num_embeddings};
+  checked.input = LookupInput{
+      fixed ? ids.reshape({-1}) : ids, offsets, include_last_offset, num_embeddings, fixed ? ids.size(1) : -1,
+      fixed ? ids.size(0) : 0};
   return checked;
 }
 
@@ -208,9 +216,22 @@ void agree_backward(c10d::ProcessGroup& pg, LookupOp op, LookupMode mode, const 
 }
 
 at::Tensor bag_offsets(const LookupInput& input) {
+  if (input.fixed()) {
+    const auto options = input.ids.options();
+    return input.bag_length > 0 ? at::arange(0, input.ids.numel(), input.bag_length, options)
+                                : at::zeros({input.fixed_bags}, options);
+  }
   const at::Tensor& offsets = *input.offsets;
   return input.include_last_offset && offsets.numel() > 0 ? offsets.narrow(0, 0, offsets.numel() - 1)
                                                           : offsets;
+}
+
+int64_t bag_count(const LookupInput& input) {
+  if (input.fixed()) {
+    return input.fixed_bags;
+  }
+  const int64_t given = input.offsets.has_value() ? input.offsets->numel() : 0;
+  return input.include_last_offset && given > 0 ? given - 1 : given;
 }
 
 } // namespace ops

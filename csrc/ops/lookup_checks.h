@@ -36,10 +36,13 @@ namespace torch_shard {
 namespace ops {
 
 struct LookupInput {
-  at::Tensor ids;                    // 1-D int64: every id of this rank's input
-  std::optional<at::Tensor> offsets; // bags: 1-D int64 as the caller gave them
+  at::Tensor ids;                    // 1-D int64: every id of this rank's input (a 2-D one flattened)
+  std::optional<at::Tensor> offsets; // bags given by their starts: 1-D int64 as the caller gave them
   bool include_last_offset = false;  // offsets end with the number of ids (the last is no bag)
   int64_t num_embeddings = 0;
+  int64_t bag_length = -1; // a 2-D input's bags, one per row: their length (-1: offsets, or none)
+  int64_t fixed_bags = 0;  // ... and their number
+  bool fixed() const { return bag_length >= 0; }
 };
 
 // 0-dim int64 on the ids' device: 0, or the comm::ErrorCode of the first failed check. `outside`
@@ -50,13 +53,17 @@ at::Tensor input_status(const LookupInput& input, const at::Tensor& outside = at
 // reading the input on the host (only a failed op does).
 [[noreturn]] void raise_input_error(const LookupInput& input);
 
-// The offsets that start bags: without the last one under include_last_offset.
+// The offsets that start bags: without the last one under include_last_offset; for a 2-D input, one
+// every bag_length ids (built on its device: well formed, so never checked).
 at::Tensor bag_offsets(const LookupInput& input);
+// How many bags there are (without reading device memory).
+int64_t bag_count(const LookupInput& input);
 
 // What every lookup (and max_norm) checks alike on this rank before its agreement (a failure is this
 // rank's, which the caller reports in the agreement): `mode` a LookupMode name; `local` a 2-D floating
-// point shard; ids 1-D int64 on its device; offsets given exactly for bags, 1-D int64 there (not empty
-// under include_last_offset); per-sample weights only with "sum", one per id, of the shard's dtype;
+// point shard; ids int64 on its device, 1-D, or 2-D for bags without offsets (one bag per row, as
+// F.embedding_bag takes them); offsets only for bags, 1-D int64 there (not empty under
+// include_last_offset); per-sample weights only with "sum", one per id, of the shard's dtype;
 // padding_idx a row or -1. Returns the mode and the input; the caller sets its device-side status
 // (input_status).
 struct LookupCall { // a lookup op's arguments, as its kernel received them

@@ -90,7 +90,7 @@ RenormRequest prepare_renorm(c10d::ProcessGroup& pg, const at::Tensor& local, co
   if (dim == 0) {
     req.row_start = req.blocks.sizes[me] > 0 ? req.blocks.starts[me] : 0;
     req.bucketed =
-        bucket_ids(ids, std::nullopt, req.blocks, index, /*padding_idx=*/-1, /*mean=*/false, num_embeddings);
+        bucket_ids(ids, RoutedBags{}, req.blocks, index, /*padding_idx=*/-1, /*mean=*/false, num_embeddings);
     req.checked.status = input_status(req.checked.input, req.bucketed.outside);
   } else {
     req.parts = {ids.to(index)};

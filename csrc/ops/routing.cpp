@@ -135,12 +135,12 @@ Bucketed bucket_with_loops(const at::Tensor& ids, const std::optional<at::Tensor
 // range, and two for ids outside the table (below it, at or past its end). Those go to a virtual owner
 // `world` that is never sent anything: its count is the input's range check (Bucketed::outside), and an
 // input with such ids fails the agreement before any exchange.
-Bucketed bucket_composed(const at::Tensor& ids, const std::optional<at::Tensor>& offsets, const Blocks& rows,
+Bucketed bucket_composed(const at::Tensor& ids, const RoutedBags& given, const Blocks& rows,
                          c10::ScalarType index, int64_t padding_idx, bool mean, int64_t num_embeddings) {
   const int64_t world = rows.world();
-  const bool bags = offsets.has_value();
+  const bool bags = given.any();
   const int64_t n = ids.numel();
-  const int64_t num_bags = bags ? offsets->numel() : 0;
+  const int64_t num_bags = bags ? given.count : 0;
   const auto long_options = ids.options().dtype(at::kLong);
   const auto owned = owned_ranges(rows);
   const auto ranges = static_cast<int64_t>(owned.size());
@@ -171,11 +171,17 @@ Bucketed bucket_composed(const at::Tensor& ids, const std::optional<at::Tensor>&
   const bool by_bag = bags && num_bags > 0;
   at::Tensor bag, key = owner;
   int64_t keys = world + 1;
-  if (by_bag) {
+  if (by_bag && given.length >= 0) {
+    // A 2-D input's bag b is its row b.
+    key = at::add(at::arange(num_bags, long_options).unsqueeze(1), owner.view({num_bags, given.length}),
+                  /*alpha=*/num_bags)
+              .view({-1});
+    keys = layout::checked_mul(keys, num_bags, kRouting);
+  } else if (by_bag) {
     // Bag b holds the ids from offsets[b] on: the number of later bags' starts at or below a position.
     // Unchecked offsets (their verdict travels with the agreement) still give bags in range.
-    bag =
-        at::bucketize(at::arange(n, long_options), offsets->slice(0, 1), /*out_int32=*/false, /*right=*/true);
+    bag = at::bucketize(at::arange(n, long_options), given.offsets->slice(0, 1), /*out_int32=*/false,
+                        /*right=*/true);
     key = at::add(bag, owner, /*alpha=*/num_bags);
     keys = layout::checked_mul(keys, num_bags, kRouting);
   }
@@ -199,9 +205,10 @@ Bucketed bucket_composed(const at::Tensor& ids, const std::optional<at::Tensor>&
   }
   if (mean && num_bags) {
     out.divisors =
-        padding_idx >= 0
-            ? at::zeros({num_bags}, long_options).index_add_(0, bag, ids.ne(padding_idx).to(at::kLong))
-            : out.lengths.sum(0);
+        padding_idx < 0 ? out.lengths.sum(0)
+        : given.length >= 0
+            ? ids.view({num_bags, given.length}).ne(padding_idx).sum(1)
+            : at::zeros({num_bags}, long_options).index_add_(0, bag, ids.ne(padding_idx).to(at::kLong));
     out.divisors.clamp_min_(1);
   }
   return out;
@@ -209,12 +216,20 @@ Bucketed bucket_composed(const at::Tensor& ids, const std::optional<at::Tensor>&
 
 } // namespace
 
-Bucketed bucket_ids(const at::Tensor& ids, const std::optional<at::Tensor>& offsets, const Blocks& rows,
-                    c10::ScalarType index, int64_t padding_idx, bool mean, int64_t num_embeddings) {
+Bucketed bucket_ids(const at::Tensor& ids, const RoutedBags& bags, const Blocks& rows, c10::ScalarType index,
+                    int64_t padding_idx, bool mean, int64_t num_embeddings) {
   TORCH_INTERNAL_ASSERT(ids.scalar_type() == at::kLong && ids.dim() == 1);
-  TORCH_INTERNAL_ASSERT(!offsets.has_value() || (offsets->scalar_type() == at::kLong && offsets->dim() == 1));
-  return loops_for(ids) ? bucket_with_loops(ids, offsets, rows, index, padding_idx)
-                        : bucket_composed(ids, offsets, rows, index, padding_idx, mean, num_embeddings);
+  const std::optional<at::Tensor>& offsets = bags.offsets;
+  TORCH_INTERNAL_ASSERT(!offsets.has_value() || (offsets->scalar_type() == at::kLong && offsets->dim() == 1 &&
+                                                 offsets->numel() == bags.count));
+  TORCH_INTERNAL_ASSERT(bags.length < 0 ||
+                        layout::checked_mul(bags.count, bags.length, kRouting) == ids.numel());
+  if (loops_for(ids)) {
+    TORCH_INTERNAL_ASSERT(offsets.has_value() || bags.length < 0,
+                          "the CPU loops route bags by their offsets");
+    return bucket_with_loops(ids, offsets, rows, index, padding_idx);
+  }
+  return bucket_composed(ids, bags, rows, index, padding_idx, mean, num_embeddings);
 }
 
 std::vector<int64_t> Routes::send_sizes() const {

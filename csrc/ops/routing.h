@@ -69,10 +69,18 @@ struct Bucketed {
   at::Tensor outside;  // composition: 0-dim int64, how many ids lie outside the table (the range check)
 };
 
-// `rows`: each group rank's rows (tiling the table of `num_embeddings` rows). `offsets`: the bags' starts
-// (None: F.embedding).
-Bucketed bucket_ids(const at::Tensor& ids, const std::optional<at::Tensor>& offsets, const Blocks& rows,
-                    c10::ScalarType index, int64_t padding_idx, bool mean, int64_t num_embeddings);
+// A requester's bags as its routing sees them: none (F.embedding, and max, whose ids travel without
+// their bags), `count` bags given by their starts, or (a 2-D input) `count` bags of `length` ids each.
+struct RoutedBags {
+  std::optional<at::Tensor> offsets;
+  int64_t count = 0;
+  int64_t length = -1;
+  bool any() const { return offsets.has_value() || length >= 0; }
+};
+
+// `rows`: each group rank's rows (tiling the table of `num_embeddings` rows).
+Bucketed bucket_ids(const at::Tensor& ids, const RoutedBags& bags, const Blocks& rows, c10::ScalarType index,
+                    int64_t padding_idx, bool mean, int64_t num_embeddings);
 
 // What the agreement's words tell this rank about its exchanges with each peer (NOTE [ Idle owners ]).
 struct Routes {

@@ -93,24 +93,31 @@ RowRequest prepare_rows(c10d::ProcessGroup& pg, const LookupCall& call) {
   req.local_pad = call.padding_idx >= req.row_start && call.padding_idx < req.row_start + rows.sizes[me]
                       ? call.padding_idx - req.row_start
                       : -1;
+  const LookupInput& input = req.checked.input;
+  // The composition routes a 2-D input's bags by their rows (bucket_ids); the CPU loops and max's
+  // pooling take offsets.
+  const bool fixed = owners_pool(req.mode()) && input.fixed() && !loops_for(input.ids);
   if (is_bags(req.mode())) {
-    req.offsets = bag_offsets(req.checked.input);
-    req.num_bags = req.offsets->numel();
+    req.num_bags = bag_count(input);
+    if (!fixed) {
+      req.offsets = bag_offsets(input);
+    }
   }
   // Ids that belong to no bag (there are no bags) go nowhere.
   const bool nowhere = is_bags(req.mode()) && req.num_bags == 0;
-  req.ids = nowhere ? call.ids.narrow(0, 0, 0) : call.ids;
+  req.ids = nowhere ? input.ids.narrow(0, 0, 0) : input.ids;
   if (call.per_sample_weights.has_value()) {
     req.weights = nowhere ? call.per_sample_weights->narrow(0, 0, 0) : *call.per_sample_weights;
   }
-  // A word holds a count below 2**32 and a bag count below 2**31; max mode's winners travel as int32
-  // positions among a requester's ids.
+  // A word holds a count below 2**32 and a bag count below 2**31.
   constexpr int64_t kLimit = int64_t{1} << 31;
   TORCH_CHECK_VALUE(req.ids.numel() < kLimit && req.num_bags < kLimit, kRowLookup,
                     ": a row-wise sharded lookup takes fewer than 2**31 ids and 2**31 bags per rank, got ",
                     req.ids.numel(), " ids and ", req.num_bags, " bags");
-  req.bucketed = bucket_ids(req.ids, owners_pool(req.mode()) ? req.offsets : std::nullopt, rows,
-                            index_dtype(call.num_embeddings), call.padding_idx,
+  const RoutedBags bags = !owners_pool(req.mode()) ? RoutedBags{}
+                          : fixed                  ? RoutedBags{std::nullopt, req.num_bags, input.bag_length}
+                                                   : RoutedBags{req.offsets, req.num_bags, -1};
+  req.bucketed = bucket_ids(req.ids, bags, rows, index_dtype(call.num_embeddings), call.padding_idx,
                             req.mode() == LookupMode::kMean, call.num_embeddings);
   // The routing counted the ids outside the table, unless it saw none of them (no bags to put them in).
   req.checked.status = input_status(req.checked.input, nowhere ? at::Tensor() : req.bucketed.outside);

@@ -42,7 +42,7 @@ def lookup(
     """This rank's result of a lookup in ``weight`` (sharded on ``dim``; ``local`` its shard here,
     ``layout`` every group rank's block from :func:`._common.blocks`): ``mode`` "embedding" ([n, dim] for
     the 1-D int64 ``ids``) or embedding_bag's "sum", "mean", "max" ([bags, dim] for ``offsets`` as the
-    caller gave them)."""
+    caller gave them, or for the rows of 2-D ``ids`` without offsets)."""
     op = _ops._rowwise_lookup if dim == 0 else _ops._colwise_lookup
     out, _ = op(
         local,

@@ -13,10 +13,11 @@ from ._lookup import lookup, renorm
 
 
 def _as_bags(input, offsets, per_sample_weights, include_last_offset, mode, local):
-    """This rank's bags as (1-D int64 ids, int64 offsets as given, 1-D per-sample weights or None,
+    """This rank's bags as (int64 ids, int64 offsets as given, 1-D per-sample weights or None,
     include_last_offset), after the checks the host can make (the dense op's exception types and
-    messages where it has them); the offsets' values are checked on their device by the C++ op (NOTE
-    [ Input checks on the device ] in csrc/ops/lookup_checks.h)."""
+    messages where it has them). A 2-D input stays 2-D, without offsets: its rows are its bags, which the
+    C++ op takes as they are (no offsets to build or check). Given offsets' values are checked on their
+    device by the C++ op (NOTE [ Input checks on the device ] in csrc/ops/lookup_checks.h)."""
     if input.dim() > 2:
         raise ValueError("Input more than 2 dims not supported")
     if input.dim() == 0:
@@ -24,9 +25,11 @@ def _as_bags(input, offsets, per_sample_weights, include_last_offset, mode, loca
     if input.dim() == 2:
         if offsets is not None:
             raise ValueError("Input dimension needs to be exactly 1 dim")
+        if input.size(1) == 0:
+            # The dense op builds its offsets with a step of the rows' length.
+            raise RuntimeError("step must be nonzero")
         # include_last_offset means nothing without offsets (as for the dense op).
-        n_bags, length = input.shape
-        bag_offsets = torch.arange(0, n_bags * length, length, dtype=torch.int64, device=input.device)
+        bag_offsets = None
         include_last_offset = False
     else:
         if offsets is None:
@@ -63,7 +66,7 @@ def _as_bags(input, offsets, per_sample_weights, include_last_offset, mode, loca
         if per_sample_weights.requires_grad:
             raise NotImplementedError("gradients with respect to per_sample_weights are not supported")
         psw = per_sample_weights.reshape(-1)
-    return input.reshape(-1).to(torch.int64), bag_offsets, psw, bool(include_last_offset)
+    return input.to(torch.int64), bag_offsets, psw, bool(include_last_offset)
 
 
 @custom_sharding_spec_op(ChunkShardingSpec, F.embedding_bag)
@@ -139,7 +142,7 @@ def sharded_embedding_bag(types, args, kwargs, pg):
     group = pg.group_name
     if max_norm is not None:
         # Every id of the input, as the dense op renormalises them.
-        renorm(local, ids, weight, dim, layout, max_norm, norm_type, arguments, group)
+        renorm(local, ids.reshape(-1), weight, dim, layout, max_norm, norm_type, arguments, group)
     return lookup(
         local, ids, offsets, psw, weight, dim, layout, mode, padding_idx, include_last_offset, arguments, group
     )
