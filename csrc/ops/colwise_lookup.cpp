@@ -122,11 +122,13 @@ colwise_lookup(const at::Tensor& local, const at::Tensor& ids, const std::option
   ShareRequest request = agreement_request(req.checked, req.fingerprint, agreed, local.device(), error);
   request.parts = req.parts;
   request.flags = weighted ? 1 : 0;
+  request.borrow = true; // every peer's part is copied out (joined) before the results' exchange
   const std::vector<at::Tensor> everyone = share_inputs(*pg, request).parts;
   const auto width = static_cast<int64_t>(req.parts.size());
   TORCH_INTERNAL_ASSERT(static_cast<int64_t>(everyone.size()) == world * width);
-  // One set of bags for every requester: ids one after the other, offsets shifted by the ids before.
-  std::vector<int64_t> rows_of(world);
+  // One set of bags for every requester: ids one after the other, offsets shifted by the ids before
+  // (one add over all of them, whatever the number of ranks).
+  std::vector<int64_t> rows_of(world), shifts;
   std::vector<at::Tensor> all_ids, all_offsets, all_weights;
   int64_t shift = 0;
   for (int64_t r = 0; r < world; ++r) {
@@ -138,13 +140,26 @@ colwise_lookup(const at::Tensor& local, const at::Tensor& ids, const std::option
     }
     all_ids.push_back(their_ids);
     if (bags) {
-      all_offsets.push_back(shift ? their_offsets + shift : their_offsets);
+      all_offsets.push_back(their_offsets);
+      shifts.insert(shifts.end(), static_cast<size_t>(rows_of[r]), shift);
     }
     if (weighted) {
       all_weights.push_back(everyone[r * width + 2]);
     }
     shift = layout::checked_add(shift, their_ids.numel(), "torch_shard._colwise_lookup: ids");
   }
+  // Peers' parts are views of the exchange's buffer (borrowed): what the kernel and the backward keep
+  // must be a copy, which a join of several parts, a shift or a dtype conversion already is.
+  auto owned = [&](const at::Tensor& t) {
+    for (int64_t r = 0; r < world; ++r) {
+      for (int64_t k = 0; k < width && r != me; ++k) {
+        if (t.is_alias_of(everyone[r * width + k])) {
+          return t.clone();
+        }
+      }
+    }
+    return t;
+  };
   auto joined = [](const std::vector<at::Tensor>& pieces, const at::Tensor& none) {
     return pieces.empty() ? none : (pieces.size() == 1 ? pieces[0] : at::cat(pieces));
   };
@@ -152,12 +167,18 @@ colwise_lookup(const at::Tensor& local, const at::Tensor& ids, const std::option
   const c10::ScalarType index = index_dtype(num_embeddings);
   const c10::ScalarType kernel_index =
       index == at::kInt && shift <= std::numeric_limits<int32_t>::max() ? at::kInt : at::kLong;
-  const at::Tensor group_ids = joined(all_ids, req.parts[1].narrow(0, 0, 0)).to(kernel_index);
-  const at::Tensor group_offsets =
-      bags ? joined(all_offsets, req.parts[0].narrow(0, 0, 0)).to(kernel_index) : at::Tensor();
+  const at::Tensor group_ids = owned(joined(all_ids, req.parts[1].narrow(0, 0, 0)).to(kernel_index));
+  at::Tensor group_offsets;
+  if (bags) {
+    group_offsets = joined(all_offsets, req.parts[0].narrow(0, 0, 0));
+    if (std::any_of(shifts.begin(), shifts.end(), [](int64_t s) { return s != 0; })) {
+      group_offsets = group_offsets + to_device(shifts, group_offsets.device());
+    }
+    group_offsets = owned(group_offsets.to(kernel_index));
+  }
   std::optional<at::Tensor> group_weights;
   if (weighted) {
-    group_weights = joined(all_weights, per_sample_weights->narrow(0, 0, 0));
+    group_weights = owned(joined(all_weights, per_sample_weights->narrow(0, 0, 0)));
   }
   const int64_t total_rows = checked_total(rows_of);
   const int64_t mine = rows_of[me];

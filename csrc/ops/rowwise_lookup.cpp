@@ -29,11 +29,13 @@
 
 #include <exception>
 #include <optional>
+#include <vector>
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/_embedding_bag.h>
 #include <ATen/ops/_embedding_bag_backward.h>
 #include <ATen/ops/_embedding_bag_forward_only.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/embedding.h>
 #include <ATen/ops/embedding_dense_backward.h>
 #include <ATen/ops/empty.h>
@@ -357,8 +359,7 @@ at::Tensor rowwise_lookup_backward(const at::Tensor& grad, at::TensorList saved,
       mode == LookupMode::kMean && routes.num_bags ? grad / saved[kRowDivisors].unsqueeze(1) : grad;
   // Every owner this rank sent ids to gets its bags' gradient (NOTE [ Idle owners ]).
   const int64_t senders = routes.senders();
-  const at::Tensor spread =
-      senders > 1 ? g.unsqueeze(0).expand({senders, routes.num_bags, dim}).reshape({-1, dim}) : g;
+  const at::Tensor spread = senders > 1 ? at::cat(std::vector<at::Tensor>(senders, g)) : g;
   const at::Tensor got =
       move_rows(*pg, senders ? spread : g.narrow(0, 0, 0), routes.back_rows(), routes.bags_in);
   if (!lookup) {

@@ -20,7 +20,7 @@
 
 #include <ATen/Dispatch.h>
 #include <ATen/ops/_embedding_bag.h>
-#include <ATen/ops/_embedding_bag_backward.h>
+#include <ATen/ops/_embedding_bag_dense_backward.h>
 #include <ATen/ops/_embedding_bag_forward_only.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
@@ -107,10 +107,11 @@ at::Tensor max_rows_backward(const at::Tensor& grad, at::TensorList saved, int64
     return max_rows_backward_loops(grad, saved[kRowMaxIndices], saved[kRowBagSize], num_ids);
   }
   const int64_t pad = padding_idx >= 0 ? num_ids : -1;
-  const at::Tensor rows_grad = at::_embedding_bag_backward(
-      grad, saved[kRowPerm], saved[kRowOffsets], saved[kRowOffset2bag], saved[kRowBagSize],
-      saved[kRowMaxIndices], num_ids + (pad >= 0 ? 1 : 0), /*scale_grad_by_freq=*/false,
-      aten_bag_mode(LookupMode::kMax), /*sparse=*/false, std::nullopt, pad);
+  // The dense backward itself: max mode reads only the winners (and the bags' sizes).
+  const at::Tensor rows_grad = at::_embedding_bag_dense_backward(
+      grad, saved[kRowPerm], saved[kRowOffset2bag], saved[kRowBagSize], saved[kRowMaxIndices],
+      num_ids + (pad >= 0 ? 1 : 0), /*scale_grad_by_freq=*/false, aten_bag_mode(LookupMode::kMax),
+      std::nullopt, pad);
   return pad >= 0 ? rows_grad.narrow(0, 0, num_ids) : rows_grad;
 }
 

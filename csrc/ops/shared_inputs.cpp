@@ -108,19 +108,21 @@ Shared share_inputs(c10d::ProcessGroup& pg, const ShareRequest& request) {
       }
       moves.send.resize(world);
       moves.recv.resize(world);
-      auto pack = [&flat, &notes, nparts](const at::Tensor& into) {
-        int64_t pos = 0;
-        for (int64_t k = 0; k < nparts; ++k) {
-          if (notes[k] > 0) { // an empty part costs no copy (a kernel launch on a GPU)
-            into.narrow(0, pos, notes[k]).copy_(flat[k].view(at::kByte)); // a device copy where they differ
-          }
-          pos += padded8(notes[k]);
+      // Every peer gets the same message: packed once (a copy per non-empty part, a device copy where
+      // the devices differ), then sent as it is to each.
+      const at::Tensor message =
+          at::empty({world > 1 ? message_bytes : 0}, at::TensorOptions().dtype(at::kByte).device(device));
+      int64_t pos = 0;
+      for (int64_t k = 0; k < nparts && world > 1; ++k) {
+        if (notes[k] > 0) { // an empty part costs no copy (a kernel launch on a GPU)
+          message.narrow(0, pos, notes[k]).copy_(flat[k].view(at::kByte));
         }
-      };
+        pos += padded8(notes[k]);
+      }
       for (int64_t p = 0; p < world; ++p) {
         if (p != me) {
           moves.send[p].bytes = message_bytes;
-          moves.send[p].pack = pack;
+          moves.send[p].direct = message;
           moves.recv[p].bytes = comm::kDeclared;
         }
       }
@@ -134,8 +136,11 @@ Shared share_inputs(c10d::ProcessGroup& pg, const ShareRequest& request) {
   if (!error) {
     for (int64_t p = 0; p < world; ++p) {
       if (p != me) {
-        // The round's buffer is reused by the next exchange: keep a copy (on the communication device).
-        moves.recv[p].unpack = [&received, p](const at::Tensor& from) { received[p] = from.clone(); };
+        // The round's buffer is reused by the next exchange: keep a copy (on the communication device)
+        // unless the caller copies the parts out first.
+        moves.recv[p].unpack = [&received, p, borrow = request.borrow](const at::Tensor& from) {
+          received[p] = borrow ? from : from.clone();
+        };
       }
     }
   }

@@ -51,6 +51,9 @@ struct ShareRequest {
   std::function<void(comm::ErrorCode)> raise_status; // with status: throws this rank's error
   at::Tensor words;                                  // optional: [world] int64, words[p] told to rank p
   std::exception_ptr error;                          // this rank failed before the agreement
+  // The caller copies the other ranks' parts out before its next exchange on the group: they may then
+  // stay views of the exchange's buffer (which that exchange reuses), saving a copy per peer.
+  bool borrow = false;
 };
 
 struct Shared {
