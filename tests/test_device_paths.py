@@ -35,6 +35,7 @@ from torch_shard.testing import (
     placement,
     rank_device,
     requires_cuda,
+    requires_testing_library,
     run_tests,
     with_comms,
 )
@@ -95,8 +96,23 @@ class _CountHostReads(TorchDispatchMode):
         result = super().__exit__(*exc)
         self._profiler.__exit__(*exc)
         names = {f"aten::{op._schema.name.split('::', 1)[1]}" for op in _HOST_READS}
-        self.inside = [event.name for event in self._profiler.events() if event.name in names]
+        self.inside = [
+            event.name
+            for event in self._profiler.events()
+            if event.name in names and not _in_aten_embedding_kernel(event)
+        ]
         return result
+
+
+def _in_aten_embedding_kernel(event) -> bool:
+    """Whether a profiler event ran inside one of ATen's embedding kernels: the dense op's own, whose
+    CPU implementation (max mode's backward calls nonzero) is not what it runs on a GPU."""
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith(("aten::_embedding_bag", "aten::embedding")):
+            return True
+        parent = parent.cpu_parent
+    return False
 
 
 def _rows(n: int = WORLD) -> ChunkShardingSpec:
@@ -231,6 +247,30 @@ class TestDevicePaths(ShardedTensorTestBase):
                         self.assertEqual(out, lookup(dense), atol=1e-5, rtol=1e-5, msg=where)
 
     @with_comms(init_rpc=False)
+    def test_sharded_embedding_backward_reads_no_device_memory_on_the_host(self):
+        """The lookups' backwards on the composition every non-CPU device takes: no op reads device
+        data on the host, inside the C++ ops included (the backward agreement carries no status)."""
+        device = rank_device(self.rank)
+        generator = torch.Generator().manual_seed(20 + self.rank)
+        ids = torch.randint(0, 20, (6, 3), generator=generator).to(device)
+        cases = [
+            ("embedding", lambda w: F.embedding(ids, w, padding_idx=3)),
+            ("bag sum", lambda w: F.embedding_bag(ids, w, mode="sum")),
+            ("bag mean", lambda w: F.embedding_bag(ids, w, mode="mean", padding_idx=5)),
+            ("bag max", lambda w: F.embedding_bag(ids, w, mode="max", padding_idx=5)),
+        ]
+        for spec in (_rows(), _cols()):
+            weight = sharded_tensor.rand(spec, 20, 8, requires_grad=True)
+            with cpu_loops(False):
+                for name, lookup in cases:
+                    out = lookup(weight)
+                    with _CountHostReads() as counter:
+                        out.sum().backward()
+                    where = f"{name}, dim {spec.dim}"
+                    self.assertEqual(counter.seen, [], f"{where}: host reads of device data")
+                    self.assertEqual(counter.inside, [], f"{where}: host reads inside the ops")
+
+    @with_comms(init_rpc=False)
     def test_steady_state_data_ops_read_nothing_on_the_host(self):
         """NOTE [ Headers on the host ]: with round 1 split as on CUDA groups that have a CPU backend
         (the test-only switch runs it here), a scatter, gather, reshard or redistribute that the group's
@@ -343,6 +383,7 @@ class TestDevicePaths(ShardedTensorTestBase):
         self.assertFalse(st.is_pinned())
 
 
+@requires_testing_library
 class TestCommDevice(TestCase):
     """Which device torch_shard's collectives use (NOTE [ Communication device ]), on a group with a
     CUDA backend other than gloo. No NCCL here: the group is built by hand with torch's fake backend
