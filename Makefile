@@ -81,7 +81,8 @@ $(STAMP_BUILD): $(STAMP_DEPS) $(CSRC)
 build: $(STAMP_BUILD)
 
 # A wheel for .venv's torch in dist/: torch_shard-0.1.0+pt213cpu-...whl, requiring torch==2.13.*
-# (setup.py). Built as `pip install .` builds, with pip's build isolation: the in-tree backend
+# (setup.py), with the product library alone (setup.py leaves the test library _testing_C out of every
+# wheel; `make build` has it). Built as `pip install .` builds, with pip's build isolation: the in-tree backend
 # (build_backend/) must find .venv's torch, which scripts/wheel_check.sh checks. It reuses the objects
 # of `make build` (same build folder and flags), so after a build it only links and packs.
 wheel: $(STAMP_DEPS)
@@ -92,7 +93,7 @@ wheel: $(STAMP_DEPS)
 	@ls -t dist/torch_shard-*.whl | head -1
 
 # The wheel installed into a fresh venv outside the tree (it brings its own torch), then the demo and
-# the single-process tests run there (scripts/wheel_check.sh).
+# the single-process tests run there, those of the test-only ops skipping (scripts/wheel_check.sh).
 test-wheel: wheel
 	@$(call timed,wheel installed in a fresh venv: demo + single-process tests,\
 	  bash scripts/wheel_check.sh "$$(ls -t dist/torch_shard-*.whl | head -1)" $(TORCH_VERSION) $(PYTHON))

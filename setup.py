@@ -1,4 +1,5 @@
-"""Build script for torch_shard: the C++ extension ``torch_shard._C`` (and the test-only ``_testing_C``).
+"""Build script for torch_shard: the C++ extension ``torch_shard._C`` (and the test-only ``_testing_C``,
+which wheels leave out: TESTING_LIBRARY below).
 
 The extension is C++ against torch's C++ ABI, so it is built against the torch installed in the
 environment it will run in, and its metadata says so:
@@ -66,6 +67,11 @@ if (why := build_info.unsupported(FACTS)) is not None:
 # csrc/testing/ is the test-only library torch_shard._testing_C (torch.ops.torch_shard_testing.*); the
 # product library torch_shard._C is everything else under csrc/.
 TESTING_DIR = os.path.join("csrc", "testing")
+# The test library is built with the product everywhere but into a wheel: `pip install -e .` (so a
+# plain `pytest` finds it, with nothing prepared), `setup.py build_ext` (the sanitizer build, the
+# legs). A wheel (`pip install .`, `pip wheel .`, `python -m build`: setuptools runs this file with the
+# bdist_wheel command) carries the product alone. TORCH_SHARD_TESTING_LIBRARY=1 or 0 decides either way.
+TESTING_LIBRARY = os.environ.get("TORCH_SHARD_TESTING_LIBRARY", "0" if "bdist_wheel" in sys.argv[1:] else "1") == "1"
 
 
 # Unity translation units. A .cpp that includes ATen takes about 30 s to compile on a 2-core machine,
@@ -182,6 +188,7 @@ setup(
             extra_link_args=extra_link_args,
         )
         for name in ("torch_shard._C", "torch_shard._testing_C")
+        if TESTING_LIBRARY or not name.endswith("_testing_C")
     ],
     cmdclass={"build_ext": BuildExt},
 )

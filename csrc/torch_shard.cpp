@@ -16,7 +16,7 @@
 
 #include <torch/library.h>
 
-#include "testing_hooks.h"
+#include "seams.h"
 
 // A layout travels as one argument group, the same in every schema that takes one (see
 // csrc/ops/layout_args.h):
@@ -193,11 +193,11 @@ extern "C" PyObject* PyInit__C(void) {
   if (module == nullptr) {
     return nullptr;
   }
-  // For torch_shard._testing_C only (csrc/testing_hooks.h): the product itself never uses it.
-  PyObject* hooks = PyCapsule_New(const_cast<torch_shard::TestingHooks*>(&torch_shard::testing_hooks()),
-                                  "torch_shard._C._testing_hooks", nullptr);
-  if (hooks == nullptr || PyModule_AddObject(module, "_testing_hooks", hooks) < 0) {
-    Py_XDECREF(hooks);
+  // The product's seams (csrc/seams.h): a table the test library takes, which no Python caller can call.
+  PyObject* seams =
+      PyCapsule_New(const_cast<torch_shard::Seams*>(&torch_shard::seams()), "torch_shard._C._seams", nullptr);
+  if (seams == nullptr || PyModule_AddObject(module, "_seams", seams) < 0) {
+    Py_XDECREF(seams);
     Py_DECREF(module);
     return nullptr;
   }

@@ -4,7 +4,8 @@
 # must bring the torch it was built for), then the test requirements; then, from a folder holding only
 # copies of tests/, examples/ and pyproject.toml, so that nothing of the source tree can be imported,
 # examples/demo.py on 4 ranks under torchrun and the single-process tests (pytest -m "not distributed",
-# without tests/test_docs.py).
+# without tests/test_docs.py). The wheel carries the product library alone: the tests of the test-only
+# ops (torch_shard._testing_C) skip here, saying so, and run in the main suite.
 #
 #   scripts/wheel_check.sh WHEEL TORCH_VERSION [PYTHON]     (TORCH_VERSION: the torch it was built with)
 set -euo pipefail
@@ -26,6 +27,9 @@ esac
 requires=$("$PYTHON" - "$WHEEL" <<'PYMETA'
 import sys, zipfile
 with zipfile.ZipFile(sys.argv[1]) as wheel:
+    test_library = [n for n in wheel.namelist() if n.startswith("torch_shard/_testing_C")]
+    if test_library:
+        sys.exit(f"[wheel] the wheel carries the test library: {test_library}")
     meta = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
     for line in wheel.read(meta).decode().splitlines():
         if line.startswith("Requires-Dist: "):
@@ -53,6 +57,7 @@ cp -r tests examples pyproject.toml "$WORK/run/"
 cd "$WORK/run"
 export PATH="$WORK/venv/bin:$PATH"
 "$PY" - "$WORK/venv" <<'PYCHECK'
+import importlib.util
 import sys
 
 import torch
@@ -62,6 +67,7 @@ import torch_shard._C as c
 venv = sys.argv[1]
 for path in (torch_shard.__file__, c.__file__):
     assert path.startswith(venv), f"{path} is not the installed wheel's"
+assert importlib.util.find_spec("torch_shard._testing_C") is None, "the test library is installed"
 print(f"[wheel] torch {torch.__version__}, torch_shard {torch_shard.__version__} from {torch_shard.__file__}")
 print(f"[wheel] its library's build record: {torch_shard._build_record}")
 PYCHECK

@@ -1,7 +1,7 @@
 """How every torch_shard op is registered: kernels per dispatch key, fake kernels, autograd,
 ``torch.library.opcheck`` over the ops that can be traced, and the error the others raise under
 FakeTensorMode (NOTE [ Ops that cannot be traced ] in csrc/ops/untraceable.h). Also the row-wise
-routing helpers the test-only library reaches (csrc/testing_hooks.h). Single process.
+routing helpers the test library reaches through the product's seams (csrc/seams.h). Single process.
 """
 
 import torch
@@ -9,7 +9,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import torch_shard
-from torch_shard.testing import TestCase, cpu_loops, run_tests
+from torch_shard.testing import TestCase, cpu_loops, requires_testing_library, run_tests
 
 _ops = torch.ops.torch_shard
 
@@ -144,6 +144,7 @@ class TestRegistrations(TestCase):
                 with cpu_loops(fused):
                     torch.library.opcheck(_ops._embedding_bag_partial.default, sample)
 
+    @requires_testing_library
     def test_bucket_ids_and_unpack_received(self):
         # NOTE [ Requester-side routing in one op ], through the test-only library (the helpers are C++,
         # not ops): rows [0, 4) on rank 1, [4, 8) on rank 2, none on rank 0, [8, 10) on rank 3; bags

@@ -24,6 +24,7 @@ from torch_shard.testing import (
     TestCase,
     cpu_loops,
     rank_device,
+    requires_testing_library,
     run_tests,
     with_comms,
 )
@@ -196,6 +197,7 @@ class TestShardedEmbedding(ShardedTensorTestBase):
             self._run_sharded_embedding(spec, [4], 14, 11, max_norm=2.5)
 
 
+@requires_testing_library
 class TestOwnerTable(TestCase):
     def test_owners_follow_placements_in_any_order_without_warnings(self):
         # Row ranges in placement order (not sorted by start), an empty range; the boundaries handed to

@@ -66,12 +66,12 @@ namespace comm {
 
 namespace {
 
-std::atomic<FaultHook> fault_hook{nullptr};
+std::atomic<ExchangeHook> exchange_hook{nullptr};
 
 } // namespace
 
-void set_fault_hook(FaultHook hook) {
-  fault_hook.store(hook);
+void set_exchange_hook(ExchangeHook hook) {
+  exchange_hook.store(hook);
 }
 
 namespace {
@@ -85,8 +85,8 @@ bool has_point_to_point(c10d::ProcessGroup& pg) {
 
 } // namespace
 
-void fault_point(OpKind op, int64_t me, bool before_agreement) {
-  const FaultHook hook = fault_hook.load(std::memory_order_relaxed);
+void hook_point(OpKind op, int64_t me, bool before_agreement) {
+  const ExchangeHook hook = exchange_hook.load(std::memory_order_relaxed);
   if (C10_UNLIKELY(hook != nullptr)) {
     hook(op_name(op), me, before_agreement);
   }
@@ -297,7 +297,7 @@ Outcome exchange(c10d::ProcessGroup& pg, c10::Device device, const Agreement& ag
   if (x.world == 1) {
     return single_rank(x);
   }
-  fault_point(x.op, x.me, /*before_agreement=*/true); // test-only hook (testing_hooks.h)
+  hook_point(x.op, x.me, /*before_agreement=*/true);
   plan_round_one(x);
   describe_moves(x);
   if (x.via_hub) {
@@ -314,7 +314,7 @@ Outcome exchange(c10d::ProcessGroup& pg, c10::Device device, const Agreement& ag
   remember_round_one(x);
   Outcome outcome;
   verdict(x, outcome);
-  fault_point(x.op, x.me, /*before_agreement=*/false); // test-only hook (testing_hooks.h)
+  hook_point(x.op, x.me, /*before_agreement=*/false);
   locate_payloads(x);
   round_two(x);
   TORCH_CHECK(!x.mismatch, "torch_shard.", op_name(x.op),

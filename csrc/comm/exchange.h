@@ -13,7 +13,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
-#include "testing_hooks.h"
+#include "comm/exchange_options.h"
 
 namespace torch_shard {
 namespace comm {
@@ -128,13 +128,6 @@ struct Outcome {
   std::vector<int64_t> words_in;  // words[me] of each rank (0 from a rank without words)
   std::vector<int64_t> words_out; // this rank's words, as sent (empty without words)
 };
-
-// For the test-only library (csrc/testing_hooks.h; the product never calls these): the fault hook, round
-// 1's mechanisms, and what one round 1 costs among `world` ranks.
-void set_fault_hook(FaultHook hook);
-ExchangeOptions exchange_options();
-void set_exchange_options(const ExchangeOptions& options);
-std::vector<int64_t> round_one_cost(int64_t world, bool cpu, bool p2p);
 
 // Runs the agreement and, when every rank agrees, the moves. Collective over `pg`: every rank calls it
 // with the same op. `device` is the communication device (comm_device()); `moves` may be null only when

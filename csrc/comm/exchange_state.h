@@ -47,8 +47,8 @@ inline int64_t padded16(int64_t bytes) {
   return (bytes + 15) / 16 * 16;
 }
 
-// The test-only fault hook's two points (testing_hooks.h): as an exchange starts, and after its verdict.
-void fault_point(OpKind op, int64_t me, bool before_agreement);
+// The exchange hook's two points (comm/exchange_options.h): as an exchange starts, and after its verdict.
+void hook_point(OpKind op, int64_t me, bool before_agreement);
 
 // ---- One exchange in progress ---------------------------------------------------------------------
 struct Exchange {

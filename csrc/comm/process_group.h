@@ -27,7 +27,7 @@ bool has_backend_for(const c10d::ProcessGroup& pg, c10::DeviceType type);
 // moves live on this rank, if anywhere. See NOTE [ Communication device ].
 c10::Device comm_device(c10d::ProcessGroup& pg, std::optional<c10::Device> tensors = std::nullopt);
 
-// comm_device of the group registered under `group_name`, for tests (TestingHooks::comm_device):
+// comm_device of the group registered under `group_name`, for the product's seams (csrc/seams.h):
 // `tensors` is a device string, "" for none.
 std::string comm_device_name(const std::string& group_name, const std::string& tensors);
 

@@ -36,7 +36,8 @@ constexpr int64_t kSlotBytes = 16384;
 // is why it serves small groups only (NOTE [ Round 1 through a hub ]). This budget bounds rounds whose
 // blocks are padded to the slot (through the hub; on NCCL); an all-to-all of used bytes on gloo sends
 // no padding and has its own slot and budget (NOTE [ Round 1 of used bytes ]).
-// torch.ops.torch_shard_testing._round_one_cost computes these figures from the functions below.
+// The test library computes these figures (torch.ops.torch_shard_testing._round_one_cost) from
+// round_one_plan, which plans with the functions below.
 constexpr int64_t kRoundOneBudget = int64_t{256} << 10;
 constexpr int64_t kMinUsefulSlot = 256;
 
@@ -124,7 +125,7 @@ constexpr size_t kRemembered = 32;
 // read of NOTE [ One host read per exchange ]. A CUDA group without a CPU backend reads its headers
 // from the device. The split never depends on the op and both collectives run on every rank whatever
 // its arguments (the rooms agree at both ends), so round 1's guarantees hold and ranks that run
-// different ops reach the verdict that names the mismatch. The test-only switch `split` runs the split
+// different ops reach the verdict that names the mismatch. ExchangeOptions::split runs the split
 // on CPU groups, where the suite checks it.
 
 namespace {
@@ -472,31 +473,15 @@ void split_round_one(Exchange& x) {
   std::memcpy(x.table.data(), in.const_data_ptr(), static_cast<size_t>(world * kHeaderBytes));
 }
 
-// [through the hub (0/1), slot bytes, messages of the busiest rank, its bytes with headers only, its
-// bytes with every slot full, messages of any other rank] of one round 1 in a group of `world`.
-std::vector<int64_t> round_one_cost(int64_t world, bool cpu, bool p2p) {
+RoundOnePlan round_one_plan(int64_t world, bool cpu, bool p2p) {
   TORCH_CHECK_VALUE(world >= 1, "torch_shard: world must be at least 1, got ", world);
-  const bool hub = round_one_via_hub(cpu, p2p, world, exchange_options().hub_max_world);
-  // As the group alone plans it, without history (on a hub group: NOTE [ Round 1 follows the group's
-  // history ]), every room the base slot. An all-to-all of used bytes (gloo, CPU) sends headers and
-  // used payload bytes only: its "every slot full" is the most it can carry.
-  const int64_t slot = !hub && cpu && p2p ? direct_slot(world) : round_one_slot(world);
-  const int64_t headers = world * kHeaderBytes;
-  if (world == 1) {
-    return {0, slot, 0, 0, 0, 0};
-  }
-  if (hub) {
-    // The hub receives W - 1 messages and sends W - 1; each carries W headers and up to W - 1 payloads.
-    const int64_t message = headers + (world - 1) * slot;
-    return {1, slot, 2 * (world - 1), 2 * (world - 1) * headers, 2 * (world - 1) * message, 2};
-  }
-  // All-to-all: W - 1 blocks out and W - 1 in per rank (the rank's own block stays local).
-  return {0,
-          slot,
-          2 * (world - 1),
-          2 * (world - 1) * kHeaderBytes,
-          2 * (world - 1) * (kHeaderBytes + slot),
-          2 * (world - 1)};
+  RoundOnePlan plan;
+  plan.hub = round_one_via_hub(cpu, p2p, world, exchange_options().hub_max_world);
+  // plan_round_one's choice without a forecast: an all-to-all of used bytes where gloo carries the CPU
+  // group's messages, else the base slot.
+  plan.slot_bytes = !plan.hub && cpu && p2p ? direct_slot(world) : round_one_slot(world);
+  plan.header_bytes = kHeaderBytes;
+  return plan;
 }
 
 } // namespace comm

@@ -75,8 +75,8 @@ std::vector<double> agreed_arguments(LookupOp op, c10::ArrayRef<double> argument
 
 // Whether CPU tensors take the fused loops written for them (bucketing, input checks, partial max
 // pooling and its backward) or the ATen composition every other device takes (NOTE [ Requester-side
-// routing in one op ]). The product's is true; the test-only library switches it to run the
-// composition on the CPU (csrc/testing_hooks.h).
+// routing in one op ]). The product's is true; the test library switches it, through the product's
+// seams (csrc/seams.h), to run the composition on the CPU.
 bool cpu_loops();
 void set_cpu_loops(bool on);
 inline bool loops_for(const at::Tensor& t) {

@@ -1,40 +1,45 @@
 // torch_shard._testing_C: the test-only ops, torch.ops.torch_shard_testing.*, in a library of their own
-// that only tests load (torch_shard.testing imports it). The product library torch_shard._C holds no
-// test-only op and cannot inject a fault or end the process; it hands this library a few hooks
-// (csrc/testing_hooks.h) as a capsule, which this library takes when Python imports it.
+// that only tests and benchmarks load (torch_shard.testing imports it). The development build has it;
+// wheels do not carry it (setup.py). The product library torch_shard._C holds no test-only code and
+// cannot inject a fault or end the process: it hands this library its seams (csrc/seams.h) as a
+// capsule, which this library takes when Python imports it, and everything a test does with them is
+// here.
 
 #include <Python.h>
 
-#include <atomic>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
-#include "testing_hooks.h"
+#include "seams.h"
 
 namespace torch_shard {
 namespace testing {
 namespace {
 
-const TestingHooks* hooks = nullptr; // set once, when the module is imported
+const Seams* seams = nullptr; // set once, when the module is imported
 
-const TestingHooks& product() {
-  TORCH_CHECK(hooks != nullptr, "torch_shard._testing_C: import the module before using its ops");
-  return *hooks;
+const Seams& product() {
+  TORCH_CHECK(seams != nullptr, "torch_shard._testing_C: import the module before using its ops");
+  return *seams;
 }
 
 // NOTE [ Fault injection ]
 // The fault tests need a rank that fails where no bad argument can make it fail (that is what the
 // agreement is for): a bug, a lost device, a killed process. _inject_fault(op, action) arms one such
-// failure for this process's next exchange of data op `op` ("" for any), through the product's fault
-// hook. Right after the verdict, when its peers have agreed and go on to move data without it: "raise"
-// throws a RuntimeError and "exit" ends the process at once (std::_Exit(kInjectedExitCode): no
-// unwinding, no goodbye to the peers, like a crash). "exit_before" ends the process as it enters the
-// exchange, before round 1, so its peers run the agreement without it. It fires once; "none" disarms.
+// failure for this process's next exchange of data op `op` ("" for any), through the product's exchange
+// hook (comm/exchange_options.h), which calls on_exchange at its two points. Right after the verdict,
+// when its peers have agreed and go on to move data without it: "raise" throws a RuntimeError and
+// "exit" ends the process at once (std::_Exit(kInjectedExitCode): no unwinding, no goodbye to the
+// peers, like a crash). "exit_before" ends the process as it enters the exchange, before round 1, so
+// its peers run the agreement without it. It fires once; "none" disarms.
 constexpr int kInjectedExitCode = 43;
 const char* const kDataOps[] = {"shard", "gather", "reshard", "share_inputs", "compare"};
 
@@ -53,7 +58,7 @@ void on_exchange(const char* op, int64_t me, bool before_agreement) {
     action = fault_action;
     fault_action.clear();
   }
-  product().set_fault_hook(nullptr);
+  product().set_exchange_hook(nullptr);
   if (action == "exit" || action == "exit_before") {
     std::_Exit(kInjectedExitCode);
   }
@@ -74,7 +79,7 @@ void inject_fault(c10::string_view op, c10::string_view action) {
   std::lock_guard<std::mutex> lock(fault_mutex);
   fault_op = std::string(op);
   fault_action = action == "none" ? std::string() : std::string(action);
-  product().set_fault_hook(fault_action.empty() ? nullptr : &on_exchange);
+  product().set_exchange_hook(fault_action.empty() ? nullptr : &on_exchange);
 }
 
 // Round 1's mechanisms, for tests of their paths and for benchmarks that measure each against its
@@ -84,7 +89,7 @@ void set_exchange(bool hub, bool ride, int64_t hub_max_world, bool rooms, bool s
                     "torch_shard_testing._set_exchange: hub_max_world must be >= 0 "
                     "(0: the product's), got ",
                     hub_max_world);
-  ExchangeOptions options;
+  comm::ExchangeOptions options;
   options.hub = hub;
   options.ride = ride;
   options.hub_max_world = hub_max_world;
@@ -94,7 +99,7 @@ void set_exchange(bool hub, bool ride, int64_t hub_max_world, bool rooms, bool s
 }
 
 std::vector<int64_t> exchange_settings() {
-  const ExchangeOptions options = product().exchange_options();
+  const comm::ExchangeOptions options = product().exchange_options();
   return {options.hub, options.ride, options.hub_max_world, options.rooms, options.split};
 }
 
@@ -102,8 +107,26 @@ void clear_plan_cache() {
   product().clear_plan_cache();
 }
 
+// [through the hub (0/1), slot bytes, messages of the busiest rank, its bytes with headers only, its
+// bytes with every slot full, messages of any other rank] of one round 1 in a group of `world`, as the
+// product plans it for a group without history (comm/exchange_options.h, round_one_plan).
 std::vector<int64_t> round_one_cost(int64_t world, bool cpu, bool p2p) {
-  return product().round_one_cost(world, cpu, p2p);
+  const comm::RoundOnePlan plan = product().round_one_plan(world, cpu, p2p); // checks world >= 1
+  const int64_t slot = plan.slot_bytes;
+  const int64_t header = plan.header_bytes;
+  if (world == 1) {
+    return {0, slot, 0, 0, 0, 0};
+  }
+  if (plan.hub) {
+    // The hub receives W - 1 messages and sends W - 1; each carries W headers and up to W - 1 payloads.
+    const int64_t message = world * header + (world - 1) * slot;
+    return {1, slot, 2 * (world - 1), 2 * (world - 1) * world * header, 2 * (world - 1) * message, 2};
+  }
+  // All-to-all: W - 1 blocks out and W - 1 in per rank (the rank's own block stays local). An
+  // all-to-all of used bytes (gloo, CPU) sends headers and used payload bytes only: its "every slot
+  // full" is the most it can carry.
+  return {
+      0, slot, 2 * (world - 1), 2 * (world - 1) * header, 2 * (world - 1) * (header + slot), 2 * (world - 1)};
 }
 
 std::string comm_device(c10::string_view group_name, c10::string_view tensors_device) {
@@ -120,16 +143,53 @@ bool cpu_loops() {
   return product().cpu_loops();
 }
 
+// The row-wise requester's bucketing (ops/routing.h) of `ids` over each rank's rows (`offsets`: bags,
+// or none), by the path cpu_loops() picks: [what it sends (each owner of some ids: its ids, then its
+// per-bag lengths), its ids' positions in owner order, its words, mean's divisors], the send buffer
+// assembled as the lookups assemble it once the words are known.
 std::vector<at::Tensor> bucket_ids(const at::Tensor& ids, const std::optional<at::Tensor>& offsets,
                                    c10::IntArrayRef block_starts, c10::IntArrayRef block_sizes,
                                    int64_t num_embeddings, int64_t padding_idx) {
-  return product().bucket_ids(ids, offsets.value_or(at::Tensor()), block_starts.vec(), block_sizes.vec(),
-                              num_embeddings, padding_idx);
+  const char* op = "torch_shard_testing._bucket_ids";
+  TORCH_CHECK_TYPE(ids.scalar_type() == at::kLong && ids.dim() == 1, op, ": ids must be 1-D int64");
+  const bool bags = offsets.has_value();
+  TORCH_CHECK_TYPE(!bags || (offsets->scalar_type() == at::kLong && offsets->dim() == 1), op,
+                   ": offsets must be 1-D int64");
+  const Seams& p = product();
+  const ops::Blocks rows = p.checked_blocks(op, block_starts, block_sizes,
+                                            static_cast<int64_t>(block_starts.size()), num_embeddings);
+  const ops::RoutedBags routed = bags ? ops::RoutedBags{*offsets, offsets->numel(), -1} : ops::RoutedBags{};
+  const ops::Bucketed bucketed = p.bucket_ids(ids, routed, rows, p.index_dtype(num_embeddings), padding_idx,
+                                              /*mean=*/true, num_embeddings);
+  const at::Tensor words = bucketed.words.to(at::kCPU).contiguous();
+  const std::vector<int64_t> words_out(words.const_data_ptr<int64_t>(),
+                                       words.const_data_ptr<int64_t>() + words.numel());
+  const ops::Routes routes = p.routes_from(words_out, words_out, bags, bags ? offsets->numel() : 0);
+  return {p.send_buffer(bucketed, routes), bucketed.perm, bucketed.words,
+          bucketed.divisors.defined() ? bucketed.divisors : at::empty({0}, ids.options())};
 }
 
+// The owner's unpacking of what its requesters sent (ops/routing.h): [ids less row_start, bags'
+// offsets], by the path cpu_loops() picks.
 std::vector<at::Tensor> unpack_received(const at::Tensor& received, c10::IntArrayRef counts_in,
                                         c10::IntArrayRef bags_in, bool bags, int64_t row_start) {
-  return product().unpack_received(received, counts_in.vec(), bags_in.vec(), bags, row_start);
+  const char* op = "torch_shard_testing._unpack_received";
+  TORCH_CHECK_VALUE(counts_in.size() == bags_in.size(), op, ": one count and one bag count per rank");
+  TORCH_CHECK_TYPE((received.scalar_type() == at::kLong || received.scalar_type() == at::kInt) &&
+                       received.dim() == 1,
+                   op, ": received must be 1-D int32 or int64");
+  const Seams& p = product();
+  TORCH_CHECK_VALUE(received.numel() == p.checked_total(counts_in) + p.checked_total(bags_in), op,
+                    ": received holds ", received.numel(), " values, the counts say otherwise");
+  ops::Routes routes;
+  routes.bags = bags;
+  routes.counts_in = counts_in.vec();
+  routes.counts_out.assign(counts_in.size(), 0);
+  routes.bags_in = bags_in.vec();
+  // ops::loops_for, through the seam: this library links none of the product's symbols.
+  const bool loops = received.is_cpu() && p.cpu_loops();
+  auto [ids, offsets] = p.unpack_received(received, routes, row_start, loops);
+  return {ids, offsets.defined() ? offsets : at::empty({0}, received.options())};
 }
 
 } // namespace
@@ -145,7 +205,7 @@ TORCH_LIBRARY(torch_shard_testing, m) {
   // [hub, ride (1: on), hub_max_world, rooms (1: on), split (1: on)] as set now.
   m.def("_exchange_settings() -> int[]");
   m.def("_clear_plan_cache() -> ()");
-  // What one round 1 costs among `world` ranks (csrc/testing_hooks.h, TestingHooks::round_one_cost).
+  // What one round 1 costs among `world` ranks (round_one_cost above).
   m.def("_round_one_cost(int world, bool cpu=True, bool p2p=True) -> int[]");
   // The device the product's collectives on group `group_name` use for tensors on `tensors_device`
   // ("" for none), as a device string: NOTE [ Communication device ].
@@ -154,7 +214,7 @@ TORCH_LIBRARY(torch_shard_testing, m) {
   // every other device takes (False), in this process: csrc/ops/lookup_common.h, cpu_loops().
   m.def("_set_cpu_loops(bool on) -> ()");
   m.def("_cpu_loops() -> bool");
-  // The row-wise requester's bucketing and the owner's unpacking (csrc/testing_hooks.h), by the path
+  // The row-wise requester's bucketing and the owner's unpacking (ops/routing.h), by the path
   // _cpu_loops() picks.
   m.def("_bucket_ids(Tensor ids, Tensor? offsets, int[] block_starts, int[] block_sizes, int num_embeddings, "
         "int padding_idx=-1) -> Tensor[]");
@@ -176,7 +236,7 @@ TORCH_LIBRARY_IMPL(torch_shard_testing, CompositeImplicitAutograd, m) {
   m.impl("_unpack_received", TORCH_FN(unpack_received));
 }
 
-// Importing the module registers the ops (above) and takes the product's hooks.
+// Importing the module registers the ops (above) and takes the product's seams.
 extern "C" PyObject* PyInit__testing_C(void) {
   static struct PyModuleDef module_def = {
       PyModuleDef_HEAD_INIT,
@@ -189,25 +249,24 @@ extern "C" PyObject* PyInit__testing_C(void) {
   if (product_module == nullptr) {
     return nullptr;
   }
-  PyObject* capsule = PyObject_GetAttrString(product_module, "_testing_hooks");
+  PyObject* capsule = PyObject_GetAttrString(product_module, "_seams");
   Py_DECREF(product_module);
   if (capsule == nullptr) {
     return nullptr;
   }
-  auto* found = static_cast<const torch_shard::TestingHooks*>(
-      PyCapsule_GetPointer(capsule, "torch_shard._C._testing_hooks"));
+  auto* found =
+      static_cast<const torch_shard::Seams*>(PyCapsule_GetPointer(capsule, "torch_shard._C._seams"));
   Py_DECREF(capsule);
   if (found == nullptr) {
     return nullptr;
   }
-  if (found->abi_version != torch_shard::kTestingHooksVersion) {
+  if (found->version != torch_shard::kSeamsVersion) {
     PyErr_Format(PyExc_ImportError,
-                 "torch_shard._testing_C was built against testing hooks version %lld, but torch_shard._C "
-                 "has version %lld: rebuild both",
-                 static_cast<long long>(torch_shard::kTestingHooksVersion),
-                 static_cast<long long>(found->abi_version));
+                 "torch_shard._testing_C was built against the product's seams version %lld, but "
+                 "torch_shard._C has version %lld: rebuild both",
+                 static_cast<long long>(torch_shard::kSeamsVersion), static_cast<long long>(found->version));
     return nullptr;
   }
-  torch_shard::testing::hooks = found;
+  torch_shard::testing::seams = found;
   return PyModule_Create(&module_def);
 }

@@ -25,6 +25,7 @@ test body runs on both; assertions that hold only on gloo are guarded with
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import sys
 import unittest
@@ -35,14 +36,25 @@ import torch
 import torch.distributed as dist
 from torch.distributed import rpc
 
-from .. import _testing_C  # noqa: F401  (registers the test-only ops, torch.ops.torch_shard_testing.*)
 from ._case import TestCase
 from ._multiprocess import MultiProcessTestCase
+
+try:
+    # Registers the test-only ops, torch.ops.torch_shard_testing.*.
+    importlib.import_module("torch_shard._testing_C")
+    _has_testing_library = True
+except ModuleNotFoundError as e:
+    # Not built: a wheel's install (wheels carry the product library alone, setup.py). A library that is
+    # there but does not load (built against another torch_shard._C) raises.
+    if e.name != "torch_shard._testing_C":
+        raise
+    _has_testing_library = False
 
 __all__ = [
     "DEVICE_ENV",
     "DEVICE_TYPE",
     "DEFAULT_BACKEND",
+    "HAS_TESTING_LIBRARY",
     "MultiProcessTestCase",
     "ONE_GPU",
     "ShardedTensorTestBase",
@@ -60,6 +72,7 @@ __all__ = [
     "placement",
     "rank_device",
     "requires_cuda",
+    "requires_testing_library",
     "run_tests",
     "with_comms",
     "worker_placement",
@@ -72,6 +85,9 @@ TEST_GPU_NUM = TEST_WORLD_SIZE
 DEVICE_ENV = "TORCH_SHARD_TEST_DEVICE"
 #: Its value for every rank on GPU 0, over gloo.
 ONE_GPU = "one-gpu"
+#: Whether the test library torch_shard._testing_C (torch.ops.torch_shard_testing.*) is installed: every
+#: development build has it (`pip install -e .`, `make build`); a wheel's install does not.
+HAS_TESTING_LIBRARY = _has_testing_library
 # Loopback only; tests never reach for another interface.
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -189,11 +205,30 @@ def requires_cuda(n: int = 1):
     )
 
 
+_NO_TESTING_LIBRARY = (
+    "needs the test library torch_shard._testing_C, which wheels do not carry (a development build has it)"
+)
+
+
+def requires_testing_library(test):
+    """Decorator (a test or a test class): skip unless the test library is installed, which only a
+    wheel's install lacks (:data:`HAS_TESTING_LIBRARY`); for tests that call the test-only ops. The
+    suite's conftest refuses a source checkout without the library, so these tests never skip there."""
+    return unittest.skipUnless(HAS_TESTING_LIBRARY, _NO_TESTING_LIBRARY)(test)
+
+
 @contextlib.contextmanager
 def cpu_loops(on: bool):
     """Inside the block, CPU tensors take the fused loops written for them (``True``, the product's) or
     the ATen composition every other device takes (``False``), in this process: torch_shard's one switch
-    between the two (csrc/ops/lookup_common.h, ``cpu_loops()``). Set it alike on every rank of a group."""
+    between the two (csrc/ops/lookup_common.h, ``cpu_loops()``). Set it alike on every rank of a group.
+    Without the test library (a wheel's install) nothing can switch them off: ``True`` is then the
+    state already, and ``False`` skips the test (or the subtest) it runs in."""
+    if not HAS_TESTING_LIBRARY:
+        if not on:
+            raise unittest.SkipTest(_NO_TESTING_LIBRARY)
+        yield
+        return
     before = torch.ops.torch_shard_testing._cpu_loops()
     torch.ops.torch_shard_testing._set_cpu_loops(on)
     try:
