@@ -51,7 +51,7 @@ STAMP_BUILD := $(VENV)/.build
 TORCHREC_REQUIREMENTS := requirements/torchrec.txt
 STAMP_TORCHREC := $(VENV)/.torchrec-$(TORCH_VERSION)
 CXX_SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h')
-CSRC := $(CXX_SOURCES) setup.py pyproject.toml torch_shard/_build_info.py build_backend/torch_shard_backend.py
+CSRC := $(CXX_SOURCES) setup.py pyproject.toml torch_shard/_support/_build_info.py build_backend/torch_shard_backend.py
 
 .PHONY: all setup build wheel torchrec demo test test-wheel test-sanitize lint format bench sanitize clean docs
 
@@ -138,7 +138,7 @@ test-sanitize: setup
 	@$(call timed,sanitizer build + tests,bash scripts/sanitize.sh $(PY))
 
 # The legs: every Python pyproject.toml admits (3.10 to 3.13) and the oldest and newest torch setup.py
-# admits (torch_shard/_build_info.py: 2.11 to 2.15), as torch@Python pairs that cover both with the
+# admits (torch_shard/_support/_build_info.py: 2.11 to 2.15), as torch@Python pairs that cover both with the
 # main leg (.venv: torch 2.13.0 on the machine's python3, 3.11): torch 2.15 has no 3.10 wheel, so 2.11
 # takes 3.10. Each in a venv kept in $(TORCH_SHARD_CACHE)/venvs (keyed by torch, Python and
 # requirements; checked on every use) and a build folder of its own (build-leg-<torch>-py<python>):

@@ -7,7 +7,7 @@ environment it will run in, and its metadata says so:
 - the version carries the torch minor release and flavour it was built for: ``0.1.0+pt213cpu``;
 - it requires that minor release: ``torch==2.13.*`` (patch releases share the ABI: docs/development.md);
 - the library stores a record of that torch (csrc/build_info.cpp), which ``import torch_shard`` checks
-  against the running torch (torch_shard/_build_info.py).
+  against the running torch (torch_shard/_support/_build_info.py).
 
 Any of these builds against the installed torch (pyproject.toml's in-tree backend, build_backend/,
 finds it even under pip's build isolation):
@@ -36,7 +36,7 @@ SANITIZE_FLAGS = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-f
 
 def _load_by_path(name: str, filename: str):
     # By path: importing the package would import torch and the library this script builds.
-    spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, "torch_shard", filename))
+    spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, "torch_shard", "_support", filename))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -45,7 +45,7 @@ def _load_by_path(name: str, filename: str):
 build_info = _load_by_path("_torch_shard_build_info", "_build_info.py")
 if (why := build_info.python_unsupported()) is not None:
     sys.exit(f"{why}: build it with one of those (pyproject.toml's requires-python).")
-# NOTE [ One C++ runtime ] (torch_shard/_cxx_runtime.py): the link flags that keep the extension on the
+# NOTE [ One C++ runtime ] (torch_shard/_support/_cxx_runtime.py): the link flags that keep the extension on the
 # shared libstdc++ torch uses, and the check of the built library.
 cxx_runtime = _load_by_path("_torch_shard_cxx_runtime", "_cxx_runtime.py")
 

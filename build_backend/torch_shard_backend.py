@@ -33,7 +33,7 @@ _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _build_info():
     spec = importlib.util.spec_from_file_location(
-        "_torch_shard_build_info", os.path.join(_HERE, "torch_shard", "_build_info.py")
+        "_torch_shard_build_info", os.path.join(_HERE, "torch_shard", "_support", "_build_info.py")
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

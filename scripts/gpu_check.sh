@@ -90,9 +90,9 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 # On the first three GPU machines every throw from torch_shard's C++ killed the process with SIGSEGV:
 # their CXX (/opt/gcc/bin/g++) linked a private libstdc++ into the extension (NOTE [ One C++ runtime ],
-# torch_shard/_cxx_runtime.py). This step throws from the extension before and after CUDA init under
-# the three settings that change what a throw does, one line each ("throw: ..."), and checks the
-# message whole: the number in it is what the private runtime lost on CPU machines.
+# torch_shard/_support/_cxx_runtime.py). This step throws from the extension before and after CUDA
+# init under the three settings that change what a throw does, one line each ("throw: ..."), and
+# checks the message whole: the number in it is what the private runtime lost on CPU machines.
 throws() {
   local settings rc bad=0
   for settings in "TORCH_SHOW_CPP_STACKTRACES=0" "TORCH_SHOW_CPP_STACKTRACES=1" \

@@ -37,7 +37,7 @@ def main() -> int:
     parser.add_argument("--without-fix", action="store_true")
     args = parser.parse_args()
     if args.without_fix:
-        atexit.unregister(torch_shard._exit._collect_before_finalization)
+        atexit.unregister(torch_shard._support._exit._collect_before_finalization)
     dist.init_process_group("gloo")
     world = dist.get_world_size()
     spec = ChunkShardingSpec(dim=0, placements=[f"rank:{r}/cpu" for r in range(world)])

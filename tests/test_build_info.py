@@ -1,6 +1,6 @@
-"""The build record (csrc/build_info.cpp, torch_shard/_build_info.py): the library knows the torch it was
-built for, and ``import torch_shard`` refuses a torch whose C++ ABI can differ. Nothing is built here:
-the other torches are faked records, in a file or in place of the reader."""
+"""The build record (csrc/build_info.cpp, torch_shard/_support/_build_info.py): the library knows the
+torch it was built for, and ``import torch_shard`` refuses a torch whose C++ ABI can differ. Nothing is
+built here: the other torches are faked records, in a file or in place of the reader."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 
 import torch_shard
 import torch_shard._C
-from torch_shard import _build_info as bi
+from torch_shard._support import _build_info as bi
 
 RUNNING = bi.torch_facts()
 _MAJOR, _MINOR = (int(n) for n in torch.__version__.split(".")[:2])
@@ -177,11 +177,11 @@ def test_import_refuses_before_loading_the_library():
     script = textwrap.dedent(
         f"""
         import importlib.util, sys
-        spec = importlib.util.spec_from_file_location("torch_shard._build_info", {bi.__file__!r})
+        spec = importlib.util.spec_from_file_location("torch_shard._support._build_info", {bi.__file__!r})
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         module.read_record = lambda path: {record(OTHER)!r}
-        sys.modules["torch_shard._build_info"] = module
+        sys.modules["torch_shard._support._build_info"] = module
         try:
             import torch_shard
         except ImportError as e:

@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 
 from torch_shard import shard_parameter
-from torch_shard._compile import SHARDED_TENSOR_GRAPH_BREAK_REASON as GRAPH_BREAK_REASON
+from torch_shard._support._compile import SHARDED_TENSOR_GRAPH_BREAK_REASON as GRAPH_BREAK_REASON
 from torch_shard.sharded_tensor import ShardedTensor
 from torch_shard.sharding_spec import ChunkShardingSpec
 from torch_shard.testing import (
@@ -154,7 +154,7 @@ def _run_python(code: str) -> subprocess.CompletedProcess:
 _CHECK_WRAPPED = """
 from torch_shard.sharded_tensor.api import ShardedTensorBase
 import torch_shard.interop  # prepares redistribute when imported
-from torch_shard import _compile
+from torch_shard._support import _compile
 for name in ("__torch_function__", "__torch_dispatch__"):
     assert getattr(getattr(ShardedTensorBase, name), "_torchdynamo_disable", False), name
 assert getattr(_compile.untraced_redistribute, "_torchdynamo_disable", False), "interop.redistribute"
@@ -180,7 +180,7 @@ class TestCompileWrappersInstalled(unittest.TestCase):
             from torch_shard.sharded_tensor.api import ShardedTensorBase
             assert "torch._dynamo" not in sys.modules
             assert not hasattr(ShardedTensorBase.__torch_function__, "_torchdynamo_disable")
-            assert torch_shard._compile.untraced_redistribute is None
+            assert torch_shard._support._compile.untraced_redistribute is None
             assert importlib.util.find_spec("torch._dynamo") is not None
             import torch._dynamo
             """

@@ -1,4 +1,4 @@
-"""NOTE [ One C++ runtime ] (torch_shard/_cxx_runtime.py): torch_shard's libraries load the shared
+"""NOTE [ One C++ runtime ] (torch_shard/_support/_cxx_runtime.py): torch_shard's libraries load the shared
 libstdc++ that torch uses, even where the compiler links libstdc++ statically.
 
 The GPU machines of issue 41 set CXX to a GCC whose library folder holds only libstdc++.a; every
@@ -21,7 +21,7 @@ import torch
 from torch.utils import cpp_extension
 
 import torch_shard
-from torch_shard import _cxx_runtime
+from torch_shard._support import _cxx_runtime
 from torch_shard.testing import HAS_TESTING_LIBRARY
 
 GXX = shutil.which("g++")

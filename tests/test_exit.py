@@ -1,5 +1,5 @@
 """Jobs exit with 0: no rank aborts at interpreter exit after its last collective (NOTE [ Exit after
-gloo ], torch_shard/_exit.py).
+gloo ], torch_shard/_support/_exit.py).
 
 tests/_exit_worker.py ends as the smoke script and many training scripts end (collectives on tensors
 made in Python, a barrier, destroy_process_group) with a ShardedTensor kept alive by a caught

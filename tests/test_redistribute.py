@@ -195,7 +195,7 @@ class TestRedistribute(ShardedTensorTestBase):
         import torch._dynamo
         import torch._dynamo.utils
 
-        from torch_shard._compile import REDISTRIBUTE_GRAPH_BREAK_REASON as GRAPH_BREAK_REASON
+        from torch_shard._support._compile import REDISTRIBUTE_GRAPH_BREAK_REASON as GRAPH_BREAK_REASON
 
         mesh = init_device_mesh(self.device_type, (2, 2))
         full = self._full((6, 5), torch.float64)

@@ -1,8 +1,8 @@
-"""The private torch names torch_shard uses (torch_shard/_torch_private.py) exist in the running torch,
-and its wrappers around private attributes and signatures work on it. Run on every torch the project
-is tested with, this is where a torch release that moves one of them fails first. Single process; the
-names are resolved in a fresh interpreter, because one of them imports torch.distributed._shard, which
-would spoil later torch_shard.compat tests in this worker.
+"""The private torch names torch_shard uses (torch_shard/_support/_torch_private.py) exist in the running
+torch, and its wrappers around private attributes and signatures work on it. Run on every torch the
+project is tested with, this is where a torch release that moves one of them fails first. Single
+process; the names are resolved in a fresh interpreter, because one of them imports
+torch.distributed._shard, which would spoil later torch_shard.compat tests in this worker.
 """
 
 import os
@@ -18,7 +18,7 @@ _CHECK = textwrap.dedent(
     import os
     import torch
     import torch.distributed as dist
-    import torch_shard._torch_private as private
+    import torch_shard._support._torch_private as private
 
     for name in private.__all__:
         getattr(private, name)

@@ -7,7 +7,7 @@ only its imports (``torch.distributed._shard.X`` -> ``torch_shard.X``). The C++ 
 
 import torch  # noqa: F401  (loads libtorch before the extension)
 
-from . import _build_info, _cxx_runtime
+from ._support import _build_info, _cxx_runtime
 
 # Before the library loads: ImportError, naming both torches and the fix, if it was built for a torch
 # whose C++ ABI differs from the running one's (another minor release, another C++11 ABI flag), or
@@ -16,14 +16,16 @@ _library = _build_info.library_path()
 _build_record = _build_info.check(_library)
 _cxx_runtime.check(_library)
 
-from . import (  # noqa: E402
-    _C,  # noqa: F401  (registers torch.ops.torch_shard.*)
+from . import _C  # noqa: E402,F401  (registers torch.ops.torch_shard.*)
+from ._support import (  # noqa: E402
     _exit,  # noqa: F401  (collects cycles holding destroyed groups at exit: NOTE [ Exit after gloo ])
     _op_registrations,  # noqa: F401  (their fake kernels and autograd)
-    sharded_tensor,
-    sharding_spec,
 )
-from ._visualize import visualize_sharding  # noqa: E402
+
+# isort: split
+# The API, on top of the library and its Python half.
+from . import sharded_tensor, sharding_spec  # noqa: E402
+from ._support._visualize import visualize_sharding  # noqa: E402
 from .api import _shard_tensor, load_with_process_group, shard_module, shard_parameter  # noqa: E402
 from .metadata import ShardMetadata  # noqa: E402
 

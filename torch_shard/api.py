@@ -7,11 +7,11 @@ import zlib
 import torch
 import torch.nn as nn
 
-from . import _native
-from . import _torch_private as private
-from ._agreement import abort_and_raise
-from ._placement import _PlacementResolver
-from ._tensor_metadata import TensorProperties
+from ._support import _native
+from ._support import _torch_private as private
+from ._support._agreement import abort_and_raise
+from ._support._placement import _PlacementResolver
+from ._support._tensor_metadata import TensorProperties
 from .sharded_tensor import ShardedTensor
 from .sharded_tensor._pickling import _get_current_process_group, load_with_process_group  # noqa: F401
 from .sharder import Sharder

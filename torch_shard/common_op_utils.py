@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from . import _torch_private as private
+from ._support import _torch_private as private
 
 # The classes the op tables serve. ``torch_shard.sharded_tensor.api`` registers ShardedTensorBase when
 # it defines it: the op tables sit below the ShardedTensor (the specs' tables too), so they do not

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import reduce
 
-from ._torch_private import RemoteDevice
+from ._support._torch_private import RemoteDevice
 
 
 @dataclass

@@ -40,7 +40,7 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from .. import _native
+from .._support import _native
 from . import _checksums
 from ._errors import Corruption
 

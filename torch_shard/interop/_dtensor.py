@@ -18,11 +18,11 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from .. import _native
-from .. import _torch_private as private
-from .._agreement import abort_and_raise
-from .._placement import _PlacementResolver
-from .._tensor_metadata import ShardedTensorMetadata, TensorProperties
+from .._support import _native
+from .._support import _torch_private as private
+from .._support._agreement import abort_and_raise
+from .._support._placement import _PlacementResolver
+from .._support._tensor_metadata import ShardedTensorMetadata, TensorProperties
 from ..metadata import ShardMetadata
 from ..sharded_tensor import Shard, ShardedTensor, init_from_local_shards
 from ..sharding_spec import ChunkShardingSpec, EnumerableShardingSpec

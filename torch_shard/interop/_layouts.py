@@ -33,8 +33,8 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from .. import _native
-from .. import _torch_private as private
+from .._support import _native
+from .._support import _torch_private as private
 from ._common import Box
 
 _OP = "redistribute"

@@ -20,9 +20,9 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from .. import _compile
-from .. import _torch_private as private
-from .._agreement import abort_and_raise
+from .._support import _compile
+from .._support import _torch_private as private
+from .._support._agreement import abort_and_raise
 from ._layouts import _OP, _default_group_for_mesh, _group_ranks, _move, _reduced_placements, _target_for
 
 __all__ = ["redistribute"]
@@ -94,7 +94,7 @@ def redistribute(dtensor, device_mesh=None, placements: Sequence | None = None):
       (its group is then the default one); a 1-D mesh may be any sub-group. A rank outside the mesh gets
       an empty local tensor, as in DTensor.
     * Under ``torch.compile`` the call breaks the graph and runs eagerly
-      (NOTE [ redistribute under torch.compile ] in ``torch_shard/_compile.py``).
+      (NOTE [ redistribute under torch.compile ] in ``torch_shard/_support/_compile.py``).
 
     Args:
         dtensor (DTensor): the tensor to move.

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 import torch
 
-from .. import _native
-from .._tensor_metadata import ShardedTensorMetadata, TensorProperties
+from .._support import _native
+from .._support._tensor_metadata import ShardedTensorMetadata, TensorProperties
 from ..metadata import ShardMetadata
 from ..sharded_tensor import Shard, ShardedTensor
 from ..sharding_spec import ChunkShardingSpec, EnumerableShardingSpec

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .._tensor_metadata import MEM_FORMAT_ENCODING, ShardedTensorMetadata, TensorProperties
+from .._support._tensor_metadata import MEM_FORMAT_ENCODING, ShardedTensorMetadata, TensorProperties
 from ..metadata import ShardMetadata
 from ..op_registry_utils import _decorator_func
 from ..sharding_spec import ChunkShardingSpec, EnumerableShardingSpec, ShardingSpec
@@ -286,7 +286,7 @@ def custom_sharded_op_impl(func: Callable):
 
 def _register_safe_globals() -> None:
     # torch.load defaults to weights_only=True: allow exactly what a pickled ShardedTensor references.
-    from .._torch_private import RemoteDevice
+    from .._support._torch_private import RemoteDevice
 
 
     torch.serialization.add_safe_globals(

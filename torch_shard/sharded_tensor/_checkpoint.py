@@ -27,7 +27,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from .._placement import _PlacementResolver
+from .._support._placement import _PlacementResolver
 from ..metadata import ShardMetadata
 from . import _state
 from .shard import Shard

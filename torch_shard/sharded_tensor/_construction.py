@@ -14,10 +14,10 @@ import gc
 import torch
 import torch.distributed as dist
 
-from .. import _native
-from .. import _torch_private as private
-from .._placement import _PlacementResolver
-from .._tensor_metadata import ShardedTensorMetadata, TensorProperties
+from .._support import _native
+from .._support import _torch_private as private
+from .._support._placement import _PlacementResolver
+from .._support._tensor_metadata import ShardedTensorMetadata, TensorProperties
 from ..metadata import ShardMetadata
 from ..sharding_spec import ShardingSpec
 from . import _state

@@ -14,8 +14,8 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from .. import _torch_private as private
-from .._placement import _PlacementResolver
+from .._support import _torch_private as private
+from .._support._placement import _PlacementResolver
 from ._converted import converted
 from .shard import Shard
 

@@ -19,11 +19,11 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from .. import _native
-from .._agreement import _error_class, _error_code
-from .._placement import _PlacementResolver
-from .._tensor_metadata import ShardedTensorMetadata, TensorProperties
-from .._torch_private import RemoteDevice
+from .._support import _native
+from .._support._agreement import _error_class, _error_code
+from .._support._placement import _PlacementResolver
+from .._support._tensor_metadata import ShardedTensorMetadata, TensorProperties
+from .._support._torch_private import RemoteDevice
 from ..metadata import ShardMetadata
 from ._construction import _flatten_tensor_size
 from ._packing import pack_shards

@@ -14,11 +14,11 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from .. import _native
-from .. import _torch_private as private
-from .._agreement import abort_and_raise
-from .._placement import _PlacementResolver
-from .._tensor_metadata import TensorProperties
+from .._support import _native
+from .._support import _torch_private as private
+from .._support._agreement import abort_and_raise
+from .._support._placement import _PlacementResolver
+from .._support._tensor_metadata import TensorProperties
 from ..sharding_spec import EnumerableShardingSpec, ShardingSpec
 from . import _state
 from ._construction import group_of

@@ -17,11 +17,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
-from .. import _torch_private as private
-from .._native import LayoutArgs
-from .._placement import _PlacementResolver
-from .._tensor_metadata import TensorProperties
-from .._torch_private import RemoteDevice
+from .._support import _torch_private as private
+from .._support._native import LayoutArgs
+from .._support._placement import _PlacementResolver
+from .._support._tensor_metadata import TensorProperties
+from .._support._torch_private import RemoteDevice
 from . import _packing, _state
 from ._construction import build
 from ._converted import pinned_leaf_copy

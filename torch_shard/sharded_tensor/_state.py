@@ -14,10 +14,10 @@ import weakref
 
 import torch
 
-from .. import _torch_private as private
-from .._native import LayoutArgs
-from .._tensor_metadata import ShardedTensorMetadata, TensorProperties
-from .._torch_private import RemoteDevice
+from .._support import _torch_private as private
+from .._support._native import LayoutArgs
+from .._support._tensor_metadata import ShardedTensorMetadata, TensorProperties
+from .._support._torch_private import RemoteDevice
 from ..metadata import ShardMetadata
 from ..sharding_spec._infer import _infer_sharding_spec_from_shards_metadata
 from ._shard_checks import SIZE, shard_mismatch

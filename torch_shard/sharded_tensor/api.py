@@ -18,12 +18,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .. import (
-    _C,  # noqa: F401  (registers torch.ops.torch_shard)
-    _compile,
-)
-from .. import _torch_private as private
-from .._tensor_metadata import ShardedTensorMetadata, TensorProperties
+from .. import _C  # noqa: F401  (registers torch.ops.torch_shard)
+from .._support import _compile
+from .._support import _torch_private as private
+from .._support._tensor_metadata import ShardedTensorMetadata, TensorProperties
 from ..common_op_utils import _register_sharded_type
 from ..metadata import ShardMetadata  # noqa: F401  (upstream's api module exports it)
 from ..sharding_spec.api import ShardingSpec, _dispatch_custom_op, _has_custom_op, _register_scatter
@@ -298,7 +296,7 @@ class ShardedTensor(_RemoteShards, _Pickling, _DeviceMoves, _DCPCheckpointable, 
     Tracing: a ShardedTensor cannot be traced, and neither can its ops (they communicate or read the
     C++ impl). Under ``torch.compile`` dynamo breaks the graph where a ShardedTensor enters a torch
     function and runs that call eagerly (``fullgraph=True`` raises ``torch._dynamo.exc.Unsupported``;
-    NOTE [ ShardedTensor under torch.compile ] in ``torch_shard/_compile.py``). Under
+    NOTE [ ShardedTensor under torch.compile ] in ``torch_shard/_support/_compile.py``). Under
     ``FakeTensorMode`` or ``make_fx`` the ops raise a RuntimeError saying they cannot be traced.
     """
 

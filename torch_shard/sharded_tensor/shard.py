@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._torch_private import RemoteDevice
+from .._support._torch_private import RemoteDevice
 from ..metadata import ShardMetadata
 from ._shard_checks import DEVICE, SIZE, shard_mismatch
 

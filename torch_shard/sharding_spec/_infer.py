@@ -3,7 +3,7 @@ both spec modules, which it needs, so they import neither each other nor it)."""
 
 from __future__ import annotations
 
-from .. import _native
+from .._support import _native
 from ..metadata import ShardMetadata
 from .api import EnumerableShardingSpec, ShardingSpec
 from .chunk_sharding_spec import ChunkShardingSpec

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .. import _native
+from .._support import _native
 from ..metadata import ShardMetadata
 
 __all__ = [

@@ -10,16 +10,16 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .. import _native
-from .._tensor_metadata import ShardedTensorMetadata, TensorProperties
-from .._torch_private import RemoteDevice
+from .._support import _native
+from .._support._tensor_metadata import ShardedTensorMetadata, TensorProperties
+from .._support._torch_private import RemoteDevice
 from ..metadata import ShardMetadata
 from ..op_registry_utils import _decorator_func
 from ._internals import check_tensor
 
 if TYPE_CHECKING:
-    from .._native import LayoutArgs
-    from .._placement import _PlacementResolver
+    from .._support._native import LayoutArgs
+    from .._support._placement import _PlacementResolver
 
 __all__ = [
     "DevicePlacementSpec",

@@ -7,16 +7,16 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .. import _native
-from .._tensor_metadata import ShardedTensorMetadata, TensorProperties
-from .._torch_private import RemoteDevice
+from .._support import _native
+from .._support._tensor_metadata import ShardedTensorMetadata, TensorProperties
+from .._support._torch_private import RemoteDevice
 from ..metadata import ShardMetadata
 from . import api
 from .api import ShardingSpec
 
 if TYPE_CHECKING:
-    from .._native import LayoutArgs
-    from .._placement import _PlacementResolver
+    from .._support._native import LayoutArgs
+    from .._support._placement import _PlacementResolver
 
 __all__ = ["ChunkShardingSpec"]
 

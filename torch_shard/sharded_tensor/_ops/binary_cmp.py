@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ... import _torch_private as private
+from ..._support import _torch_private as private
 from .. import _sharded_op_impl
 from ..api import ShardedTensor
 

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from ... import _torch_private as private
+from ..._support import _torch_private as private
 from .. import _sharded_op_impl
 
 

@@ -6,7 +6,7 @@ import copy
 
 import torch
 
-from ... import _torch_private as private
+from ..._support import _torch_private as private
 from .. import _sharded_op_impl, empty, full, ones, rand, randn, zeros
 from .._converted import converted
 from ..api import ShardedTensorBase

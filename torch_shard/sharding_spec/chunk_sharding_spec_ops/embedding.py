@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..._agreement import abort_and_raise
+from ..._support._agreement import abort_and_raise
 from ..api import custom_sharding_spec_op
 from ..chunk_sharding_spec import ChunkShardingSpec
 from ._common import blocks, lookup_arguments, validate_common

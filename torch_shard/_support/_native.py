@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from . import _C
+from .. import _C
 
 if TYPE_CHECKING:
+    from ..metadata import ShardMetadata
     from ._placement import _PlacementResolver
-    from .metadata import ShardMetadata
 
 _ops = torch.ops.torch_shard
 

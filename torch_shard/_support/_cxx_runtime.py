@@ -82,7 +82,7 @@ def problem(path: str) -> str | None:
         f"{path} does not load the shared C++ runtime ({RUNTIME}) that torch uses: the compiler that "
         "linked it put a private copy of libstdc++ into it (-static-libstdc++), and C++ errors from "
         "such a library crash the process or lose their text (NOTE [ One C++ runtime ], "
-        "torch_shard/_cxx_runtime.py)"
+        "torch_shard/_support/_cxx_runtime.py)"
     )
 
 

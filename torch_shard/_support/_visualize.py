@@ -21,9 +21,9 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from ..sharded_tensor.api import ShardedTensorBase
+from ..sharding_spec import ChunkShardingSpec, EnumerableShardingSpec
 from ._tensor_metadata import ShardedTensorMetadata
-from .sharded_tensor.api import ShardedTensorBase
-from .sharding_spec import ChunkShardingSpec, EnumerableShardingSpec
 
 __all__ = ["visualize_sharding"]
 

@@ -13,7 +13,7 @@ from enum import Enum
 
 import torch
 
-from .metadata import ShardMetadata
+from ..metadata import ShardMetadata
 
 __all__ = ["MEM_FORMAT_ENCODING", "ShardedTensorMetadata", "TensorProperties"]
 

@@ -18,7 +18,7 @@ Two kinds of names:
 * small functions around a private attribute, method or constructor signature (``local_tensor``,
   ``dtensor_with_spec``, ``split_indices``), so that a changed signature is mended here too.
 
-Not here: ``torch_shard/_build_info.py`` reads ``torch._C._GLIBCXX_USE_CXX11_ABI`` itself, because
+Not here: ``torch_shard/_support/_build_info.py`` reads ``torch._C._GLIBCXX_USE_CXX11_ABI`` itself, because
 setup.py loads that file on its own, before the package (and this module) can be imported.
 """
 
@@ -65,7 +65,7 @@ __all__ = [
     "strided_shard",
 ]
 
-# The module torch.compile imports, whose import torch_shard waits for (torch_shard/_compile.py).
+# The module torch.compile imports, whose import torch_shard waits for (torch_shard/_support/_compile.py).
 DYNAMO_MODULE = "torch._dynamo"
 
 # Context managers: torch functions on Tensor subclasses run as on plain tensors; dispatch skips the

@@ -10,7 +10,7 @@ import builtins
 import torch
 import torch.distributed as dist
 
-from . import _C  # noqa: F401  (registers torch.ops.torch_shard.*)
+from .. import _C  # noqa: F401  (registers torch.ops.torch_shard.*)
 
 
 def _load_error_classes() -> list[type[BaseException]]:
