@@ -38,7 +38,7 @@ from torch_shard.checkpoint import (
 )
 from torch_shard.checkpoint._archive import BytesSource, read_archive
 from torch_shard.checkpoint._checksums import ItemChecksums, tensor_tile_digests
-from torch_shard.checkpoint._chunk import ItemPlace, read_box_by_tiles
+from torch_shard.checkpoint._saved_item import ItemPlace, read_box_by_tiles
 from torch_shard.testing import ShardedTensorTestBase, run_tests, with_comms
 
 ROWS, COLS = 64, 640  # 4 saved row chunks of 16 x 640; a column load reads a part of each
@@ -309,7 +309,7 @@ def test_a_damaged_tile_of_a_saved_chunk_is_caught_by_its_xxh3(tmp_path):
     from torch_shard.checkpoint import ChecksumFileSystemWriter
     from torch_shard.checkpoint._archive import FileSource
     from torch_shard.checkpoint._checksums import location_key, parse
-    from torch_shard.checkpoint._chunk import (
+    from torch_shard.checkpoint._saved_item import (
         Expected,
         check_whole,
         hash_record_into,
@@ -407,8 +407,8 @@ if __name__ == "__main__":
 def test_boxes_of_a_whole_record_match_slicing_and_any_flipped_byte_is_caught():
     # A chunk without tile CRCs read in parts: the whole record is hashed a run of dim-0 slices at a
     # time, and only the boxes are kept (several at once, any dims, slices smaller and bigger than a piece).
-    from torch_shard.checkpoint import _chunk
-    from torch_shard.checkpoint._chunk import Expected, boxes_readable_whole, read_boxes_of_whole
+    from torch_shard.checkpoint import _saved_item
+    from torch_shard.checkpoint._saved_item import Expected, boxes_readable_whole, read_boxes_of_whole
 
     rng = random.Random(2)
     place = ItemPlace("t", None, "f")
@@ -422,7 +422,7 @@ def test_boxes_of_a_whole_record_match_slicing_and_any_flipped_byte_is_caught():
         for _ in range(4):
             offsets = [rng.randrange(n) for n in shape]
             boxes.append((offsets, [rng.randrange(1, n - o + 1) for n, o in zip(shape, offsets)]))
-        with mock.patch.object(_chunk, "_PIECE", 64 * 1024):  # several pieces even for the small shapes
+        with mock.patch.object(_saved_item, "_PIECE", 64 * 1024):  # several pieces even for the small shapes
             values, bad = read_boxes_of_whole(source, archive, expected, boxes)
         assert not bad
         for (offsets, lengths), value in zip(boxes, values):

@@ -237,7 +237,7 @@ class Record:
 
     ``checked_by`` names the hash a check of the record's bytes computes: ``"crc32"``, compared with
     ``crc``; or, for a tensor's data record in a checkpoint with ``.checksums``, that file's algorithm,
-    compared with the digest the writer recorded (``_chunk.open_chunk`` sets it; ``_digest.py``)."""
+    compared with the digest the writer recorded (``_saved_item.open_chunk`` sets it; ``_digest.py``)."""
 
     name: str
     data_offset: int

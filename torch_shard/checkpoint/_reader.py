@@ -16,7 +16,7 @@ NOTE [ Verified loads ]
 Before any data: ``.metadata`` and ``.checksums`` are checked (NOTE [ Checking a checkpoint's
 metadata ]); a problem with either raises on every rank when DCP sets the reader up. Then per saved
 chunk the reader parses the ``torch.save`` archive's zip directory, checks its small records against
-their zip CRC-32s and the saved tensor's shape and dtype against ``.metadata`` (``_chunk.open_chunk``),
+their zip CRC-32s and the saved tensor's shape and dtype against ``.metadata`` (``_saved_item.open_chunk``),
 and reads the bytes it needs as ``read/chunk.py``'s ``read_chunk_boxes`` decides: the whole data record,
 checked against the writer's XXH3-64 digest where the checkpoint has a ``.checksums``, else against
 its zip CRC-32 (plain DCP checkpoints: a partial read then costs the whole record, as with

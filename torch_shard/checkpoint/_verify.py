@@ -1,7 +1,7 @@
 """Checking a whole checkpoint offline: everything a load checks, for every saved item.
 
 ``.metadata`` and ``.checksums`` as a load checks them (NOTE [ Checking a checkpoint's metadata ]);
-then every saved item as a load that reads it whole does (``_chunk.open_chunk`` / ``check_whole`` /
+then every saved item as a load that reads it whole does (``_saved_item.open_chunk`` / ``check_whole`` /
 ``read_bytes_item``, the functions the reader uses), bytes items unpickled as DCP's planner does. What
 cannot be checked is counted and reported (items of checkpoints without ``.checksums`` whose records
 were saved with CRCs off, bytes items of such checkpoints).
@@ -22,8 +22,8 @@ from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 
 from . import _checksums, _metadata
 from ._archive import BytesSource, FileSource
-from ._chunk import Expected, ItemPlace, check_whole, open_chunk, piece_scratch, read_bytes_item
 from ._errors import Corruption
+from ._saved_item import Expected, ItemPlace, check_whole, open_chunk, piece_scratch, read_bytes_item
 
 __all__ = ["VerifyReport", "verify_checkpoint"]
 

@@ -32,7 +32,8 @@ import torch
 
 from .._archive import Archive, FileSource, Source, _SourceFile
 from .._checksums import reads_archive_whole
-from .._chunk import (
+from .._errors import Corruption
+from .._saved_item import (
     Expected,
     ItemPlace,
     as_saved_tensor,
@@ -45,7 +46,6 @@ from .._chunk import (
     read_record,
     read_whole,
 )
-from .._errors import Corruption
 from .._timing import reading_again
 
 # Whole chunks from this size on are checked, then read again into the destination; smaller ones are

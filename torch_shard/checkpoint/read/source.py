@@ -20,9 +20,9 @@ from torch.distributed.checkpoint.planner import ReadItem
 
 from .._archive import BytesSource, FileSource, Source
 from .._checksums import location_key
-from .._chunk import Expected, ItemPlace, open_chunk, read_bytes_item
 from .._errors import Corruption
 from .._load_outcome import this_rank
+from .._saved_item import Expected, ItemPlace, open_chunk, read_bytes_item
 from .._timing import spent
 from .chunk import Box, read_chunk_boxes, reads_whole
 
