@@ -3,7 +3,7 @@
 // pack_layout(shards) reads N ShardMetadata objects in one C pass: their shard_offsets and shard_sizes
 // into two int64 buffers, and their placements deduplicated (the distinct placement objects, and per
 // shard the index of its own). Doing this in Python costs about a microsecond per shard, more than
-// validating the layout in C++; see torch_shard/_native.py.
+// validating the layout in C++; see torch_shard/_support/_native.py.
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -99,26 +99,22 @@ ColumnRequest prepare_columns(c10d::ProcessGroup& pg, const LookupCall& call) {
 
 } // namespace
 
-std::tuple<at::Tensor, std::vector<at::Tensor>>
-colwise_lookup(const at::Tensor& local, const at::Tensor& ids, const std::optional<at::Tensor>& offsets,
-               const std::optional<at::Tensor>& per_sample_weights, c10::IntArrayRef block_starts,
-               c10::IntArrayRef block_sizes, int64_t num_embeddings, int64_t padding_idx,
-               c10::string_view mode, bool include_last_offset, bool needs_grad, int64_t fingerprint,
-               c10::ArrayRef<double> arguments, c10::string_view group_name) {
+LookupResult colwise_lookup(const LookupCall& call) {
   check_not_tracing("_colwise_lookup", kCommunicates);
-  const auto pg = comm::resolve_group(std::string(group_name), "_colwise_lookup");
+  const auto pg = comm::resolve_group(std::string(call.group_name), "_colwise_lookup");
+  const at::Tensor &local = call.local, &ids = call.ids;
+  const std::optional<at::Tensor>&offsets = call.offsets, &per_sample_weights = call.per_sample_weights;
+  const int64_t padding_idx = call.padding_idx, num_embeddings = call.num_embeddings;
+  const bool needs_grad = call.needs_grad;
   const int64_t me = pg->getRank(), world = pg->getSize();
   // 1. This rank's request (a failure here is reported in the agreement).
   ColumnRequest req;
-  const std::exception_ptr error = prepared(req, [&] {
-    return prepare_columns(*pg,
-                           LookupCall{local, ids, offsets, per_sample_weights, block_starts, block_sizes,
-                                      num_embeddings, padding_idx, mode, include_last_offset, fingerprint});
-  });
+  const std::exception_ptr error = prepared(req, [&] { return prepare_columns(*pg, call); });
   // 2. Every rank's bags on every rank.
   const bool bags = is_bags(req.mode()), weighted = per_sample_weights.has_value();
-  const std::vector<double> agreed = agreed_arguments(
-      LookupOp::kColwise, arguments, {static_cast<double>(req.mode()), static_cast<double>(padding_idx)});
+  const std::vector<double> agreed =
+      agreed_arguments(LookupOp::kColwise, call.arguments,
+                       {static_cast<double>(req.mode()), static_cast<double>(padding_idx)});
   ShareRequest request = agreement_request(req.checked, req.fingerprint, agreed, local.device(), error);
   request.parts = req.parts;
   request.flags = weighted ? 1 : 0;
@@ -252,12 +248,7 @@ colwise_lookup(const at::Tensor& local, const at::Tensor& ids, const std::option
   counts.insert(counts.end(), owners.sizes.begin(), owners.sizes.end());
   counts.insert(counts.end(), owners.starts.begin(), owners.starts.end());
   saved[kCounts] = at::tensor(counts, at::TensorOptions().dtype(at::kLong));
-  std::vector<at::Tensor> outputs{out};
-  const std::initializer_list<at::Tensor> inputs{local, ids, offsets.value_or(at::Tensor()),
-                                                 per_sample_weights.value_or(at::Tensor())};
-  copy_aliases(outputs, inputs);
-  copy_aliases(saved, inputs);
-  return {outputs[0], saved};
+  return {out, saved};
 }
 
 at::Tensor colwise_lookup_backward(const at::Tensor& grad, at::TensorList saved, int64_t padding_idx,
@@ -337,13 +328,11 @@ at::Tensor colwise_lookup_backward(const at::Tensor& grad, at::TensorList saved,
 } // namespace ops
 
 TORCH_LIBRARY_IMPL(torch_shard, CPU, m) {
-  m.impl("_colwise_lookup", TORCH_FN(ops::colwise_lookup));
-  m.impl("_colwise_lookup_backward", TORCH_FN(ops::colwise_lookup_backward));
+  ops::register_lookup<ops::colwise_lookup, ops::colwise_lookup_backward>(m, "_colwise_lookup");
 }
 
 TORCH_LIBRARY_IMPL(torch_shard, CUDA, m) {
-  m.impl("_colwise_lookup", TORCH_FN(ops::colwise_lookup));
-  m.impl("_colwise_lookup_backward", TORCH_FN(ops::colwise_lookup_backward));
+  ops::register_lookup<ops::colwise_lookup, ops::colwise_lookup_backward>(m, "_colwise_lookup");
 }
 
 } // namespace torch_shard

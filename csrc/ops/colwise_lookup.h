@@ -11,15 +11,12 @@
 #include <c10/util/ArrayRef.h>
 #include <c10/util/string_view.h>
 
+#include "ops/lookup_checks.h"
+
 namespace torch_shard {
 namespace ops {
 
-std::tuple<at::Tensor, std::vector<at::Tensor>>
-colwise_lookup(const at::Tensor& local, const at::Tensor& ids, const std::optional<at::Tensor>& offsets,
-               const std::optional<at::Tensor>& per_sample_weights, c10::IntArrayRef block_starts,
-               c10::IntArrayRef block_sizes, int64_t num_embeddings, int64_t padding_idx,
-               c10::string_view mode, bool include_last_offset, bool needs_grad, int64_t fingerprint,
-               c10::ArrayRef<double> arguments, c10::string_view group_name);
+LookupResult colwise_lookup(const LookupCall& call);
 
 at::Tensor colwise_lookup_backward(const at::Tensor& grad, at::TensorList saved, int64_t padding_idx,
                                    c10::string_view mode, c10::string_view group_name);

@@ -23,11 +23,13 @@
 #include <cstdint>
 #include <exception>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/string_view.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/library.h>
 
 #include "ops/lookup_common.h"
 #include "ops/shared_inputs.h"
@@ -66,7 +68,7 @@ int64_t bag_count(const LookupInput& input);
 // include_last_offset); per-sample weights only with "sum", one per id, of the shard's dtype;
 // padding_idx a row or -1. Returns the mode and the input; the caller sets its device-side status
 // (input_status).
-struct LookupCall { // a lookup op's arguments, as its kernel received them
+struct LookupCall { // a lookup op's arguments, as its kernel received them (lookup_kernel)
   const at::Tensor& local;
   const at::Tensor& ids;
   const std::optional<at::Tensor>& offsets;
@@ -78,7 +80,45 @@ struct LookupCall { // a lookup op's arguments, as its kernel received them
   c10::string_view mode;
   bool include_last_offset;
   int64_t fingerprint;
+  bool needs_grad = false;          // the lookup ops': save what the backward needs
+  c10::ArrayRef<double> arguments;  //   ": the caller's scalars, agreed
+  c10::string_view group_name = ""; //   ": the process group
 };
+
+// A lookup op's result and what its backward needs (the schema's two outputs).
+using LookupResult = std::tuple<at::Tensor, std::vector<at::Tensor>>;
+
+// The kernel of the schema _rowwise_lookup and _colwise_lookup share (csrc/torch_shard.cpp): its
+// arguments, gathered into one LookupCall for `impl`, and `impl`'s outputs copied where they alias an
+// input (copy_aliases).
+template <LookupResult (*impl)(const LookupCall&)>
+LookupResult
+lookup_kernel(const at::Tensor& local, const at::Tensor& ids, const std::optional<at::Tensor>& offsets,
+              const std::optional<at::Tensor>& per_sample_weights, c10::IntArrayRef block_starts,
+              c10::IntArrayRef block_sizes, int64_t num_embeddings, int64_t padding_idx,
+              c10::string_view mode, bool include_last_offset, bool needs_grad, int64_t fingerprint,
+              c10::ArrayRef<double> arguments, c10::string_view group_name) {
+  auto [out, saved] = impl(LookupCall{local, ids, offsets, per_sample_weights, block_starts, block_sizes,
+                                      num_embeddings, padding_idx, mode, include_last_offset, fingerprint,
+                                      needs_grad, arguments, group_name});
+  std::vector<at::Tensor> outputs{out};
+  const std::initializer_list<at::Tensor> inputs{local, ids, offsets.value_or(at::Tensor()),
+                                                 per_sample_weights.value_or(at::Tensor())};
+  copy_aliases(outputs, inputs);
+  copy_aliases(saved, inputs);
+  return {outputs[0], saved};
+}
+
+// A lookup op's kernels for one dispatch key: `name` (its forward, through lookup_kernel) and
+// `name`_backward. CPU and CUDA tensors take the same ones (the CPU loops or the composition: loops_for).
+template <LookupResult (*forward)(const LookupCall&),
+          at::Tensor (*backward)(const at::Tensor&, at::TensorList, int64_t, c10::string_view,
+                                 c10::string_view)>
+void register_lookup(torch::Library& m, const std::string& name) {
+  m.impl(name.c_str(), TORCH_FN(lookup_kernel<forward>));
+  m.impl((name + "_backward").c_str(), TORCH_FN(backward));
+}
+
 struct CheckedInput {
   LookupMode mode = LookupMode::kEmbedding;
   LookupInput input;

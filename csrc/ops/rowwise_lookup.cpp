@@ -22,7 +22,7 @@
 // It returns the result and what the backward needs (`saved`). _rowwise_lookup_backward agrees too (a
 // bad call on one rank raises on every rank), sends the output's gradient to the owners (the reverse of
 // 5) and runs the lookup kernel's backward there. Autograd connects them
-// (torch_shard/_op_registrations.py). One rank: no all-to-all at all. max_norm is an op of its own that
+// (torch_shard/_support/_op_registrations.py). One rank: no all-to-all at all. max_norm is an op of its own that
 // runs first (ops/renorm.cpp), as dense F.embedding calls embedding_renorm_ first.
 
 #include "ops/rowwise_lookup.h"
@@ -220,22 +220,17 @@ std::vector<int64_t> saved_counts(const RowRequest& req, const at::Tensor& local
 
 } // namespace
 
-std::tuple<at::Tensor, std::vector<at::Tensor>>
-rowwise_lookup(const at::Tensor& local, const at::Tensor& ids, const std::optional<at::Tensor>& offsets,
-               const std::optional<at::Tensor>& per_sample_weights, c10::IntArrayRef block_starts,
-               c10::IntArrayRef block_sizes, int64_t num_embeddings, int64_t padding_idx,
-               c10::string_view mode, bool include_last_offset, bool needs_grad, int64_t fingerprint,
-               c10::ArrayRef<double> arguments, c10::string_view group_name) {
+LookupResult rowwise_lookup(const LookupCall& call) {
   check_not_tracing("_rowwise_lookup", kCommunicates);
-  const auto pg = comm::resolve_group(std::string(group_name), "_rowwise_lookup");
+  const auto pg = comm::resolve_group(std::string(call.group_name), "_rowwise_lookup");
+  const at::Tensor &local = call.local, &ids = call.ids;
+  const int64_t padding_idx = call.padding_idx;
+  const bool needs_grad = call.needs_grad;
   // 1. This rank's request (a failure here is reported in the agreement).
   RowRequest req;
-  const std::exception_ptr error = prepared(req, [&] {
-    return prepare_rows(*pg, LookupCall{local, ids, offsets, per_sample_weights, block_starts, block_sizes,
-                                        num_embeddings, padding_idx, mode, include_last_offset, fingerprint});
-  });
+  const std::exception_ptr error = prepared(req, [&] { return prepare_rows(*pg, call); });
   // 2. The agreement, with the words.
-  const Routes routes = agree(*pg, req, error, local, arguments, padding_idx);
+  const Routes routes = agree(*pg, req, error, local, call.arguments, padding_idx);
   // 3. Each owner its ids (with their lengths), then their per-sample weights.
   const Received got = send_ids(*pg, req, routes);
   // 4 and 5. One lookup kernel over every requester's ids here; each requester its results.
@@ -267,12 +262,7 @@ rowwise_lookup(const at::Tensor& local, const at::Tensor& ids, const std::option
     }
   }
   saved[kRowCounts] = at::tensor(saved_counts(req, local, routes), at::TensorOptions().dtype(at::kLong));
-  std::vector<at::Tensor> outputs{out};
-  const std::initializer_list<at::Tensor> inputs{local, ids, offsets.value_or(at::Tensor()),
-                                                 per_sample_weights.value_or(at::Tensor())};
-  copy_aliases(outputs, inputs);
-  copy_aliases(saved, inputs);
-  return {outputs[0], saved};
+  return {out, saved};
 }
 
 at::Tensor rowwise_lookup_backward(const at::Tensor& grad, at::TensorList saved, int64_t padding_idx,
@@ -377,13 +367,11 @@ at::Tensor rowwise_lookup_backward(const at::Tensor& grad, at::TensorList saved,
 } // namespace ops
 
 TORCH_LIBRARY_IMPL(torch_shard, CPU, m) {
-  m.impl("_rowwise_lookup", TORCH_FN(ops::rowwise_lookup));
-  m.impl("_rowwise_lookup_backward", TORCH_FN(ops::rowwise_lookup_backward));
+  ops::register_lookup<ops::rowwise_lookup, ops::rowwise_lookup_backward>(m, "_rowwise_lookup");
 }
 
 TORCH_LIBRARY_IMPL(torch_shard, CUDA, m) {
-  m.impl("_rowwise_lookup", TORCH_FN(ops::rowwise_lookup));
-  m.impl("_rowwise_lookup_backward", TORCH_FN(ops::rowwise_lookup_backward));
+  ops::register_lookup<ops::rowwise_lookup, ops::rowwise_lookup_backward>(m, "_rowwise_lookup");
 }
 
 } // namespace torch_shard

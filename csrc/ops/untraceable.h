@@ -15,7 +15,7 @@
 // before it touches any tensor, that no tracing mode is active, and raises this RuntimeError instead.
 // The sharded lookups (_rowwise_lookup, _colwise_lookup and their backward ops), which take and return
 // plain tensors, have CPU and CUDA kernels instead (for their registered autograd); FakeTensorMode
-// reaches their fake kernels, which raise the same error (torch_shard/_op_registrations.py).
+// reaches their fake kernels, which raise the same error (torch_shard/_support/_op_registrations.py).
 // Under torch.compile a ShardedTensor never reaches these ops inside a graph (dynamo breaks the graph at
 // the sharded op: NOTE [ ShardedTensor under torch.compile ]); the error is for code that calls them on
 // plain tensors while tracing.
