@@ -117,6 +117,36 @@ class TestShardedEmbeddingPlacements(ShardedTensorTestBase):
         finally:
             torch.ops.torch_shard_testing._set_exchange()
 
+    @with_comms(init_rpc=False)
+    def test_shared_inputs_of_every_size_through_every_round(self):
+        """A column-wise lookup hands every peer the same packed message of its ids, which the exchange
+        copies once per run of evenly spaced blocks (comm::write_payloads). Small inputs ride in round
+        1, large ones take round 2; through the hub and as an all-to-all, every lookup, forward and
+        backward, gives the dense result."""
+        device = rank_device(self.rank)
+        spec = ChunkShardingSpec(dim=1, placements=[placement(r) for r in (1, 3, 0, 2)])
+        members = list(range(self.world_size))
+
+        def bags_of(n):
+            def make(rank, g):
+                ids = torch.randint(0, NUM_EMBEDDINGS, (n,), generator=g)
+                offsets = torch.arange(0, n, 5)
+                grad = torch.randn(offsets.numel(), EMBEDDING_DIM, generator=g, dtype=torch.float64)
+                return (ids.to(device), offsets.to(device)), grad.to(device)
+
+            return make
+
+        try:
+            for hub in (True, False):
+                torch.ops.torch_shard_testing._set_exchange(hub=hub)
+                for n in (7, 60_000):
+                    torch.manual_seed(2)
+                    # float64: sums of thousands of gradients in another order than the dense op's.
+                    dense = nn.EmbeddingBag(NUM_EMBEDDINGS, EMBEDDING_DIM, mode="sum").to(device, torch.float64)
+                    self._compare(dense, spec, dist.group.WORLD, members, bags_of(n), lambda m, i: m(*i))
+        finally:
+            torch.ops.torch_shard_testing._set_exchange()
+
     @with_comms(init_rpc=True)
     def test_worker_name_placements(self):
         self._run_all([worker_placement(r) for r in (2, 0, 3, 1)], dist.group.WORLD, [0, 1, 2, 3])

@@ -111,6 +111,40 @@ Exchange::Exchange(c10d::ProcessGroup& pg, c10::Device device, const Agreement& 
   appended_out.assign(world, 0);
 }
 
+void write_payloads(const at::Tensor& buffer, const std::vector<PayloadAt>& payloads) {
+  TORCH_INTERNAL_ASSERT(buffer.dim() == 1 && buffer.is_contiguous() && buffer.scalar_type() == at::kByte);
+  auto same_message = [](const Outgoing& a, const Outgoing& b) {
+    return a.direct.defined() && b.direct.defined() && a.direct.is_same(b.direct) && a.bytes == b.bytes;
+  };
+  size_t i = 0;
+  while (i < payloads.size()) {
+    const Outgoing& out = *payloads[i].out;
+    const int64_t bytes = out.bytes, first = payloads[i].at;
+    TORCH_INTERNAL_ASSERT(first >= 0 && bytes >= 0 && first + bytes <= buffer.numel());
+    // The run: later payloads of the same tensor, each `stride` bytes after the one before it (blocks
+    // never overlap, so stride >= bytes).
+    size_t end = i + 1;
+    const int64_t stride = end < payloads.size() ? payloads[end].at - first : 0;
+    while (end < payloads.size() && same_message(out, *payloads[end].out) &&
+           payloads[end].at - payloads[end - 1].at == stride && stride >= bytes) {
+      ++end;
+    }
+    const auto runs = static_cast<int64_t>(end - i);
+    if (bytes == 0) {
+      // nothing to write
+    } else if (runs > 1) {
+      TORCH_INTERNAL_ASSERT(first + (runs - 1) * stride + bytes <= buffer.numel());
+      buffer.as_strided({runs, bytes}, {stride, 1}, buffer.storage_offset() + first)
+          .copy_(out.direct.view({1, bytes}).expand({runs, bytes}));
+    } else if (out.direct.defined()) {
+      buffer.narrow(0, first, bytes).copy_(out.direct);
+    } else {
+      out.pack(buffer.narrow(0, first, bytes));
+    }
+    i = end;
+  }
+}
+
 void Exchange::write_payload(int64_t peer, const at::Tensor& into) const {
   const Outgoing& out = moves->send[peer];
   if (out.direct.defined()) {

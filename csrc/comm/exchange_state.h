@@ -114,6 +114,16 @@ struct Exchange {
   void deliver(int64_t peer, const at::Tensor& bytes) const;
 };
 
+// One payload to write into a round's send buffer: `out`'s bytes at byte `at`.
+struct PayloadAt {
+  const Outgoing* out;
+  int64_t at;
+};
+// Writes each payload (in the order given) into `buffer`. A message handed to several peers as the
+// same tensor (Outgoing::direct: every rank's inputs shared with every rank) is copied once per run of
+// evenly spaced blocks, not once per peer: one kernel on a GPU, whatever the number of ranks.
+void write_payloads(const at::Tensor& buffer, const std::vector<PayloadAt>& payloads);
+
 // ---- The parts (each in its file) ----------------------------------------------------------------
 // agreement.cpp: see NOTE [ One host read per exchange ].
 struct HostRead {

@@ -233,12 +233,14 @@ void hub_round_one(Exchange& x) {
   x.send1 = workspace(size, x.device, 0);
   std::memcpy(x.send1.data_ptr(), x.headers.data(), headers_bytes);
   int64_t at = headers_bytes;
+  std::vector<PayloadAt> payloads;
   for (int64_t p = 0; p < world && x.fits; ++p) {
     if (p != x.me && x.moves->send[p].bytes > 0) {
-      x.write_payload(p, x.send1.narrow(0, at, x.moves->send[p].bytes));
+      payloads.push_back({&x.moves->send[p], at});
       at += padded16(x.moves->send[p].bytes);
     }
   }
+  write_payloads(x.send1, payloads);
   if (x.to_hub > 0) {
     x.write_payload(kHub, x.send1.narrow(0, at, x.to_hub));
   }

@@ -378,11 +378,13 @@ std::vector<int64_t> place_blocks(Exchange& x, const std::vector<int64_t>& send_
 
 // Each payload that rides, into its block, `skip` bytes (its header) after the block's start.
 void write_riding_payloads(const Exchange& x, const std::vector<int64_t>& send_at, int64_t skip) {
+  std::vector<PayloadAt> payloads;
   for (int64_t p = 0; p < x.world; ++p) {
     if (p != x.me && x.rides_out[p] && x.moves->send[p].bytes > 0) {
-      x.write_payload(p, x.send1.narrow(0, send_at[p] + skip, x.moves->send[p].bytes));
+      payloads.push_back({&x.moves->send[p], send_at[p] + skip});
     }
   }
+  write_payloads(x.send1, payloads);
 }
 
 } // namespace

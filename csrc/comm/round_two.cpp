@@ -202,18 +202,16 @@ void all_to_all(Exchange& x) {
   at::Tensor in_buffer = whole_recv.defined() ? whole_recv : workspace(in_total, x.device, 2);
   if (!whole_send.defined()) {
     int64_t pos = 0;
+    std::vector<PayloadAt> payloads;
     for (int64_t p = 0; p < world; ++p) {
       if (out_splits[p] > 0) {
-        at::Tensor into = out_buffer.narrow(0, pos, out_splits[p]);
         const Outgoing& out = p == me ? moves.self_send : moves.send[p];
-        if (out.direct.defined()) {
-          into.copy_(out.direct);
-        } else {
-          out.pack(into);
-        }
+        TORCH_INTERNAL_ASSERT(out.bytes == out_splits[p]);
+        payloads.push_back({&out, pos});
         pos += out_splits[p];
       }
     }
+    write_payloads(out_buffer, payloads);
   }
   all_to_all_bytes(x.pg, in_buffer, out_buffer, in_splits, out_splits);
   if (!include_self) {
