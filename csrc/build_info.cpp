@@ -1,7 +1,7 @@
 // The build record: which torch this library was compiled against, stored in the library file itself
-// so that it cannot drift from the code it describes. torch_shard/_support/_build_info.py reads it from the file
-// before the library is loaded (loading a library built for another torch's C++ ABI can already run
-// its static initialisers against the wrong layouts) and refuses to import on a difference that can
+// so that it cannot drift from the code it describes. torch_shard/_support/_build_info.py reads it from
+// the file before the library is loaded (loading a library built for another torch's C++ ABI can already
+// run its static initialisers against the wrong layouts) and refuses to import on a difference that can
 // break the ABI.
 //
 // Two halves: what the compiler saw here (the version in torch's headers, the _GLIBCXX_USE_CXX11_ABI

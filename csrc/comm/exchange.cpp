@@ -111,6 +111,19 @@ Exchange::Exchange(c10d::ProcessGroup& pg, c10::Device device, const Agreement& 
   appended_out.assign(world, 0);
 }
 
+namespace {
+
+// One message into `into`: its tensor copied, or packed.
+void write_one(const Outgoing& out, const at::Tensor& into) {
+  if (out.direct.defined()) {
+    into.copy_(out.direct);
+  } else {
+    out.pack(into);
+  }
+}
+
+} // namespace
+
 void write_payloads(const at::Tensor& buffer, const std::vector<PayloadAt>& payloads) {
   TORCH_INTERNAL_ASSERT(buffer.dim() == 1 && buffer.is_contiguous() && buffer.scalar_type() == at::kByte);
   auto same_message = [](const Outgoing& a, const Outgoing& b) {
@@ -136,22 +149,15 @@ void write_payloads(const at::Tensor& buffer, const std::vector<PayloadAt>& payl
       TORCH_INTERNAL_ASSERT(first + (runs - 1) * stride + bytes <= buffer.numel());
       buffer.as_strided({runs, bytes}, {stride, 1}, buffer.storage_offset() + first)
           .copy_(out.direct.view({1, bytes}).expand({runs, bytes}));
-    } else if (out.direct.defined()) {
-      buffer.narrow(0, first, bytes).copy_(out.direct);
     } else {
-      out.pack(buffer.narrow(0, first, bytes));
+      write_one(out, buffer.narrow(0, first, bytes));
     }
     i = end;
   }
 }
 
 void Exchange::write_payload(int64_t peer, const at::Tensor& into) const {
-  const Outgoing& out = moves->send[peer];
-  if (out.direct.defined()) {
-    into.copy_(out.direct);
-  } else {
-    out.pack(into);
-  }
+  write_one(moves->send[peer], into);
 }
 
 at::Tensor Exchange::round_one_payload(int64_t peer) const {

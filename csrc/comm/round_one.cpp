@@ -51,8 +51,8 @@ constexpr int64_t kMinUsefulSlot = 256;
 // depends only on the group and its history, never on arguments, so all ranks pick the same one
 // (NOTE [ Round 1 follows the group's history ]). kHubMaxWorld is the largest group where the hub beat
 // the all-to-all, on one host and across two (docs/performance.md, "Figures behind design choices"):
-// its W^2 headers erode the advantage as W grows. CUDA groups (NCCL's all-to-all is one kernel) and groups without point-to-point messages
-// (a backend written in Python) keep the all-to-all.
+// its W^2 headers erode the advantage as W grows. CUDA groups (NCCL's all-to-all is one kernel) and groups
+// without point-to-point messages (a backend written in Python) keep the all-to-all.
 // Faults: the hub reports a peer whose round-1 message fails to arrive (process ended, connection
 // broken) to everyone as lost (kLost), so no rank waits on it. On a timeout gloo closes every
 // connection of the process whose wait timed out (the hub's, when a rank stalls past the group's

@@ -148,7 +148,10 @@ LookupResult colwise_lookup(const LookupCall& call) {
   // must be a copy, which a join of several parts, a shift or a dtype conversion already is.
   auto owned = [&](const at::Tensor& t) {
     for (int64_t r = 0; r < world; ++r) {
-      for (int64_t k = 0; k < width && r != me; ++k) {
+      if (r == me) {
+        continue; // this rank's own parts are the caller's tensors
+      }
+      for (int64_t k = 0; k < width; ++k) {
         if (t.is_alias_of(everyone[r * width + k])) {
           return t.clone();
         }

@@ -2,8 +2,8 @@
 //
 // None has anything for autograd to track. chunk_boxes returns tensors whose shapes follow from its
 // integer arguments: it is CompositeExplicitAutograd (no tensor inputs, so the kernel must serve an
-// empty key set) with a fake kernel (torch_shard/_support/_op_registrations.py), so it can be traced. The others
-// return integers or nothing: chunk_layout and chunked_dim_size take no tensors; validate_shards,
+// empty key set) with a fake kernel (torch_shard/_support/_op_registrations.py), so it can be traced. The
+// others return integers or nothing: chunk_layout and chunked_dim_size take no tensors; validate_shards,
 // _find_overlap, _transfer_counts and _layout_fingerprint read the VALUES of their box tensors, so
 // they cannot be traced and raise for fake or meta tensors (NOTE [ Ops that cannot be traced ]).
 // Those stay CompositeImplicitAutograd.

@@ -227,11 +227,8 @@ at::Tensor bag_offsets(const LookupInput& input) {
 }
 
 int64_t bag_count(const LookupInput& input) {
-  if (input.fixed()) {
-    return input.fixed_bags;
-  }
-  const int64_t given = input.offsets.has_value() ? input.offsets->numel() : 0;
-  return input.include_last_offset && given > 0 ? given - 1 : given;
+  // Given offsets: bag_offsets is a view of them (no op).
+  return input.fixed() ? input.fixed_bags : bag_offsets(input).numel();
 }
 
 } // namespace ops

@@ -113,8 +113,8 @@ std::vector<at::Tensor> redistribute(at::TensorList sources, const at::Tensor& l
 
 } // namespace ops
 
-// CPU and CUDA kernels (autograd and a raising fake kernel in torch_shard/_support/_op_registrations.py), as the
-// lookups in one call.
+// CPU and CUDA kernels (autograd and a raising fake kernel in torch_shard/_support/_op_registrations.py),
+// as the lookups in one call.
 TORCH_LIBRARY_IMPL(torch_shard, CPU, m) {
   m.impl("_redistribute", TORCH_FN(ops::redistribute));
 }

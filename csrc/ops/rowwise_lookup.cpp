@@ -22,8 +22,8 @@
 // It returns the result and what the backward needs (`saved`). _rowwise_lookup_backward agrees too (a
 // bad call on one rank raises on every rank), sends the output's gradient to the owners (the reverse of
 // 5) and runs the lookup kernel's backward there. Autograd connects them
-// (torch_shard/_support/_op_registrations.py). One rank: no all-to-all at all. max_norm is an op of its own that
-// runs first (ops/renorm.cpp), as dense F.embedding calls embedding_renorm_ first.
+// (torch_shard/_support/_op_registrations.py). One rank: no all-to-all at all. max_norm is an op of its
+// own that runs first (ops/renorm.cpp), as dense F.embedding calls embedding_renorm_ first.
 
 #include "ops/rowwise_lookup.h"
 

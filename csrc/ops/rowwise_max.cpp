@@ -10,9 +10,9 @@
 // bytes: one row per id comes back instead of one per (bag, owner that holds some of its ids), and
 // with many ranks those two counts meet. The backward is the kernel's own backward to those rows,
 // sent back to their owners, then F.embedding's backward there (the CPU loops replace ATen's CPU max
-// backward, which runs one op per column, with one pass over the winners). padding_idx: a padding id points at
-// one extra row past the received ones, which the kernel is told is its padding row, so it takes no
-// part, as in the dense op.
+// backward, which runs one op per column, with one pass over the winners). padding_idx: a padding id
+// points at one extra row past the received ones, which the kernel is told is its padding row, so it
+// takes no part, as in the dense op.
 
 #include "ops/rowwise_max.h"
 
