@@ -100,16 +100,8 @@ private:
 // names the mismatch: strided layout, contiguity, the shard's size, its placement's device
 // (layout::on_placement_device: the same type; the same index unless the placement gives none; CPU
 // indices ignored), dtype, pinned memory, requires_grad. Each expectation left out is not checked.
-enum class ShardMismatch : int64_t {
-  kNone = 0,
-  kLayout = 1,
-  kContiguity = 2,
-  kSize = 3,
-  kDevice = 4,
-  kDtype = 5,
-  kPinMemory = 6,
-  kRequiresGrad = 7,
-};
+// The codes number the checks in that order from 1; kNone (0): the tensor fits.
+enum class ShardMismatch { kNone, kLayout, kContiguity, kSize, kDevice, kDtype, kPinMemory, kRequiresGrad };
 
 struct ShardExpectation {
   bool strided_contiguous = false;   // strided layout and contiguous memory

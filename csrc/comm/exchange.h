@@ -19,14 +19,8 @@ namespace torch_shard {
 namespace comm {
 
 // Which collective a rank is running; ranks that disagree raise instead of mixing up their messages.
-enum class OpKind : int64_t {
-  kShard = 1,
-  kGather = 2,
-  kReshard = 3,
-  kShareInputs = 4,
-  kCompare = 6,
-  kRedistribute = 7,
-};
+// Kinds start at 1: a zeroed header word names no op.
+enum class OpKind : int64_t { kShard = 1, kGather, kReshard, kShareInputs, kCompare, kRedistribute };
 
 const char* op_name(OpKind op);
 // The kind named `name` (op_name's inverse), or nullopt.

@@ -25,19 +25,9 @@ namespace comm {
 // has a message for; kMaxMessage: its largest message to a peer; kFits: its payloads fit their slots
 // (they ride in round 1); kBytes: its payload bytes for THIS receiver. kRoom / kAppended: see NOTE
 // [ Payloads riding the hub's messages ] (meaningful between a rank and the hub only).
-enum HeaderField : int64_t {
-  kOp = 0,
-  kError = 1,
-  kFits = 2,
-  kBytes = 3,
-  kPeers = 4,
-  kMaxMessage = 5,
-  kRoom = 6,
-  kAppended = 7,
-  kValue0 = 8,                      // kAgreedValues agreed values
-  kNote0 = kValue0 + kAgreedValues, // kNotes notes (Agreement::notes)
-  kWord = kNote0 + kNotes,          // the word addressed to this peer (Agreement::words)
-};
+enum HeaderField : int64_t { kOp, kError, kFits, kBytes, kPeers, kMaxMessage, kRoom, kAppended, kValue0 };
+constexpr int64_t kNote0 = kValue0 + kAgreedValues; // after the kAgreedValues agreed values: kNotes notes
+constexpr int64_t kWord = kNote0 + kNotes;          // the word addressed to this peer (Agreement::words)
 constexpr int64_t kHeaderWords = kWord + 1;
 constexpr int64_t kHeaderBytes = kHeaderWords * static_cast<int64_t>(sizeof(int64_t));
 static_assert(kHeaderBytes % 16 == 0, "slots must stay aligned for every dtype");

@@ -311,46 +311,47 @@ Moves transfer_moves(const TransferPlan& plan, const Layout& src, const LocalTen
     return layout::checked_mul(elements, itemsize, "torch_shard: a message size in bytes");
   };
 
+  // Sets a message's size and, where the plan found one contiguous run for it, the shard memory it moves
+  // straight from or into; true when it moves anything (it then also gets a packer or an unpacker, for
+  // the exchange's staged paths).
+  const auto sized = [&](auto& message, const PeerTransfer& transfer, const auto& tensor_of) {
+    message.bytes = bytes_of(transfer.elements);
+    if (message.bytes > 0 && transfer.run.has_value()) {
+      message.direct = direct_bytes(tensor_of(transfer.run->shard), *transfer.run, device, dtype);
+    }
+    return message.bytes > 0;
+  };
+  const auto outgoing = [&](const PeerTransfer& out) {
+    Outgoing send;
+    if (sized(send, out, src_tensor)) {
+      send.pack = packer(out.regions, src, src_tensor, dtype);
+    }
+    return send;
+  };
+  const auto incoming = [&](const PeerTransfer& in) {
+    Incoming recv;
+    if (sized(recv, in, dst_tensor)) {
+      recv.unpack = unpacker(in.regions, dst, dst_tensor, dtype);
+    }
+    return recv;
+  };
+
   Moves moves;
   moves.send.resize(world);
   moves.recv.resize(world);
   for (int64_t p = 0; p < world; ++p) {
-    if (p == me) {
-      continue;
-    }
-    const PeerTransfer& out = plan.send[p];
-    Outgoing& send = moves.send[p];
-    send.bytes = bytes_of(out.elements);
-    if (send.bytes > 0) {
-      if (out.run.has_value()) {
-        send.direct = direct_bytes(src_tensor(out.run->shard), *out.run, device, dtype);
-      }
-      send.pack = packer(out.regions, src, src_tensor, dtype);
-    }
-    const PeerTransfer& in = plan.recv[p];
-    Incoming& recv = moves.recv[p];
-    recv.bytes = bytes_of(in.elements);
-    if (recv.bytes > 0) {
-      if (in.run.has_value()) {
-        recv.direct = direct_bytes(dst_tensor(in.run->shard), *in.run, device, dtype);
-      }
-      recv.unpack = unpacker(in.regions, dst, dst_tensor, dtype);
+    if (p != me) {
+      moves.send[p] = outgoing(plan.send[p]);
+      moves.recv[p] = incoming(plan.recv[p]);
     }
   }
+  // What stays on this rank, as a message to itself: both sides hold the same regions, seen from the
+  // source and from the target, so they count the same bytes.
   const PeerTransfer& own = plan.send[me];
-  const PeerTransfer& own_in = plan.recv[me];
-  moves.self_send.bytes = bytes_of(own.elements);
-  moves.self_recv.bytes = bytes_of(own_in.elements);
-  if (moves.self_send.bytes > 0) {
-    if (own.run.has_value()) {
-      moves.self_send.direct = direct_bytes(src_tensor(own.run->shard), *own.run, device, dtype);
-    }
-    if (own_in.run.has_value()) {
-      moves.self_recv.direct = direct_bytes(dst_tensor(own_in.run->shard), *own_in.run, device, dtype);
-    }
-    moves.self_send.pack = packer(own.regions, src, src_tensor, dtype);
-    moves.self_recv.unpack = unpacker(own_in.regions, dst, dst_tensor, dtype);
-  }
+  TORCH_INTERNAL_ASSERT(own.elements == plan.recv[me].elements, "the part staying on rank ", me,
+                        " counts differently as sent and as received");
+  moves.self_send = outgoing(own);
+  moves.self_recv = incoming(plan.recv[me]);
   if (!own.regions.empty()) {
     moves.local = [&own, &src, &dst, src_tensor, dst_tensor]() {
       for (const Region& region : own.regions) {

@@ -167,35 +167,29 @@ TransferPlan plan_transfer(const Layout& src, const Layout& dst, int64_t me, int
   const SortedBoxes sorted_src(src_boxes, src_owners, world);
   const Suppliers suppliers(src_boxes, src_owners, world);
 
-  for (size_t s = 0; s < src_boxes.size(); ++s) {
-    if (src_owners[s] != me || src_boxes[s].empty()) {
-      continue;
+  // Adds the overlap of source shard s and target shard d to this rank's transfer with a peer, when s
+  // is the replica that supplies d. Each side finds its pairs from its own shards' candidates; both
+  // sides of a pair apply the same rule, so what one rank plans to send another plans to receive.
+  const auto add_overlap = [&](PeerTransfer& peer, size_t s, size_t d) {
+    if (!suppliers.supplies(s, d, dst_owners[d])) {
+      return;
     }
-    sorted_dst.for_each_candidate(dst_boxes, src_boxes[s], [&](size_t d) {
-      if (!suppliers.supplies(s, d, dst_owners[d])) {
-        return;
-      }
-      if (auto box = intersect(src_boxes[s], dst_boxes[d])) {
-        auto& peer = plan.send[dst_owners[d]];
-        peer.elements += box->volume();
-        peer.regions.push_back(Region{s, d, std::move(*box)});
-      }
-    });
+    if (auto box = intersect(src_boxes[s], dst_boxes[d])) {
+      peer.elements += box->volume();
+      peer.regions.push_back(Region{s, d, std::move(*box)});
+    }
+  };
+  for (size_t s = 0; s < src_boxes.size(); ++s) {
+    if (src_owners[s] == me && !src_boxes[s].empty()) {
+      sorted_dst.for_each_candidate(dst_boxes, src_boxes[s],
+                                    [&](size_t d) { add_overlap(plan.send[dst_owners[d]], s, d); });
+    }
   }
   for (size_t d = 0; d < dst_boxes.size(); ++d) {
-    if (dst_owners[d] != me || dst_boxes[d].empty()) {
-      continue;
+    if (dst_owners[d] == me && !dst_boxes[d].empty()) {
+      sorted_src.for_each_candidate(src_boxes, dst_boxes[d],
+                                    [&](size_t s) { add_overlap(plan.recv[src_owners[s]], s, d); });
     }
-    sorted_src.for_each_candidate(src_boxes, dst_boxes[d], [&](size_t s) {
-      if (!suppliers.supplies(s, d, dst_owners[d])) {
-        return;
-      }
-      if (auto box = intersect(src_boxes[s], dst_boxes[d])) {
-        auto& peer = plan.recv[src_owners[s]];
-        peer.elements += box->volume();
-        peer.regions.push_back(Region{s, d, std::move(*box)});
-      }
-    });
   }
   auto canonical = [](const Region& a, const Region& b) {
     return a.dst != b.dst ? a.dst < b.dst : a.src < b.src;

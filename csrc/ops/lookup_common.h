@@ -62,13 +62,7 @@ int64_t table_fingerprint(int64_t layout, int64_t num_embeddings, int64_t dim, c
 // Which lookup op an agreement is for: each op agrees on its own identity besides the caller's
 // arguments (NOTE [ Shared inputs ]), so a rank in one op and a rank in another raise instead of
 // exchanging messages of different shapes.
-enum class LookupOp : int64_t {
-  kRowwise = 1,
-  kColwise = 2,
-  kRenorm = 3,
-  kRowwiseBackward = 4,
-  kColwiseBackward = 5,
-};
+enum class LookupOp : int64_t { kRowwise = 1, kColwise, kRenorm, kRowwiseBackward, kColwiseBackward };
 // The scalars a lookup op agrees on: the caller's `arguments`, the op, then the op's own values.
 std::vector<double> agreed_arguments(LookupOp op, c10::ArrayRef<double> arguments,
                                      std::initializer_list<double> own);
