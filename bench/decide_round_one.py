@@ -31,7 +31,7 @@ MECHANISMS = {
     # ranks (in those sweeps "auto" meant the hub up to 8): kept so the sweeps that measured them read.
     "ahead (removed)": ("auto", "no_ahead", ("scatter",), (2048,)),
     "slot history (removed)": ("auto", "no_history", ("reshard",), (512,)),
-    "hub up to 16 ranks (0461a72)": ("hub16", "auto", ("scatter", "gather", "reshard"), None),
+    "hub up to 16 ranks (when auto meant up to 8)": ("hub16", "auto", ("scatter", "gather", "reshard"), None),
 }
 
 
