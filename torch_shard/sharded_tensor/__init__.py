@@ -55,13 +55,9 @@ def empty(
     sharding_spec: ShardingSpec,
     *dims,
     size=None,
-    dtype: torch.dtype | None = None,
-    layout: torch.layout = torch.strided,
-    requires_grad: bool = False,
-    pin_memory: bool = False,
-    memory_format: torch.memory_format = torch.contiguous_format,
-    process_group=None,
-    init_rrefs: bool = False,
+    dtype: torch.dtype | None = None, layout: torch.layout = torch.strided, requires_grad: bool = False,
+    pin_memory: bool = False, memory_format: torch.memory_format = torch.contiguous_format,
+    process_group=None, init_rrefs: bool = False,
 ) -> ShardedTensor:
     """A ShardedTensor with uninitialised data.
 
@@ -88,15 +84,9 @@ def empty(
             or non-contiguous memory format.
     """
     return ShardedTensor(
-        sharding_spec,
-        *_size_from(dims, size),
-        dtype=dtype,
-        layout=layout,
-        requires_grad=requires_grad,
-        pin_memory=pin_memory,
-        memory_format=memory_format,
-        process_group=process_group,
-        init_rrefs=init_rrefs,
+        sharding_spec, *_size_from(dims, size),
+        dtype=dtype, layout=layout, requires_grad=requires_grad, pin_memory=pin_memory, memory_format=memory_format,
+        process_group=process_group, init_rrefs=init_rrefs,
     )
 
 
@@ -105,13 +95,9 @@ def full(
     size,
     fill_value,
     *,
-    dtype: torch.dtype | None = None,
-    layout: torch.layout = torch.strided,
-    requires_grad: bool = False,
-    pin_memory: bool = False,
-    memory_format: torch.memory_format = torch.contiguous_format,
-    process_group=None,
-    init_rrefs: bool = False,
+    dtype: torch.dtype | None = None, layout: torch.layout = torch.strided, requires_grad: bool = False,
+    pin_memory: bool = False, memory_format: torch.memory_format = torch.contiguous_format,
+    process_group=None, init_rrefs: bool = False,
 ) -> ShardedTensor:
     """A ShardedTensor of ``size`` filled with ``fill_value`` (``size`` is one list/tuple/torch.Size).
 
@@ -119,15 +105,9 @@ def full(
     Other arguments as in :func:`empty`.
     """
     st = empty(
-        sharding_spec,
-        size,
-        dtype=dtype,
-        layout=layout,
-        requires_grad=requires_grad,
-        pin_memory=pin_memory,
-        memory_format=memory_format,
-        process_group=process_group,
-        init_rrefs=init_rrefs,
+        sharding_spec, size,
+        dtype=dtype, layout=layout, requires_grad=requires_grad, pin_memory=pin_memory, memory_format=memory_format,
+        process_group=process_group, init_rrefs=init_rrefs,
     )
     torch.nn.init.constant_(st, fill_value)
     return st

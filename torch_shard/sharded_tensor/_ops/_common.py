@@ -19,32 +19,18 @@ def _register_passthrough(op) -> None:
     _PASSTHROUGH_OPS[op] = tensor_default_op
 
 
+# Tensor properties: torch function receives their getters (``torch.Tensor.shape.__get__``).
+_PASSTHROUGH_PROPERTIES = (
+    "shape", "dtype", "layout", "device", "is_meta", "is_cuda", "is_cpu", "is_sparse", "is_quantized",
+    "ndim", "requires_grad", "grad", "grad_fn", "is_leaf",
+)
+_PASSTHROUGH_METHODS = (
+    "size", "dim", "ndimension", "numel", "nelement", "element_size", "stride", "is_contiguous", "contiguous",
+    "is_floating_point", "is_complex",
+)
 _PASSTHROUGH = [
-    torch.Tensor.shape.__get__,  # type: ignore[attr-defined]
-    torch.Tensor.dtype.__get__,  # type: ignore[attr-defined]
-    torch.Tensor.layout.__get__,  # type: ignore[attr-defined]
-    torch.Tensor.device.__get__,  # type: ignore[attr-defined]
-    torch.Tensor.is_meta.__get__,  # type: ignore[attr-defined]
-    torch.Tensor.is_cuda.__get__,  # type: ignore[attr-defined]
-    torch.Tensor.is_cpu.__get__,  # type: ignore[attr-defined]
-    torch.Tensor.is_sparse.__get__,  # type: ignore[attr-defined]
-    torch.Tensor.is_quantized.__get__,  # type: ignore[attr-defined]
-    torch.Tensor.ndim.__get__,  # type: ignore[attr-defined]
-    torch.Tensor.requires_grad.__get__,  # type: ignore[attr-defined]
-    torch.Tensor.grad.__get__,  # type: ignore[attr-defined]
-    torch.Tensor.grad_fn.__get__,  # type: ignore[attr-defined]
-    torch.Tensor.is_leaf.__get__,  # type: ignore[attr-defined]
-    torch.Tensor.size,
-    torch.Tensor.dim,
-    torch.Tensor.ndimension,
-    torch.Tensor.numel,
-    torch.Tensor.nelement,
-    torch.Tensor.element_size,
-    torch.Tensor.stride,
-    torch.Tensor.is_contiguous,
-    torch.Tensor.contiguous,
-    torch.Tensor.is_floating_point,
-    torch.Tensor.is_complex,
+    *(getattr(torch.Tensor, name).__get__ for name in _PASSTHROUGH_PROPERTIES),
+    *(getattr(torch.Tensor, name) for name in _PASSTHROUGH_METHODS),
     torch.numel,
 ]
 

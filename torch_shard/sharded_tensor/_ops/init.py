@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -17,28 +18,30 @@ def _param(kwargs, name):
     return value
 
 
-@_sharded_op_impl(torch.nn.init.uniform_)
-def uniform_(types, args=(), kwargs=None, pg=None):
-    """Fill every local shard from U[a, b) (torch.nn.init passes its arguments as kwargs)."""
+def _fill_local_shards(init: Callable, kwargs, names: tuple[str, ...], generator: bool = True):
+    """Apply the dense ``init`` to every local shard of ``kwargs["tensor"]``, with the arguments
+    ``names`` (each required; read and checked in this order) and, when ``generator``, the generator.
+    torch.nn.init passes its arguments as kwargs. Returns the ShardedTensor."""
     kwargs = kwargs or {}
     st = _param(kwargs, "tensor")
-    a, b = _param(kwargs, "a"), _param(kwargs, "b")
-    generator = kwargs.get("generator")
+    arguments = {name: _param(kwargs, name) for name in names}
+    if generator:
+        arguments["generator"] = kwargs.get("generator")
     for shard in st.local_shards():
-        torch.nn.init.uniform_(shard.tensor, a=a, b=b, generator=generator)
+        init(shard.tensor, **arguments)
     return st
+
+
+@_sharded_op_impl(torch.nn.init.uniform_)
+def uniform_(types, args=(), kwargs=None, pg=None):
+    """Fill every local shard from U[a, b)."""
+    return _fill_local_shards(torch.nn.init.uniform_, kwargs, ("a", "b"))
 
 
 @_sharded_op_impl(torch.nn.init.normal_)
 def normal_(types, args=(), kwargs=None, pg=None):
     """Fill every local shard from N(mean, std^2)."""
-    kwargs = kwargs or {}
-    st = _param(kwargs, "tensor")
-    mean, std = _param(kwargs, "mean"), _param(kwargs, "std")
-    generator = kwargs.get("generator")
-    for shard in st.local_shards():
-        torch.nn.init.normal_(shard.tensor, mean=mean, std=std, generator=generator)
-    return st
+    return _fill_local_shards(torch.nn.init.normal_, kwargs, ("mean", "std"))
 
 
 @_sharded_op_impl(torch.nn.init.kaiming_uniform_)
@@ -62,9 +65,4 @@ def kaiming_uniform_(types, args=(), kwargs=None, pg=None):
 @_sharded_op_impl(torch.nn.init.constant_)
 def constant_(types, args=(), kwargs=None, pg=None):
     """Fill every local shard with ``val``."""
-    kwargs = kwargs or {}
-    st = _param(kwargs, "tensor")
-    val = _param(kwargs, "val")
-    for shard in st.local_shards():
-        torch.nn.init.constant_(shard.tensor, val)
-    return st
+    return _fill_local_shards(torch.nn.init.constant_, kwargs, ("val",), generator=False)

@@ -53,14 +53,27 @@ def check_device(local: torch.Tensor, tensor: torch.Tensor, arg: str) -> None:
         )
 
 
-def validate_common(input, weight, max_norm, scale_grad_by_freq, sparse, op_name: str, fn_name: str):
+def common_arguments(args: tuple, kwargs: dict) -> tuple:
+    """(input, weight, padding_idx, max_norm, norm_type) of an ``F.embedding`` or ``F.embedding_bag``
+    call as torch function hands it over: input and weight positionally or by name, the others by name,
+    absent ones at the dense ops' defaults. Reads only; :func:`validate_common` checks."""
+    input = args[0] if args else kwargs.get("input")
+    weight = args[1] if len(args) > 1 else kwargs.get("weight")
+    return input, weight, kwargs.get("padding_idx"), kwargs.get("max_norm"), kwargs.get("norm_type", 2.0)
+
+
+def validate_common(input, weight, max_norm, kwargs: dict, op_name: str, fn_name: str):
     """Checks shared by embedding and embedding_bag, on this rank's arguments, before any exchange.
     Only what the host knows (types, shapes, devices, flags); the ids' values are checked on their
     device, inside the C++ op.
 
-    Returns :func:`local_weight`'s (local shard, offset, sharded dim). ``op_name`` is the module's name
-    ("Embedding"), ``fn_name`` the function's ("embedding"), as they appear in the messages.
+    Returns :func:`local_weight`'s (local shard, offset, sharded dim). ``kwargs`` is the call's keyword
+    arguments (the unsupported flags ``scale_grad_by_freq`` and ``sparse`` are read from it).
+    ``op_name`` is the module's name ("Embedding"), ``fn_name`` the function's ("embedding"), as they
+    appear in the messages.
     """
+    scale_grad_by_freq = kwargs.get("scale_grad_by_freq", False)
+    sparse = kwargs.get("sparse", False)
     if not isinstance(input, torch.Tensor):
         raise TypeError("input need to be torch.Tensor")
     if not isinstance(weight, ShardedTensor):

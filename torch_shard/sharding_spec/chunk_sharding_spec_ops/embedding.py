@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from ..._support._agreement import abort_and_raise
 from ..api import custom_sharding_spec_op
 from ..chunk_sharding_spec import ChunkShardingSpec
-from ._common import blocks, lookup_arguments, validate_common
+from ._common import blocks, common_arguments, lookup_arguments, validate_common
 from ._lookup import lookup, renorm
 
 
@@ -23,23 +23,11 @@ def sharded_embedding(types, args, kwargs, pg):
     as dense does with the rows of its input.
     """
     kwargs = kwargs or {}
-    input = args[0] if args else kwargs.get("input")
-    weight = args[1] if len(args) > 1 else kwargs.get("weight")
-    padding_idx = kwargs.get("padding_idx")
-    max_norm = kwargs.get("max_norm")
-    norm_type = kwargs.get("norm_type", 2.0)
+    input, weight, padding_idx, max_norm, norm_type = common_arguments(args, kwargs)
     try:
         # What can fail on this rank in Python fails here, before the C++ ops' agreement; the other ranks
         # then raise too (abort_and_raise takes part in it).
-        local, _, dim = validate_common(
-            input,
-            weight,
-            max_norm,
-            kwargs.get("scale_grad_by_freq", False),
-            kwargs.get("sparse", False),
-            "Embedding",
-            "embedding",
-        )
+        local, _, dim = validate_common(input, weight, max_norm, kwargs, "Embedding", "embedding")
         if padding_idx is not None:
             if not -weight.size(0) <= padding_idx < weight.size(0):
                 raise AssertionError("Padding_idx must be within num_embeddings")

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from ..._support._agreement import abort_and_raise
 from ..api import custom_sharding_spec_op
 from ..chunk_sharding_spec import ChunkShardingSpec
-from ._common import blocks, check_device, check_index_dtype, lookup_arguments, validate_common
+from ._common import blocks, check_device, check_index_dtype, common_arguments, lookup_arguments, validate_common
 from ._lookup import lookup, renorm
 
 
@@ -80,24 +80,12 @@ def sharded_embedding_bag(types, args, kwargs, pg):
     are exchanged. ``max_norm`` renormalises, in place, every row any rank looks up first.
     """
     kwargs = kwargs or {}
-    input = args[0] if args else kwargs.get("input")
-    weight = args[1] if len(args) > 1 else kwargs.get("weight")
+    input, weight, padding_idx, max_norm, norm_type = common_arguments(args, kwargs)
     mode = kwargs.get("mode", "mean")
-    padding_idx = kwargs.get("padding_idx")
-    max_norm = kwargs.get("max_norm")
-    norm_type = kwargs.get("norm_type", 2.0)
     try:
         # What can fail on this rank in Python fails here, before the C++ ops' agreement; the other ranks
         # then raise too (abort_and_raise takes part in it).
-        local, _, dim = validate_common(
-            input,
-            weight,
-            max_norm,
-            kwargs.get("scale_grad_by_freq", False),
-            kwargs.get("sparse", False),
-            "EmbeddingBag",
-            "embedding_bag",
-        )
+        local, _, dim = validate_common(input, weight, max_norm, kwargs, "EmbeddingBag", "embedding_bag")
         if mode not in ("sum", "mean", "max"):
             raise ValueError(f"mode '{mode}' is not supported")
         if not local.is_floating_point():
