@@ -28,6 +28,7 @@ comparison that is meant to cross devices.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 import unittest
@@ -43,6 +44,19 @@ _NUMBER_TYPES = (int, float, complex, np.number)
 _TENSOR_TYPES = (torch.Tensor, np.ndarray)
 _SEQUENCE_TYPES = (Sequence, torch.nn.ModuleList, torch.nn.ParameterList, torch.nn.Sequential)
 _MAPPING_TYPES = (Mapping, torch.nn.ModuleDict, torch.nn.ParameterDict)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rules:
+    """How values compare: ``assertEqual``'s keyword arguments, the same at every level of a container."""
+
+    rtol: float | None
+    atol: float | None
+    equal_nan: bool
+    exact_dtype: bool
+    exact_device: bool
+    exact_layout: bool
+    exact_stride: bool
 
 
 class _Mismatch(Exception):  # noqa: N818 - internal control flow, never reaches users
@@ -66,9 +80,10 @@ def _single_item(value, what: str):
     return value
 
 
-def _compare_numbers(first, second, rtol, atol, equal_nan) -> None:
+def _compare_numbers(first, second, rules: _Rules) -> None:
     a = _single_item(first, "number")
     b = _single_item(second, "number")
+    rtol, atol = rules.rtol, rules.atol
     if rtol is None and atol is None:
         exact = all(isinstance(x, (int, bool)) for x in (a, b))
         rtol, atol = (0.0, 0.0) if exact else (_NUMBER_RTOL, _NUMBER_ATOL)
@@ -76,7 +91,7 @@ def _compare_numbers(first, second, rtol, atol, equal_nan) -> None:
         raise ValueError(f"Both 'rtol' and 'atol' must be either specified or omitted, but got no {'rtol' if rtol is None else 'atol'}.")
     if a == b:
         return
-    if equal_nan and all(isinstance(x, (float, complex)) and _is_nan(x) for x in (a, b)):
+    if rules.equal_nan and all(isinstance(x, (float, complex)) and _is_nan(x) for x in (a, b)):
         return
     if abs(a - b) <= atol + rtol * abs(b):
         return
@@ -94,17 +109,8 @@ def _compare_bools(first, second) -> None:
         raise _Mismatch(f"Booleans mismatch: {a} is not {b}")
 
 
-def _compare(first, second, *, rtol, atol, equal_nan, exact_dtype, exact_device, exact_layout, exact_stride) -> None:
+def _compare(first, second, rules: _Rules) -> None:
     """Raise _Mismatch when ``first`` and ``second`` differ under PyTorch's TestCase semantics."""
-    kwargs = dict(
-        rtol=rtol,
-        atol=atol,
-        equal_nan=equal_nan,
-        exact_dtype=exact_dtype,
-        exact_device=exact_device,
-        exact_layout=exact_layout,
-        exact_stride=exact_stride,
-    )
     if first is None or second is None:
         if first is not second:
             raise _Mismatch(f"None mismatch: {first!r} is not {second!r}")
@@ -117,7 +123,7 @@ def _compare(first, second, *, rtol, atol, equal_nan, exact_dtype, exact_device,
     if isinstance(first, (*_NUMBER_TYPES, enum.Enum)) or isinstance(second, (*_NUMBER_TYPES, enum.Enum)):
         others = (*_NUMBER_TYPES, enum.Enum, *_TENSOR_TYPES)
         if isinstance(first, others) and isinstance(second, others):
-            _compare_numbers(first, second, rtol, atol, equal_nan)
+            _compare_numbers(first, second, rules)
             return
     if isinstance(first, _TENSOR_TYPES) or isinstance(second, _TENSOR_TYPES):
         if isinstance(first, _TENSOR_TYPES) and isinstance(second, _SEQUENCE_TYPES) and not isinstance(second, str):
@@ -132,13 +138,13 @@ def _compare(first, second, *, rtol, atol, equal_nan, exact_dtype, exact_device,
             torch.testing.assert_close(
                 torch.as_tensor(first),
                 torch.as_tensor(second),
-                rtol=rtol,
-                atol=atol,
-                equal_nan=equal_nan,
-                check_device=exact_device,
-                check_dtype=exact_dtype,
-                check_layout=exact_layout,
-                check_stride=exact_stride,
+                rtol=rules.rtol,
+                atol=rules.atol,
+                equal_nan=rules.equal_nan,
+                check_device=rules.exact_device,
+                check_dtype=rules.exact_dtype,
+                check_layout=rules.exact_layout,
+                check_stride=rules.exact_stride,
             )
         except AssertionError as exc:
             raise _Mismatch(str(exc)) from None
@@ -156,7 +162,7 @@ def _compare(first, second, *, rtol, atol, equal_nan, exact_dtype, exact_device,
             raise _Mismatch(f"Mapping keys mismatch: {sorted(map(str, first.keys()))} != {sorted(map(str, second.keys()))}")
         for key in first.keys():
             try:
-                _compare(first[key], second[key], **kwargs)
+                _compare(first[key], second[key], rules)
             except _Mismatch as exc:
                 raise _Mismatch(f"at key {key!r}: {exc}") from None
         return
@@ -165,7 +171,7 @@ def _compare(first, second, *, rtol, atol, equal_nan, exact_dtype, exact_device,
             raise _Mismatch(f"Sequence lengths differ: {len(first)} != {len(second)} ({first!r} vs {second!r})")
         for index, (a, b) in enumerate(zip(first, second)):
             try:
-                _compare(a, b, **kwargs)
+                _compare(a, b, rules)
             except _Mismatch as exc:
                 raise _Mismatch(f"at index {index}: {exc}") from None
         return
@@ -190,18 +196,12 @@ class TestCase(unittest.TestCase):
         exact_layout=False,
         exact_stride=False,
     ) -> None:
+        rules = _Rules(
+            rtol=rtol, atol=atol, equal_nan=equal_nan, exact_dtype=exact_dtype, exact_device=exact_device,
+            exact_layout=exact_layout, exact_stride=exact_stride,
+        )
         try:
-            _compare(
-                first,
-                second,
-                rtol=rtol,
-                atol=atol,
-                equal_nan=equal_nan,
-                exact_dtype=exact_dtype,
-                exact_device=exact_device,
-                exact_layout=exact_layout,
-                exact_stride=exact_stride,
-            )
+            _compare(first, second, rules)
         except _Mismatch as exc:
             raise self.failureException(f"{exc}" + (f"\n{msg}" if msg else "")) from None
 

@@ -47,22 +47,23 @@ def _chunk_sharding_specs_list_for_test(sharding_dims, seed=0):
     return spec_list
 
 
+def _rand_10x20(spec, group, init_rrefs: bool):
+    """A 10 x 20 ShardedTensor from U[0, 1) sharded by ``spec``; None without a spec."""
+    if spec is None:
+        return None
+    return sharded_tensor.rand(spec, 10, 20, process_group=group, init_rrefs=init_rrefs)
+
+
 class MyShardedModel2(torch.nn.Module):
     def __init__(self, spec=None, group=None, init_rrefs=True) -> None:
         super().__init__()
-        if spec is not None:
-            self.sharded_tensor2 = sharded_tensor.rand(spec, 10, 20, process_group=group, init_rrefs=init_rrefs)
-        else:
-            self.sharded_tensor2 = None
+        self.sharded_tensor2 = _rand_10x20(spec, group, init_rrefs)
         self.random_tensor2 = torch.nn.Parameter(torch.rand(2, 2))
 
 
 class MyShardedModel1(torch.nn.Module):
     def __init__(self, spec=None, group=None, init_rrefs=True) -> None:
         super().__init__()
-        if spec is not None:
-            self.sharded_tensor1 = sharded_tensor.rand(spec, 10, 20, process_group=group, init_rrefs=init_rrefs)
-        else:
-            self.sharded_tensor1 = None
+        self.sharded_tensor1 = _rand_10x20(spec, group, init_rrefs)
         self.random_tensor1 = torch.nn.Parameter(torch.rand(2, 2))
         self.submodule = MyShardedModel2(spec, group, init_rrefs)
