@@ -33,6 +33,7 @@ and stops it: nothing stays mounted, no server runs and no key stays authorised 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import os
 import re
@@ -273,6 +274,20 @@ class _Deferred:
         return False
 
 
+@contextlib.contextmanager
+def _torn_down_on_failure(rig, what: str):
+    """The set-up in a rig's ``__enter__``: if it raises anything (a Ctrl-C included), the rig's
+    ``__exit__`` tears down what was made, then the error propagates; a failed command as a
+    RuntimeError naming ``what``, the command and its stderr."""
+    try:
+        yield
+    except BaseException as exc:
+        rig.__exit__(type(exc), exc, exc.__traceback__)
+        if isinstance(exc, subprocess.CalledProcessError):
+            raise RuntimeError(f"{what} failed: {' '.join(exc.cmd)}: {(exc.stderr or '').strip()}") from exc
+        raise
+
+
 def _run_nodes(launch, nnodes: int, timeout: float, capture: bool) -> list[NodeResult]:
     """Start every node's torchrun through ``launch(node_rank, stdout)``, wait for all (or the
     timeout), stop what is left, and return their results; raises TorchrunError unless all exited 0."""
@@ -348,7 +363,7 @@ class TwoHosts:
 
     def __enter__(self) -> TwoHosts:
         self._signals.__enter__()
-        try:
+        with _torn_down_on_failure(self, "setting up the namespaces"):
             _reap_stale()
             a, b = self.names
             for ns in self.names:
@@ -364,12 +379,6 @@ class TwoHosts:
                     subprocess.run(["ip", "netns", "exec", ns, "tc", *_shaping_args(self.rate, ns)],
                                    capture_output=True, text=True, check=True, timeout=30)
                 _write_hosts_file(ns)
-        except BaseException as exc:
-            self.__exit__(type(exc), exc, exc.__traceback__)
-            if isinstance(exc, subprocess.CalledProcessError):
-                raise RuntimeError(f"setting up the namespaces failed: {' '.join(exc.cmd)}: "
-                                   f"{(exc.stderr or '').strip()}") from exc
-            raise
         return self
 
     def __exit__(self, *exc) -> bool:
@@ -616,7 +625,7 @@ class StorageHosts:
 
     def __enter__(self) -> StorageHosts:
         self._signals.__enter__()
-        try:
+        with _torn_down_on_failure(self, "setting up the storage rig"):
             _reap_stale_rigs()
             _reap_stale()
             os.makedirs(RIG_ROOT, exist_ok=True)
@@ -626,12 +635,6 @@ class StorageHosts:
             self._start_sshd()
             for i in range(len(self.names)):
                 self._mount(i)
-        except BaseException as exc:
-            self.__exit__(type(exc), exc, exc.__traceback__)
-            if isinstance(exc, subprocess.CalledProcessError):
-                raise RuntimeError(f"setting up the storage rig failed: {' '.join(exc.cmd)}: "
-                                   f"{(exc.stderr or '').strip()}") from exc
-            raise
         return self
 
     def _tc(self, ns: str, rate: str, dev: str) -> None:
