@@ -1,6 +1,6 @@
 // The torch_shard operator library: every schema lives here, in the one TORCH_LIBRARY block.
-// Kernels are registered next to their code under csrc/ops/ with TORCH_LIBRARY_IMPL; fake kernels and
-// autograd written in Python are in torch_shard/_support/_op_registrations.py.
+// Which kernel serves which op, per dispatch key, is the one table in csrc/ops/registration.cpp; fake
+// kernels and autograd written in Python are in torch_shard/_support/_op_registrations.py.
 //
 // Tracing (FakeTensorMode: torch.compile, torch.export, make_fx): _embedding_bag_partial, its backward
 // and chunk_boxes have fake kernels and can be traced. The data ops communicate and the impl ops build

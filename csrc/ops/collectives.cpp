@@ -7,7 +7,6 @@
 
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
-#include <torch/library.h>
 
 #include "comm/exchange.h"
 #include "comm/process_group.h"
@@ -82,8 +81,6 @@ at::Tensor all_reduce(c10d::ProcessGroup& pg, const at::Tensor& input, c10d::Red
   return buffer.to(input.device());
 }
 
-namespace {
-
 // Every rank's `value`, in rank order (one agreement round, op kind "compare"; a rank that failed
 // locally takes part through _abort("compare", ...)).
 std::vector<int64_t> gather_values(int64_t value, c10::string_view group_name) {
@@ -141,14 +138,6 @@ std::vector<int64_t> get_comm_stats(bool reset) {
     s.header_reads = 0;
   }
   return out;
-}
-
-} // namespace
-
-TORCH_LIBRARY_IMPL(torch_shard, CompositeImplicitAutograd, m) {
-  m.impl("_all_ranks_true", TORCH_FN(all_ranks_true));
-  m.impl("_gather_values", TORCH_FN(gather_values));
-  m.impl("_comm_stats", TORCH_FN(get_comm_stats));
 }
 
 } // namespace ops

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/ArrayRef.h>
@@ -43,6 +44,12 @@ at::Tensor move_rows(c10d::ProcessGroup& pg, const at::Tensor& values, c10::IntA
 // The elementwise reduction (SUM, MAX or MIN) of `input` over the group's ranks, on `input`'s device.
 // Every rank passes the same shape and dtype.
 at::Tensor all_reduce(c10d::ProcessGroup& pg, const at::Tensor& input, c10d::ReduceOp::RedOpType op);
+
+// The kernels of the ops _gather_values, _all_ranks_true and _comm_stats (schemas and comments in
+// csrc/torch_shard.cpp).
+std::vector<int64_t> gather_values(int64_t value, c10::string_view group_name);
+bool all_ranks_true(bool value, c10::string_view group_name);
+std::vector<int64_t> get_comm_stats(bool reset);
 
 } // namespace ops
 } // namespace torch_shard

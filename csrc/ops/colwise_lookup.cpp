@@ -329,13 +329,4 @@ at::Tensor colwise_lookup_backward(const at::Tensor& grad, at::TensorList saved,
 }
 
 } // namespace ops
-
-TORCH_LIBRARY_IMPL(torch_shard, CPU, m) {
-  ops::register_lookup<ops::colwise_lookup, ops::colwise_lookup_backward>(m, "_colwise_lookup");
-}
-
-TORCH_LIBRARY_IMPL(torch_shard, CUDA, m) {
-  ops::register_lookup<ops::colwise_lookup, ops::colwise_lookup_backward>(m, "_colwise_lookup");
-}
-
 } // namespace torch_shard

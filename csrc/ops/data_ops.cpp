@@ -9,7 +9,6 @@
 // cannot be traced ] (ops/untraceable.h).
 
 #include <ATen/core/grad_mode.h>
-#include <torch/library.h>
 
 #include "comm/exchange.h"
 #include "comm/process_group.h"
@@ -29,20 +28,14 @@ using comm::Values;
 using layout::Fingerprint;
 using layout::Layout;
 using ops::agreement;
-using ops::first_mismatch;
+using ops::DataOpCall;
 using ops::kCommunicates;
+using ops::raise_first_mismatch;
+using ops::raise_if_argument_differs;
 
 // What every rank must agree on about a tensor besides its layout.
 int64_t size_and_dtype_fp(const layout::Dims& size, c10::ScalarType dtype) {
   return Fingerprint().add(size).add(static_cast<int64_t>(dtype)).as_int64();
-}
-
-// Where this rank's shards live, if it holds any (the communication device follows them on CUDA).
-std::optional<c10::Device> shards_device(const ShardedTensorImpl& impl) {
-  if (impl.local_shards().empty() || !impl.local_shards().front().defined()) {
-    return std::nullopt;
-  }
-  return impl.local_shards().front().device();
 }
 
 // Every non-empty shard must be held by a member of the group, or its data is nowhere.
@@ -58,19 +51,32 @@ void check_owned(const Layout& layout, int64_t world, const char* op) {
 // The agreement of a scatter: the same source rank, tensor size and dtype, and layout everywhere
 // (upstream's messages for the first and last).
 void check_shard(const std::vector<Values>& all, int64_t me) {
-  if (const int64_t r = first_mismatch(all, me, 0); r >= 0) {
-    TORCH_CHECK_VALUE(false, "src_rank=", all[me][0], " on rank: ", me,
-                      " does not match with src_rank=", all[r][0], " on rank: ", r);
-  }
-  if (const int64_t r = first_mismatch(all, me, 1); r >= 0) {
-    TORCH_CHECK_VALUE(false, "torch_shard.shard: the tensor on rank ", me,
-                      " has a different size or dtype than on rank ", r,
-                      "; every rank must pass a tensor of the same size and dtype");
-  }
-  if (const int64_t r = first_mismatch(all, me, 2); r >= 0) {
-    TORCH_CHECK_VALUE(false, "sharding_spec on rank: ", me, " does not match with sharding_spec on rank: ", r,
-                      " (their layouts differ: boxes or placements)");
-  }
+  raise_if_argument_differs(all, me, 0, "src_rank");
+  raise_first_mismatch(
+      all, me,
+      {{1, "torch_shard.shard: the tensor on rank ", " has a different size or dtype than on rank ",
+        "; every rank must pass a tensor of the same size and dtype"},
+       {2, "sharding_spec on rank: ", " does not match with sharding_spec on rank: ",
+        " (their layouts differ: boxes or placements)"}});
+}
+
+// The agreement of a gather: the same destination rank, and the same layout and dtype everywhere.
+void check_gather(const std::vector<Values>& all, int64_t me) {
+  raise_if_argument_differs(all, me, 0, "dst");
+  raise_first_mismatch(
+      all, me,
+      {{1, "torch_shard.gather: the layout on rank: ", " does not match with the layout on rank: ",
+        " (size, dtype, boxes or placements differ)"}});
+}
+
+// The agreement of a reshard: the same layout and dtype, and the same target layout, everywhere.
+void check_reshard(const std::vector<Values>& all, int64_t me) {
+  raise_first_mismatch(
+      all, me,
+      {{0, "torch_shard.reshard: the layout on rank: ", " does not match with the layout on rank: ",
+        " (size, dtype, boxes or placements differ)"},
+       {1, "sharding_spec on rank: ", " does not match with sharding_spec on rank: ",
+        " (the target layouts differ: boxes or placements)"}});
 }
 
 } // namespace
@@ -87,31 +93,25 @@ at::Tensor shard(const std::optional<at::Tensor>& tensor, int64_t src, c10::IntA
   // record it.
   at::NoGradGuard no_grad;
   const std::string group(group_name);
-  auto pg = comm::resolve_group(group, "shard");
-  const int64_t me = pg->getRank();
-  const int64_t world = pg->getSize();
+  DataOpCall call(group, "shard");
+  const int64_t me = call.me;
   // Follows the tensors this rank moves (the source, on the source rank; its new shards).
-  c10::Device device = comm::comm_device(*pg, me == src && tensor.has_value() && tensor->defined()
-                                                  ? std::optional<c10::Device>(tensor->device())
-                                                  : std::nullopt);
-  std::shared_ptr<const Layout> target;
-  std::shared_ptr<const Layout> source;
-  std::shared_ptr<const layout::TransferPlan> plan;
-  LocalTensors src_local, out;
-  comm::Moves moves;
-  Values mine{};
-  std::exception_ptr error;
-  try {
-    TORCH_CHECK_INDEX(src >= 0 && src < world, "torch_shard.shard: src_rank ", src,
-                      " is not a rank of a group of size ", world);
-    target = layout_from_args(global_size, chunk_dim, shard_offsets, shard_sizes, placement_index, placements,
-                              placement_owners, world, /*validate=*/true, "shard");
-    check_owned(*target, world, "shard");
-    if (const auto mine = target->shards_of(me); !device.is_cuda() || (me != src && !mine.empty())) {
-      const auto placed =
-          mine.empty() ? std::nullopt : std::optional<c10::Device>(target->placement(mine.front()).device);
+  if (me == src && tensor.has_value() && tensor->defined()) {
+    call.device = comm::comm_device(*call.pg, tensor->device());
+  }
+  call.prepare([&] {
+    TORCH_CHECK_INDEX(src >= 0 && src < call.world, "torch_shard.shard: src_rank ", src,
+                      " is not a rank of a group of size ", call.world);
+    call.target = layout_from_args(global_size, chunk_dim, shard_offsets, shard_sizes, placement_index,
+                                   placements, placement_owners, call.world, /*validate=*/true, "shard");
+    check_owned(*call.target, call.world, "shard");
+    if (const auto mine = call.target->shards_of(me);
+        !call.device.is_cuda() || (me != src && !mine.empty())) {
+      const auto placed = mine.empty()
+                              ? std::nullopt
+                              : std::optional<c10::Device>(call.target->placement(mine.front()).device);
       if (placed.has_value() && placed->is_cuda()) {
-        device = comm::comm_device(*pg, placed);
+        call.device = comm::comm_device(*call.pg, placed);
       }
     }
     if (me == src) {
@@ -123,21 +123,20 @@ at::Tensor shard(const std::optional<at::Tensor>& tensor, int64_t src, c10::IntA
                         " on the source rank, but the layout is for ", layout::dims_str(global_size.vec()));
       TORCH_CHECK_TYPE(tensor->scalar_type() == dtype, "torch_shard.shard: tensor has dtype ",
                        tensor->scalar_type(), ", expected ", dtype);
-      src_local = LocalTensors{{*tensor}, {0}};
+      call.src_local = LocalTensors{{*tensor}, {0}};
     }
-    source = Layout::whole(global_size.vec(), src, device);
-    plan = comm::cached_plan(source, target, me, world);
-    out = comm::allocate_local(*target, me, dtype);
-    moves = comm::transfer_moves(*plan, *source, src_local, *target, out, me, device, dtype);
-    mine = {src, size_and_dtype_fp(global_size.vec(), dtype), static_cast<int64_t>(target->fingerprint()), 0};
-  } catch (...) {
-    error = std::current_exception();
-  }
-  comm::exchange(*pg, device, agreement(comm::OpKind::kShard, mine, error, check_shard), &moves);
+    call.source = Layout::whole(global_size.vec(), src, call.device);
+    call.dst_local = comm::allocate_local(*call.target, me, dtype);
+    call.plan_moves(dtype);
+    return Values{src, size_and_dtype_fp(global_size.vec(), dtype),
+                  static_cast<int64_t>(call.target->fingerprint()), 0};
+  });
+  call.exchange(comm::OpKind::kShard, check_shard);
+  LocalTensors& out = call.dst_local;
   for (auto& t : out.tensors) {
     t.requires_grad_(requires_grad);
   }
-  return make_sharded_tensor(target, std::move(out.tensors), std::move(out.indices), dtype, device,
+  return make_sharded_tensor(call.target, std::move(out.tensors), std::move(out.indices), dtype, call.device,
                              /*pin_memory=*/false, group, me);
 }
 
@@ -145,55 +144,29 @@ void gather(const at::Tensor& self, int64_t dst, const std::optional<at::Tensor>
   check_not_tracing("gather", kCommunicates);
   at::NoGradGuard no_grad;
   auto* impl = unsafe_get_sharded_impl(self, "gather");
-  auto pg = comm::resolve_group(impl->group_name(), "gather");
-  const int64_t me = pg->getRank();
-  const int64_t world = pg->getSize();
-  const c10::Device device = comm::comm_device(*pg, shards_device(*impl));
-  const auto dtype = impl->dtype().toScalarType();
-  const auto& source = impl->layout();
-  std::shared_ptr<const Layout> target;
-  std::shared_ptr<const layout::TransferPlan> plan;
-  LocalTensors src_local, dst_local;
-  comm::Moves moves;
-  Values mine{};
-  std::exception_ptr error;
-  try {
-    TORCH_CHECK_INDEX(dst >= 0 && dst < world, "torch_shard.gather: dst ", dst,
-                      " is not a rank of a group of size ", world);
+  DataOpCall call(*impl, "gather");
+  call.prepare([&] {
+    TORCH_CHECK_INDEX(dst >= 0 && dst < call.world, "torch_shard.gather: dst ", dst,
+                      " is not a rank of a group of size ", call.world);
     const bool has_out = out.has_value() && out->defined();
-    if (me == dst) {
+    if (call.me == dst) {
       TORCH_CHECK_VALUE(has_out, "Argument ``dst_tensor`` must be specified on destination rank ", dst);
       TORCH_CHECK_TYPE(!is_sharded_tensor(*out), "torch_shard.gather: `out` must be a dense tensor");
       TORCH_CHECK_VALUE(out->sizes().vec() == impl->global_size(), "Argument ``dst_tensor`` have size ",
                         out->sizes(), ",but should be ", layout::dims_str(impl->global_size()));
-      dst_local = LocalTensors{{*out}, {0}};
+      call.dst_local = LocalTensors{{*out}, {0}};
     } else {
       TORCH_CHECK_VALUE(!has_out, "Argument ``dst_tensor`` must NOT be specified on non-destination ranks.");
     }
     impl->check_local_shards("gather");
-    check_owned(*source, world, "gather");
-    src_local = LocalTensors{impl->local_shards(), impl->local_shard_indices()};
-    target = Layout::whole(impl->global_size(), dst, has_out ? out->device() : device);
-    plan = comm::cached_plan(source, target, me, world);
-    moves = comm::transfer_moves(*plan, *source, src_local, *target, dst_local, me, device, dtype);
-    mine = {dst, layout_and_dtype_fp(*source, dtype), 0, 0};
-  } catch (...) {
-    error = std::current_exception();
-  }
-  comm::exchange(*pg, device,
-                 agreement(comm::OpKind::kGather, mine, error,
-                           [](const std::vector<Values>& all, int64_t me) {
-                             if (const int64_t r = first_mismatch(all, me, 0); r >= 0) {
-                               TORCH_CHECK_VALUE(false, "dst=", all[me][0], " on rank: ", me,
-                                                 " does not match with dst=", all[r][0], " on rank: ", r);
-                             }
-                             if (const int64_t r = first_mismatch(all, me, 1); r >= 0) {
-                               TORCH_CHECK_VALUE(false, "torch_shard.gather: the layout on rank: ", me,
-                                                 " does not match with the layout on rank: ", r,
-                                                 " (size, dtype, boxes or placements differ)");
-                             }
-                           }),
-                 &moves);
+    check_owned(*call.source, call.world, "gather");
+    call.src_local = LocalTensors{impl->local_shards(), impl->local_shard_indices()};
+    call.target = Layout::whole(impl->global_size(), dst, has_out ? out->device() : call.device);
+    const auto dtype = impl->dtype().toScalarType();
+    call.plan_moves(dtype);
+    return Values{dst, layout_and_dtype_fp(*call.source, dtype), 0, 0};
+  });
+  call.exchange(comm::OpKind::kGather, check_gather);
 }
 
 void reshard(const at::Tensor& self, std::optional<int64_t> chunk_dim,
@@ -203,77 +176,49 @@ void reshard(const at::Tensor& self, std::optional<int64_t> chunk_dim,
   check_not_tracing("reshard", kCommunicates);
   at::NoGradGuard no_grad;
   auto* impl = unsafe_get_sharded_impl(self, "reshard");
-  auto pg = comm::resolve_group(impl->group_name(), "reshard");
-  const int64_t me = pg->getRank();
-  const int64_t world = pg->getSize();
-  const c10::Device device = comm::comm_device(*pg, shards_device(*impl));
-  const auto dtype = impl->dtype().toScalarType();
-  const auto source = impl->layout();
-  std::shared_ptr<const Layout> target;
-  std::shared_ptr<const layout::TransferPlan> plan;
-  LocalTensors src_local, out;
-  comm::Moves moves;
-  Values mine{};
+  DataOpCall call(*impl, "reshard");
   bool unchanged = false;
-  std::exception_ptr error;
-  try {
+  call.prepare([&] {
     // Upstream keeps resharded metadata in rank order (stable for several shards per rank).
-    target = layout_from_args(impl->global_size(), chunk_dim, shard_offsets, shard_sizes, placement_index,
-                              placements, placement_owners, world,
-                              /*validate=*/true, "reshard")
-                 ->sorted_by_owner();
-    check_owned(*target, world, "reshard");
+    call.target = layout_from_args(impl->global_size(), chunk_dim, shard_offsets, shard_sizes,
+                                   placement_index, placements, placement_owners, call.world,
+                                   /*validate=*/true, "reshard")
+                      ->sorted_by_owner();
+    check_owned(*call.target, call.world, "reshard");
     impl->check_local_shards("reshard");
-    check_owned(*source, world, "reshard");
+    check_owned(*call.source, call.world, "reshard");
     // Same boxes, owners and device types, and this rank's shards already where the target puts them:
     // no data moves (the placements may still be written differently, e.g. "cpu" and "cpu:0").
-    unchanged = target->same_as(*source);
+    unchanged = call.target->same_as(*call.source);
     for (size_t k = 0; unchanged && k < impl->local_shards().size(); ++k) {
       const auto idx = static_cast<size_t>(impl->local_shard_indices()[k]);
       unchanged =
-          layout::on_placement_device(impl->local_shards()[k].device(), target->placement(idx).device);
+          layout::on_placement_device(impl->local_shards()[k].device(), call.target->placement(idx).device);
     }
-    if (unchanged) {
-      moves.send.resize(world);
-      moves.recv.resize(world);
-    } else {
-      src_local = LocalTensors{impl->local_shards(), impl->local_shard_indices()};
-      plan = comm::cached_plan(source, target, me, world);
+    const auto dtype = impl->dtype().toScalarType();
+    if (!unchanged) {
+      call.src_local = LocalTensors{impl->local_shards(), impl->local_shard_indices()};
       // A pinned tensor stays pinned (is_pinned() and the metadata keep telling the truth).
-      out = comm::allocate_local(*target, me, dtype, impl->pin_memory());
-      moves = comm::transfer_moves(*plan, *source, src_local, *target, out, me, device, dtype);
+      call.dst_local = comm::allocate_local(*call.target, call.me, dtype, impl->pin_memory());
+      call.plan_moves(dtype);
     }
-    mine = {layout_and_dtype_fp(*source, dtype), static_cast<int64_t>(target->fingerprint()), 0, 0};
-  } catch (...) {
-    error = std::current_exception();
-  }
-  comm::exchange(*pg, device,
-                 agreement(comm::OpKind::kReshard, mine, error,
-                           [](const std::vector<Values>& all, int64_t me) {
-                             if (const int64_t r = first_mismatch(all, me, 0); r >= 0) {
-                               TORCH_CHECK_VALUE(false, "torch_shard.reshard: the layout on rank: ", me,
-                                                 " does not match with the layout on rank: ", r,
-                                                 " (size, dtype, boxes or placements differ)");
-                             }
-                             if (const int64_t r = first_mismatch(all, me, 1); r >= 0) {
-                               TORCH_CHECK_VALUE(false, "sharding_spec on rank: ", me,
-                                                 " does not match with sharding_spec on rank: ", r,
-                                                 " (the target layouts differ: boxes or placements)");
-                             }
-                           }),
-                 &moves);
+    return Values{layout_and_dtype_fp(*call.source, dtype), static_cast<int64_t>(call.target->fingerprint()),
+                  0, 0};
+  });
+  call.exchange(comm::OpKind::kReshard, check_reshard);
   if (unchanged) {
-    if (target.get() != source.get()) {
+    if (call.target.get() != call.source.get()) {
       // Keep the placements as this call wrote them (the layouts agree on everything else).
-      impl->set_layout(target, impl->local_shards(), impl->local_shard_indices());
+      impl->set_layout(call.target, impl->local_shards(), impl->local_shard_indices());
     }
     return;
   }
   const bool requires_grad = self.requires_grad();
+  LocalTensors& out = call.dst_local;
   for (auto& t : out.tensors) {
     t.requires_grad_(requires_grad);
   }
-  impl->set_layout(target, std::move(out.tensors), std::move(out.indices));
+  impl->set_layout(call.target, std::move(out.tensors), std::move(out.indices));
 }
 
 // The agreement of a scatter by a spec whose shard() is not torch_shard's (EnumerableShardingSpec,
@@ -283,20 +228,13 @@ void reshard(const at::Tensor& self, std::optional<int64_t> chunk_dim,
 void agree_shard(int64_t src, c10::IntArrayRef global_size, c10::ScalarType dtype, int64_t spec_fingerprint,
                  c10::string_view group_name) {
   check_not_tracing("_agree_shard", kCommunicates);
-  auto pg = comm::resolve_group(std::string(group_name), "shard");
-  std::exception_ptr error;
-  try {
-    TORCH_CHECK_INDEX(src >= 0 && src < pg->getSize(), "torch_shard.shard: src_rank ", src,
-                      " is not a rank of a group of size ", pg->getSize());
-  } catch (...) {
-    error = std::current_exception();
-  }
-  comm::Moves moves;
-  moves.send.resize(pg->getSize());
-  moves.recv.resize(pg->getSize());
-  const Values mine{src, size_and_dtype_fp(global_size.vec(), dtype), spec_fingerprint, 0};
-  comm::exchange(*pg, comm::comm_device(*pg), agreement(comm::OpKind::kShard, mine, error, check_shard),
-                 &moves);
+  DataOpCall call(std::string(group_name), "shard");
+  call.prepare([&] {
+    TORCH_CHECK_INDEX(src >= 0 && src < call.world, "torch_shard.shard: src_rank ", src,
+                      " is not a rank of a group of size ", call.world);
+    return Values{src, size_and_dtype_fp(global_size.vec(), dtype), spec_fingerprint, 0};
+  });
+  call.exchange(comm::OpKind::kShard, check_shard);
 }
 
 // A rank whose Python-side preparation failed (a bad spec, an unknown placement) still takes part in
@@ -343,14 +281,4 @@ std::vector<std::string> error_classes() {
 }
 
 } // namespace ops
-
-TORCH_LIBRARY_IMPL(torch_shard, CompositeImplicitAutograd, m) {
-  m.impl("shard", TORCH_FN(ops::shard));
-  m.impl("gather", TORCH_FN(ops::gather));
-  m.impl("reshard", TORCH_FN(ops::reshard));
-  m.impl("_abort", TORCH_FN(ops::abort_op));
-  m.impl("_agree_shard", TORCH_FN(ops::agree_shard));
-  m.impl("_error_classes", TORCH_FN(ops::error_classes));
-}
-
 } // namespace torch_shard

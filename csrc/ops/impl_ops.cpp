@@ -1,16 +1,18 @@
 // Kernels that build a ShardedTensorImpl, read it back, and write its local shards (the one setter).
 //
-// Registered as CompositeImplicitAutograd so they run at the Autograd key, before the Python key a
-// wrapped ShardedTensor carries: reading the shards never bounces through __torch_dispatch__.
+// Registered as CompositeImplicitAutograd (ops/registration.cpp) so they run at the Autograd key, before
+// the Python key a wrapped ShardedTensor carries: reading the shards never bounces through
+// __torch_dispatch__.
 // They cannot be traced (NOTE [ Ops that cannot be traced ] in ops/untraceable.h): each raises first
 // under FakeTensorMode / make_fx. Two exceptions: is_sharded only asks what kind of impl a tensor has,
 // which has an answer for fake tensors too (they are never sharded), and _local_shard_mismatch reads
 // only its plain tensors' metadata (sizes, device, dtype, flags), which fake tensors have.
 
+#include "ops/impl_ops.h"
+
 #include <unordered_map>
 
 #include <ATen/ops/empty.h>
-#include <torch/library.h>
 
 #include "comm/process_group.h"
 #include "layout/box.h"
@@ -28,6 +30,10 @@ ShardedTensorImpl* impl_of(const at::Tensor& self, const char* op) {
   check_not_tracing(op, kReadsImpl);
   return unsafe_get_sharded_impl(self, op);
 }
+
+} // namespace
+
+namespace ops {
 
 at::Tensor make_sharded(at::TensorList local_shards, c10::IntArrayRef local_shard_indices,
                         c10::IntArrayRef global_size, std::optional<int64_t> chunk_dim,
@@ -170,19 +176,5 @@ std::vector<int64_t> local_shard_mismatch(at::TensorList tensors, c10::IntArrayR
   return mismatch;
 }
 
-} // namespace
-
-TORCH_LIBRARY_IMPL(torch_shard, CompositeImplicitAutograd, m) {
-  m.impl("_make_sharded", TORCH_FN(make_sharded));
-  m.impl("is_sharded", TORCH_FN(is_sharded));
-  m.impl("_local_shards", TORCH_FN(local_shards));
-  m.impl("_local_shard_indices", TORCH_FN(local_shard_indices));
-  m.impl("_version", TORCH_FN(version));
-  m.impl("_state", TORCH_FN(state));
-  m.impl("_layout", TORCH_FN(layout_of));
-  m.impl("_group_name", TORCH_FN(group_name));
-  m.impl("_set_local_shards", TORCH_FN(set_local_shards));
-  m.impl("_local_shard_mismatch", TORCH_FN(local_shard_mismatch));
-}
-
+} // namespace ops
 } // namespace torch_shard

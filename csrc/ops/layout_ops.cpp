@@ -6,9 +6,9 @@
 // others return integers or nothing: chunk_layout and chunked_dim_size take no tensors; validate_shards,
 // _find_overlap, _transfer_counts and _layout_fingerprint read the VALUES of their box tensors, so
 // they cannot be traced and raise for fake or meta tensors (NOTE [ Ops that cannot be traced ]).
-// Those stay CompositeImplicitAutograd.
+// Those stay CompositeImplicitAutograd (ops/registration.cpp).
 
-#include <torch/library.h>
+#include "ops/layout_ops.h"
 
 #include <ATen/ops/empty.h>
 
@@ -20,7 +20,7 @@
 #include "ops/layout_args.h"
 
 namespace torch_shard {
-namespace {
+namespace ops {
 
 std::tuple<std::vector<int64_t>, std::vector<int64_t>> chunk_layout(int64_t dim_size, int64_t num_chunks) {
   const int64_t split = layout::chunk_split_size(dim_size, num_chunks);
@@ -107,19 +107,5 @@ int64_t layout_fingerprint(c10::IntArrayRef global_size, std::optional<int64_t> 
   return layout_and_dtype_fp(*layout, dtype);
 }
 
-} // namespace
-
-TORCH_LIBRARY_IMPL(torch_shard, CompositeExplicitAutograd, m) {
-  m.impl("chunk_boxes", TORCH_FN(chunk_boxes));
-}
-
-TORCH_LIBRARY_IMPL(torch_shard, CompositeImplicitAutograd, m) {
-  m.impl("_layout_fingerprint", TORCH_FN(layout_fingerprint));
-  m.impl("_transfer_counts", TORCH_FN(transfer_counts));
-  m.impl("chunk_layout", TORCH_FN(chunk_layout));
-  m.impl("chunked_dim_size", TORCH_FN(chunked_dim_size));
-  m.impl("validate_shards", TORCH_FN(validate_shards));
-  m.impl("_find_overlap", TORCH_FN(find_overlap));
-}
-
+} // namespace ops
 } // namespace torch_shard

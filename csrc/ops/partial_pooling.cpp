@@ -412,19 +412,4 @@ at::Tensor embedding_bag_partial_backward(const at::Tensor& grad, const at::Tens
 }
 
 } // namespace ops
-
-// One function per op for both devices: it picks the fused CPU loops or the ATen composition itself.
-// The rest of each op's registration is in Python (torch_shard/_support/_op_registrations.py): the fake
-// kernels (shapes from the inputs, for FakeTensor and torch.compile) and the forward's autograd
-// (torch.library.register_autograd; its backward is _embedding_bag_partial_backward).
-TORCH_LIBRARY_IMPL(torch_shard, CPU, m) {
-  m.impl("_embedding_bag_partial", TORCH_FN(ops::embedding_bag_partial));
-  m.impl("_embedding_bag_partial_backward", TORCH_FN(ops::embedding_bag_partial_backward));
-}
-
-TORCH_LIBRARY_IMPL(torch_shard, CUDA, m) {
-  m.impl("_embedding_bag_partial", TORCH_FN(ops::embedding_bag_partial));
-  m.impl("_embedding_bag_partial_backward", TORCH_FN(ops::embedding_bag_partial_backward));
-}
-
 } // namespace torch_shard

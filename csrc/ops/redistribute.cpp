@@ -17,13 +17,14 @@
 // moves (one agreement, as every data op); a rank whose arguments fail its checks makes every rank
 // raise.
 
+#include "ops/redistribute.h"
+
 #include <memory>
 #include <string>
 #include <vector>
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
-#include <torch/library.h>
 
 #include "comm/exchange.h"
 #include "comm/process_group.h"
@@ -40,15 +41,11 @@ namespace {
 constexpr const char* kRedistribute = "_redistribute";
 
 void check_redistribute(const std::vector<comm::Values>& all, int64_t me) {
-  if (const int64_t r = first_mismatch(all, me, 0); r >= 0) {
-    TORCH_CHECK_VALUE(false, "torch_shard.redistribute: the tensor on rank ", me,
-                      " does not match the tensor on rank ", r,
-                      " (global size, dtype, mesh or placements differ)");
-  }
-  if (const int64_t r = first_mismatch(all, me, 1); r >= 0) {
-    TORCH_CHECK_VALUE(false, "torch_shard.redistribute: the target placements on rank ", me,
-                      " differ from those on rank ", r);
-  }
+  raise_first_mismatch(
+      all, me,
+      {{0, "torch_shard.redistribute: the tensor on rank ", " does not match the tensor on rank ",
+        " (global size, dtype, mesh or placements differ)"},
+       {1, "torch_shard.redistribute: the target placements on rank ", " differ from those on rank "}});
 }
 
 } // namespace
@@ -61,30 +58,20 @@ std::vector<at::Tensor> redistribute(at::TensorList sources, const at::Tensor& l
   check_not_tracing(kRedistribute, kCommunicates);
   // Autograd is torch_shard.interop's (its backward is this op with the layouts swapped).
   at::NoGradGuard no_grad;
-  auto pg = comm::resolve_group(std::string(group_name), kRedistribute);
-  const int64_t me = pg->getRank();
-  const int64_t world = pg->getSize();
-  const c10::Device device = comm::comm_device(*pg, like.device());
+  DataOpCall call(std::string(group_name), kRedistribute, like.device());
   const auto dtype = like.scalar_type();
-  std::shared_ptr<const layout::Layout> source;
-  std::shared_ptr<const layout::Layout> target;
-  std::shared_ptr<const layout::TransferPlan> plan;
-  comm::LocalTensors src_local;
-  comm::LocalTensors out;
-  comm::Moves moves;
-  comm::Values mine{};
-  std::exception_ptr error;
-  try {
-    source = replicated_layout(global_size, src_offsets, src_sizes, src_owners, world, like.device().type(),
-                               kRedistribute, "source");
-    target = replicated_layout(global_size, dst_offsets, dst_sizes, dst_owners, world, like.device().type(),
-                               kRedistribute, "target");
-    const auto mine_src = source->shards_of(me);
+  call.prepare([&] {
+    call.source = replicated_layout(global_size, src_offsets, src_sizes, src_owners, call.world,
+                                    like.device().type(), kRedistribute, "source");
+    call.target = replicated_layout(global_size, dst_offsets, dst_sizes, dst_owners, call.world,
+                                    like.device().type(), kRedistribute, "target");
+    const int64_t me = call.me;
+    const auto mine_src = call.source->shards_of(me);
     TORCH_CHECK_VALUE(mine_src.size() == sources.size(), "torch_shard.redistribute: rank ", me, " holds ",
                       mine_src.size(), " source boxes, but got ", sources.size(), " tensors");
     for (size_t k = 0; k < sources.size(); ++k) {
       const at::Tensor& t = sources[k];
-      const auto& box = source->box(static_cast<size_t>(mine_src[k]));
+      const auto& box = call.source->box(static_cast<size_t>(mine_src[k]));
       TORCH_CHECK_VALUE(t.sizes() == c10::IntArrayRef(box.sizes),
                         "torch_shard.redistribute: the local tensor ", k, " on rank ", me, " has size ",
                         t.sizes(), ", but its box ",
@@ -93,34 +80,21 @@ std::vector<at::Tensor> redistribute(at::TensorList sources, const at::Tensor& l
                        " on rank ", me, " is ", t.scalar_type(), ", expected ", dtype);
       TORCH_CHECK_VALUE(t.device() == like.device(), "torch_shard.redistribute: the local tensor ", k,
                         " on rank ", me, " is on ", t.device(), ", expected ", like.device());
-      src_local.tensors.push_back(t.contiguous());
-      src_local.indices.push_back(mine_src[k]);
+      call.src_local.tensors.push_back(t.contiguous());
+      call.src_local.indices.push_back(mine_src[k]);
     }
-    for (const int64_t i : target->shards_of(me)) {
-      out.tensors.push_back(at::empty(target->box(static_cast<size_t>(i)).sizes, like.options()));
-      out.indices.push_back(i);
+    for (const int64_t i : call.target->shards_of(me)) {
+      call.dst_local.tensors.push_back(
+          at::empty(call.target->box(static_cast<size_t>(i)).sizes, like.options()));
+      call.dst_local.indices.push_back(i);
     }
-    plan = comm::cached_plan(source, target, me, world);
-    moves = comm::transfer_moves(*plan, *source, src_local, *target, out, me, device, dtype);
-    mine = {layout_and_dtype_fp(*source, dtype), static_cast<int64_t>(target->fingerprint()), 0, 0};
-  } catch (...) {
-    error = std::current_exception();
-  }
-  comm::exchange(*pg, device, agreement(comm::OpKind::kRedistribute, mine, error, check_redistribute),
-                 &moves);
-  return out.tensors;
+    call.plan_moves(dtype);
+    return comm::Values{layout_and_dtype_fp(*call.source, dtype),
+                        static_cast<int64_t>(call.target->fingerprint()), 0, 0};
+  });
+  call.exchange(comm::OpKind::kRedistribute, check_redistribute);
+  return std::move(call.dst_local.tensors);
 }
 
 } // namespace ops
-
-// CPU and CUDA kernels (autograd and a raising fake kernel in torch_shard/_support/_op_registrations.py),
-// as the lookups in one call.
-TORCH_LIBRARY_IMPL(torch_shard, CPU, m) {
-  m.impl("_redistribute", TORCH_FN(ops::redistribute));
-}
-
-TORCH_LIBRARY_IMPL(torch_shard, CUDA, m) {
-  m.impl("_redistribute", TORCH_FN(ops::redistribute));
-}
-
 } // namespace torch_shard

@@ -39,7 +39,6 @@
 #include <ATen/ops/full_like.h>
 #include <ATen/ops/where.h>
 #include <c10/util/Exception.h>
-#include <torch/library.h>
 
 #include "comm/process_group.h"
 #include "layout/layout.h"
@@ -180,9 +179,4 @@ void embedding_renorm(const at::Tensor& local, const at::Tensor& ids, int64_t di
 }
 
 } // namespace ops
-
-TORCH_LIBRARY_IMPL(torch_shard, CompositeImplicitAutograd, m) {
-  m.impl("_embedding_renorm_", TORCH_FN(ops::embedding_renorm));
-}
-
 } // namespace torch_shard

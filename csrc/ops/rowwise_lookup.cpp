@@ -365,13 +365,4 @@ at::Tensor rowwise_lookup_backward(const at::Tensor& grad, at::TensorList saved,
 }
 
 } // namespace ops
-
-TORCH_LIBRARY_IMPL(torch_shard, CPU, m) {
-  ops::register_lookup<ops::rowwise_lookup, ops::rowwise_lookup_backward>(m, "_rowwise_lookup");
-}
-
-TORCH_LIBRARY_IMPL(torch_shard, CUDA, m) {
-  ops::register_lookup<ops::rowwise_lookup, ops::rowwise_lookup_backward>(m, "_rowwise_lookup");
-}
-
 } // namespace torch_shard

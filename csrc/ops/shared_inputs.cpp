@@ -8,7 +8,6 @@
 
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
-#include <torch/library.h>
 
 #include "comm/process_group.h"
 #include "layout/box.h"
@@ -39,26 +38,18 @@ int64_t scalars_fingerprint(c10::ArrayRef<double> arguments) {
 }
 
 void check_shared(const std::vector<comm::Values>& all, int64_t me) {
-  if (const int64_t r = first_mismatch(all, me, 0); r >= 0) {
-    TORCH_CHECK_VALUE(false, "torch_shard: the sharded weight on rank ", me,
-                      " does not match with the sharded weight on rank ", r, " (different layouts)");
-  }
-  if (const int64_t r = first_mismatch(all, me, 2); r >= 0) {
-    TORCH_CHECK_VALUE(false, "torch_shard: the arguments on rank ", me,
-                      " do not match with the arguments on rank ", r,
-                      " (e.g. per_sample_weights given on some ranks only)");
-  }
-  if (const int64_t r = first_mismatch(all, me, 3); r >= 0) {
-    TORCH_CHECK_VALUE(false, "torch_shard: the arguments on rank ", me,
-                      " do not match with the arguments on rank ", r,
-                      " (mode, padding_idx, max_norm or norm_type: each rank computes the "
-                      "other ranks' lookups with its own, so they must be the same on "
-                      "every rank)");
-  }
-  if (const int64_t r = first_mismatch(all, me, 1); r >= 0) {
-    TORCH_CHECK_VALUE(false, "torch_shard: the inputs on rank ", me, " do not match with the inputs on rank ",
-                      r, " (different numbers of tensors or dtypes)");
-  }
+  raise_first_mismatch(
+      all, me,
+      {{0, "torch_shard: the sharded weight on rank ", " does not match with the sharded weight on rank ",
+        " (different layouts)"},
+       {2, "torch_shard: the arguments on rank ", " do not match with the arguments on rank ",
+        " (e.g. per_sample_weights given on some ranks only)"},
+       {3, "torch_shard: the arguments on rank ", " do not match with the arguments on rank ",
+        " (mode, padding_idx, max_norm or norm_type: each rank computes the "
+        "other ranks' lookups with its own, so they must be the same on "
+        "every rank)"},
+       {1, "torch_shard: the inputs on rank ", " do not match with the inputs on rank ",
+        " (different numbers of tensors or dtypes)"}});
 }
 
 } // namespace
@@ -187,8 +178,6 @@ Shared share_inputs(c10d::ProcessGroup& pg, const ShareRequest& request) {
   return shared;
 }
 
-namespace {
-
 // The op: parts only (init_from_local_shards' records, for one).
 std::vector<at::Tensor> share_inputs_op(at::TensorList parts, int64_t fingerprint, int64_t flags,
                                         c10::string_view group_name, c10::ArrayRef<double> arguments) {
@@ -200,12 +189,6 @@ std::vector<at::Tensor> share_inputs_op(at::TensorList parts, int64_t fingerprin
   request.flags = flags;
   request.arguments = arguments;
   return share_inputs(*pg, request).parts;
-}
-
-} // namespace
-
-TORCH_LIBRARY_IMPL(torch_shard, CompositeImplicitAutograd, m) {
-  m.impl("_share_inputs", TORCH_FN(share_inputs_op));
 }
 
 } // namespace ops

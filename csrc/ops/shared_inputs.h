@@ -32,6 +32,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/util/ArrayRef.h>
+#include <c10/util/string_view.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "comm/exchange.h"
@@ -65,6 +66,11 @@ struct Shared {
 // Raises on every rank when any rank failed (its own error there, the same class carrying its message
 // elsewhere) or the agreed values differ; otherwise every rank's parts on every rank.
 Shared share_inputs(c10d::ProcessGroup& pg, const ShareRequest& request);
+
+// The op _share_inputs: share_inputs with parts, fingerprint, flags and arguments only; every rank's
+// parts, rank-major.
+std::vector<at::Tensor> share_inputs_op(at::TensorList parts, int64_t fingerprint, int64_t flags,
+                                        c10::string_view group_name, c10::ArrayRef<double> arguments);
 
 } // namespace ops
 } // namespace torch_shard
