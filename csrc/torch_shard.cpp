@@ -2,11 +2,10 @@
 // Which kernel serves which op, per dispatch key, is the one table in csrc/ops/registration.cpp; fake
 // kernels and autograd written in Python are in torch_shard/_support/_op_registrations.py.
 //
-// Tracing (FakeTensorMode: torch.compile, torch.export, make_fx): _embedding_bag_partial, its backward
-// and chunk_boxes have fake kernels and can be traced. The data ops communicate and the impl ops build
-// or read a ShardedTensor's C++ impl, so they cannot be traced: they raise a RuntimeError under
-// FakeTensorMode or make_fx; so do the layout ops that read their tensors' values when given fake
-// tensors. See NOTE [ Ops that cannot be traced ] (csrc/ops/untraceable.h). The rest take no tensors.
+// Tracing (FakeTensorMode: torch.compile, torch.export, make_fx): chunk_boxes has a fake kernel and can
+// be traced. The data ops and lookups communicate and the impl ops build or read a ShardedTensor's C++
+// impl, so they cannot be traced: they raise a RuntimeError under FakeTensorMode or make_fx; so do the
+// layout ops that read their tensors' values when given fake tensors. See NOTE [ Ops that cannot be traced ] (csrc/ops/untraceable.h). The rest take no tensors.
 //
 // Importing torch_shard._C loads this shared object; the static initialisers below register the ops,
 // which Python then reaches as torch.ops.torch_shard.*. There is no pybind11 module: the module's
@@ -120,21 +119,6 @@ TORCH_LIBRARY(torch_shard, m) {
   // The Python exception class name of each error code a failing rank reports to the others, in code
   // order from 1: the one table of these codes (csrc/comm/exchange.h, ErrorCode).
   m.def("_error_classes() -> str[]");
-  // Row-wise sharded embedding_bag (csrc/ops/partial_pooling.cpp): pool, per bag, the rows of `weight`
-  // (global rows row_start..) that a requester's bags use; mode "sum" or "max". Returns the pooled
-  // [num_bags, dim] (0 / -inf where the shard holds none of a bag's ids) and, for max, the position in
-  // ids of the winning id per element (-1 for none; NOTE [ Max ties ]). padding_idx -1 means none. Bag
-  // b holds ids[offsets[b]:offsets[b+1]] (the last to the end); both kernels check offsets
-  // (non-decreasing, within [0, numel(ids)]), shapes, devices, row_start/rows and argmax, so no call
-  // reads or writes out of bounds. `owned`: how many ids (from offsets[0] on) fall in the shard's rows,
-  // when the caller knows it without reading device memory (the kernels then never read it either);
-  // None: counted here. CPU and CUDA kernels, fake kernels, and the forward's autograd (its backward is
-  // the second op).
-  m.def("_embedding_bag_partial(Tensor weight, Tensor ids, Tensor offsets, Tensor? per_sample_weights, "
-        "int row_start, str mode, int padding_idx, int? owned=None) -> (Tensor, Tensor)");
-  m.def("_embedding_bag_partial_backward(Tensor grad, Tensor ids, Tensor offsets, "
-        "Tensor? per_sample_weights, Tensor argmax, int row_start, int rows, str mode, "
-        "int padding_idx, int? owned=None) -> Tensor");
   // --- sharded lookups (csrc/ops/): one call per forward and one per backward ---
   // A lookup's table has `num_embeddings` rows and is sharded along one dim; block_starts and
   // block_sizes give each group rank's block along it (rows, or columns), which must tile the dim (an

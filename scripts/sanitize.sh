@@ -41,7 +41,7 @@ if [ "$status" -eq 0 ]; then
   "$PY" -m pytest -q -p no:cacheprovider --rootdir "$ROOT" -c "$ROOT/pyproject.toml" \
       "$ROOT"/tests/test_layout.py "$ROOT"/tests/test_properties.py \
       "$ROOT"/tests/test_sharded_tensor_impl.py "$ROOT"/tests/test_reshard_properties.py \
-      "$ROOT"/tests/test_partial_pooling_op.py "$ROOT"/tests/test_lookup_ops_aten_kernels.py "$ROOT"/tests/test_agreement.py \
+      "$ROOT"/tests/test_lookup_one_rank.py "$ROOT"/tests/test_lookup_ops_aten_kernels.py "$ROOT"/tests/test_agreement.py \
       "$ROOT"/tests/test_every_layout.py "$ROOT"/tests/test_core.py || status=$?
 fi
 unset LD_PRELOAD

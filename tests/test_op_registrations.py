@@ -16,11 +16,7 @@ _ops = torch.ops.torch_shard
 # Every op of the library, by kind. An op added to csrc/torch_shard.cpp must be added here too
 # (test_every_op_is_classified), with its kernels and fake kernel or its error under FakeTensorMode.
 # Traceable: a kernel per backend key (or one for all of them) and a fake kernel.
-TRACEABLE = {
-    "_embedding_bag_partial": ("CPU", "CUDA"),
-    "_embedding_bag_partial_backward": ("CPU", "CUDA"),
-    "chunk_boxes": ("CompositeExplicitAutograd",),
-}
+TRACEABLE = {"chunk_boxes": ("CompositeExplicitAutograd",)}
 # Not traceable (CompositeImplicitAutograd, raising under FakeTensorMode): they communicate ...
 COMMUNICATE = {
     "shard", "gather", "reshard", "_abort", "_agree_shard", "_share_inputs", "_all_ranks_true",
@@ -62,43 +58,6 @@ def _long(*values):
     return torch.tensor(values, dtype=torch.int64)
 
 
-def _owned(ids, offsets, row_start, rows):
-    """How many ids, from offsets[0] on, fall in rows [row_start, row_start + rows)."""
-    if offsets.numel() == 0:
-        return 0
-    tail = ids[int(offsets[0]) :]
-    return int(((tail >= row_start) & (tail < row_start + rows)).sum())
-
-
-def _partial_samples():
-    """(CPU loops or not, args) of _embedding_bag_partial: sum and max, with and without per-sample
-    weights, a padding id, `owned` given or not, the CPU's loops or the composition, empty bags, no bags,
-    no ids."""
-    gen = torch.Generator().manual_seed(0)
-    row_start, rows, dim = 10, 5, 3
-    ids = _long(10, 12, 3, 14, 11, 10, 20, 13)
-    offsets = _long(0, 2, 2, 5)  # bag 1 is empty
-    psw = torch.rand(ids.numel(), generator=gen, dtype=torch.float64)
-    samples = []
-    for mode in ("sum", "max"):
-        for fused in (True, False):
-            for weighted in (False, True):
-                if weighted and mode == "max":
-                    continue
-                for padding_idx in (-1, 12):
-                    for owned in (None, _owned(ids, offsets, row_start, rows)):
-                        weight = torch.randn(rows, dim, generator=gen, dtype=torch.float64, requires_grad=True)
-                        samples.append(
-                            (fused, (weight, ids, offsets, psw if weighted else None, row_start, mode, padding_idx, owned))
-                        )
-    for mode in ("sum", "max"):
-        weight = torch.randn(rows, dim, generator=gen, requires_grad=True)
-        samples.append((True, (weight, ids, _long(), None, row_start, mode, -1, 0)))  # no bags
-        samples.append((False, (weight, _long(), _long(0, 0), None, row_start, mode, -1, None)))  # no ids
-        samples.append((True, (weight, _long(1, 2), _long(0), None, row_start, mode, -1, None)))  # none owned
-    return samples
-
-
 class TestRegistrations(TestCase):
     def test_every_op_is_classified(self):
         registered = {
@@ -118,10 +77,6 @@ class TestRegistrations(TestCase):
                     self.assertTrue(_has_kernel(name, key), f"{name} has no {key} kernel")
                 self.assertFalse(_has_kernel(name, "CompositeImplicitAutograd"))
                 self.assertTrue(_has_fake_kernel(name))
-        # The forward's autograd is registered with the op (torch.library.register_autograd), not a
-        # Python autograd.Function around it; the backward op has none (no double backward).
-        self.assertTrue(_has_kernel("_embedding_bag_partial", "Autograd"))
-        self.assertFalse(_has_kernel("_embedding_bag_partial_backward", "Autograd"))
         for name in LOOKUP:
             with self.subTest(op=name):
                 for key in ("CPU", "CUDA"):
@@ -134,15 +89,6 @@ class TestRegistrations(TestCase):
             with self.subTest(op=name):
                 self.assertTrue(_has_kernel(name, "CompositeImplicitAutograd"))
                 self.assertFalse(_has_fake_kernel(name))
-
-    def test_opcheck_embedding_bag_partial(self):
-        # Schema (no undeclared mutation or aliasing), autograd registration, fake kernel against the
-        # real one (shapes, dtypes, strides, devices), and AOTAutograd with dynamic shapes (outputs and
-        # gradients against eager).
-        for fused, sample in _partial_samples():
-            with self.subTest(mode=sample[5], weighted=sample[3] is not None, pad=sample[6], fused=fused, owned=sample[7], ids=sample[1].numel(), bags=sample[2].numel()):
-                with cpu_loops(fused):
-                    torch.library.opcheck(_ops._embedding_bag_partial.default, sample)
 
     @requires_testing_library
     def test_bucket_ids_and_unpack_received(self):
@@ -199,33 +145,6 @@ class TestRegistrations(TestCase):
         with self.assertRaisesRegex(ValueError, "is not within"):
             testing._bucket_ids(_long(1), None, [0, 10], [10, 1], 10, -1)
 
-    def test_opcheck_embedding_bag_partial_backward(self):
-        for fused, (weight, ids, offsets, psw, row_start, mode, pad, owned) in _partial_samples():
-            with self.subTest(mode=mode, weighted=psw is not None, pad=pad, owned=owned, bags=offsets.numel()):
-                with cpu_loops(fused):
-                    with torch.no_grad():
-                        pooled, argmax = _ops._embedding_bag_partial(weight, ids, offsets, psw, row_start, mode, pad, owned)
-                    grad = torch.randn_like(pooled)
-                    args = (grad, ids, offsets, psw, argmax, row_start, weight.size(0), mode, pad, owned)
-                    torch.library.opcheck(_ops._embedding_bag_partial_backward.default, args)
-
-    def test_registered_autograd_matches_the_backward_op(self):
-        weight, ids, offsets, psw, row_start, _, pad, owned = _partial_samples()[4][1]
-        for mode in ("sum", "max"):
-            w = weight.detach().clone().requires_grad_(True)
-            pooled, argmax = _ops._embedding_bag_partial(w, ids, offsets, psw if mode == "sum" else None, row_start, mode, pad, owned)
-            self.assertFalse(argmax.requires_grad)
-            grad = torch.randn_like(pooled)
-            finite = torch.isfinite(pooled)
-            pooled.backward(torch.where(finite, grad, torch.zeros_like(grad)))
-            expected = _ops._embedding_bag_partial_backward(
-                torch.where(finite, grad, torch.zeros_like(grad)), ids, offsets, psw if mode == "sum" else None,
-                argmax, row_start, w.size(0), mode, pad, owned,
-            )
-            self.assertEqual(w.grad, expected)
-        with self.assertRaisesRegex(NotImplementedError, "per_sample_weights are not supported"):
-            _ops._embedding_bag_partial(weight, ids, offsets, psw.clone().requires_grad_(True), row_start, "sum", pad)
-
     def test_opcheck_chunk_boxes(self):
         for global_size, dim, chunks in (([10, 4], 0, 4), ([10, 4], -1, 3), ([3], 0, 5), ([0, 2], 0, 2)):
             with self.subTest(global_size=global_size, dim=dim, chunks=chunks):
@@ -237,23 +156,6 @@ class TestRegistrations(TestCase):
             # The fake kernel raises what the real one does.
             with self.assertRaisesRegex(ValueError, "Invalid sharding dim"):
                 _ops.chunk_boxes([10, 4], 2, 3)
-
-    def test_fake_kernels_check_metadata(self):
-        with FakeTensorMode():
-            weight, ids, offsets = torch.empty(4, 3), torch.empty(5, dtype=torch.int64), torch.empty(2, dtype=torch.int64)
-            pooled, argmax = _ops._embedding_bag_partial(weight, ids, offsets, None, 0, "max", -1)
-            self.assertEqual((pooled.shape, argmax.shape, argmax.dtype), ((2, 3), (2, 3), torch.int64))
-            with self.assertRaisesRegex(ValueError, "mode must be 'sum' or 'max', got mean"):
-                _ops._embedding_bag_partial(weight, ids, offsets, None, 0, "mean", -1)
-            with self.assertRaisesRegex(TypeError, "ids and offsets must be int64"):
-                _ops._embedding_bag_partial(weight, ids.int(), offsets, None, 0, "sum", -1)
-            with self.assertRaisesRegex(ValueError, "per_sample_weights must be 1-D with one weight per id"):
-                _ops._embedding_bag_partial(weight, ids, offsets, torch.empty(4), 0, "sum", -1)
-            grad = _ops._embedding_bag_partial_backward(pooled, ids, offsets, None, argmax, 0, 4, "max", -1)
-            self.assertEqual(grad.shape, (4, 3))
-            with self.assertRaisesRegex(ValueError, "grad must have one row per bag"):
-                _ops._embedding_bag_partial_backward(torch.empty(3, 3), ids, offsets, None, argmax, 0, 4, "sum", -1)
-
 
 class TestUntraceableOps(TestCase):
     """Under FakeTensorMode the ops that cannot be traced raise one RuntimeError naming themselves and

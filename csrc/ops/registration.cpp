@@ -11,7 +11,6 @@
 #include "ops/impl_ops.h"
 #include "ops/layout_ops.h"
 #include "ops/lookup_checks.h"
-#include "ops/partial_pooling.h"
 #include "ops/redistribute.h"
 #include "ops/renorm.h"
 #include "ops/rowwise_lookup.h"
@@ -21,15 +20,12 @@ namespace torch_shard {
 namespace ops {
 namespace {
 
-// The ops that take and return plain tensors only (the sharded lookups, the partial pooling,
-// _redistribute); their fake kernels and autograd are in Python. One kernel per op serves CPU and CUDA
-// tensors alike: the lookups and the pooling pick the fused CPU loops or the ATen composition themselves
-// (loops_for).
+// The ops that take and return plain tensors only (the sharded lookups, _redistribute); their fake
+// kernels and autograd are in Python. One kernel per op serves CPU and CUDA tensors alike: the lookups
+// pick the fused CPU loops or the ATen composition themselves (loops_for).
 void register_tensor_kernels(torch::Library& m) {
   register_lookup<rowwise_lookup, rowwise_lookup_backward>(m, "_rowwise_lookup");
   register_lookup<colwise_lookup, colwise_lookup_backward>(m, "_colwise_lookup");
-  m.impl("_embedding_bag_partial", TORCH_FN(embedding_bag_partial));
-  m.impl("_embedding_bag_partial_backward", TORCH_FN(embedding_bag_partial_backward));
   m.impl("_redistribute", TORCH_FN(redistribute));
 }
 

@@ -3,11 +3,8 @@
 ``csrc/torch_shard.cpp`` defines every schema and ``csrc/ops/`` registers the kernels per dispatch key.
 What is written in Python lives here, imported once with the extension:
 
-* fake kernels (``torch.library.register_fake``) for the ops that can be traced: the output's
-  shapes, dtypes and devices from the inputs' (FakeTensorMode, torch.compile, torch.export):
-  ``_embedding_bag_partial``, ``_embedding_bag_partial_backward`` and ``chunk_boxes``;
-* the autograd of ``_embedding_bag_partial`` (``torch.library.register_autograd``): its backward is
-  the op ``_embedding_bag_partial_backward``;
+* the fake kernel (``torch.library.register_fake``) of the one op that can be traced, ``chunk_boxes``:
+  the outputs' shapes from its arguments (FakeTensorMode, torch.compile, torch.export);
 * the autograd of ``_rowwise_lookup`` and ``_colwise_lookup`` (a whole sharded lookup in one call; each
   backward is the op of the same name with ``_backward``), and their fake kernels and make_fx rules,
   which raise: they communicate;
@@ -27,98 +24,6 @@ import torch
 from torch.fx.experimental.proxy_tensor import ProxyTorchDispatchMode
 
 from . import _torch_private as private
-
-_PARTIAL = "torch_shard::_embedding_bag_partial"
-_PARTIAL_BACKWARD = "torch_shard::_embedding_bag_partial_backward"
-
-
-def _check_bags(op: str, values, values_name: str, ids, offsets, per_sample_weights, row_start: int, rows) -> None:
-    """The metadata checks of the C++ kernels' check_bags (NOTE [ Partial pooling preconditions ]),
-    with their exception types and messages; the checks of the offsets' values stay in C++."""
-    if values.dim() != 2:
-        raise ValueError(f"{op}: {values_name} must be 2-D, got shape {list(values.shape)}")
-    if not values.is_floating_point():
-        raise TypeError(f"{op}: {values_name} must be a floating point tensor, got {values.dtype}")
-    if ids.dtype != torch.int64 or offsets.dtype != torch.int64:
-        raise TypeError(f"{op}: ids and offsets must be int64, got {ids.dtype} and {offsets.dtype}")
-    if ids.dim() != 1 or offsets.dim() != 1:
-        raise ValueError(f"{op}: ids and offsets must be 1-D, got {ids.dim()}-D and {offsets.dim()}-D")
-    for t in (ids, offsets) if per_sample_weights is None else (ids, offsets, per_sample_weights):
-        if t.device != values.device:
-            raise RuntimeError(
-                f"{op}: expected all tensors to be on the same device, but found at least two devices, "
-                f"{values.device} and {t.device}!"
-            )
-    if per_sample_weights is not None:
-        if per_sample_weights.dim() != 1 or per_sample_weights.numel() != ids.numel():
-            raise ValueError(
-                f"{op}: per_sample_weights must be 1-D with one weight per id ({ids.numel()}), got shape "
-                f"{list(per_sample_weights.shape)}"
-            )
-        if not per_sample_weights.is_floating_point():
-            raise TypeError(f"{op}: per_sample_weights must be a floating point tensor, got {per_sample_weights.dtype}")
-    if row_start < 0 or rows < 0:
-        raise ValueError(f"{op}: row_start and rows must be non-negative, got {row_start} and {rows}")
-
-
-def _check_mode(op: str, mode: str) -> None:
-    if mode not in ("sum", "max"):
-        raise ValueError(f"{op}: mode must be 'sum' or 'max', got {mode}")
-
-
-@torch.library.register_fake(_PARTIAL)
-def _embedding_bag_partial_fake(weight, ids, offsets, per_sample_weights, row_start, mode, padding_idx, owned=None):
-    """[num_bags, dim] of the weight's dtype, and the winners' positions in ids: int64 [num_bags, dim]
-    for "max", else empty; both on the weight's device."""
-    op = "torch_shard._embedding_bag_partial"
-    _check_mode(op, mode)
-    _check_bags(op, weight, "weight", ids, offsets, per_sample_weights, row_start, weight.shape[0])
-    num_bags, dim = offsets.shape[0], weight.shape[1]
-    argmax_shape = (num_bags, dim) if mode == "max" else (0,)
-    return weight.new_empty(num_bags, dim), ids.new_empty(argmax_shape)
-
-
-@torch.library.register_fake(_PARTIAL_BACKWARD)
-def _embedding_bag_partial_backward_fake(
-    grad, ids, offsets, per_sample_weights, argmax, row_start, rows, mode, padding_idx, owned=None
-):
-    """The weight shard's gradient: [rows, dim] of the gradient's dtype, on its device."""
-    op = "torch_shard._embedding_bag_partial_backward"
-    _check_mode(op, mode)
-    _check_bags(op, grad, "grad", ids, offsets, per_sample_weights, row_start, rows)
-    if grad.shape[0] != offsets.shape[0]:
-        raise ValueError(f"{op}: grad must have one row per bag ({offsets.shape[0]}), got shape {list(grad.shape)}")
-    if mode == "max" and rows != 0:
-        if argmax.dtype != torch.int64:
-            raise TypeError(f"{op}: argmax must be int64, got {argmax.dtype}")
-        if argmax.shape != grad.shape:
-            raise ValueError(f"{op}: argmax must have the shape of grad {list(grad.shape)}, got {list(argmax.shape)}")
-    return grad.new_empty(rows, grad.shape[1])
-
-
-def _partial_setup_context(ctx, inputs, output) -> None:
-    weight, ids, offsets, per_sample_weights, row_start, mode, padding_idx, owned = inputs
-    if per_sample_weights is not None and per_sample_weights.requires_grad:
-        raise NotImplementedError(
-            "torch_shard._embedding_bag_partial: gradients with respect to per_sample_weights are not supported"
-        )
-    _, argmax = output
-    ctx.save_for_backward(ids, offsets, per_sample_weights, argmax)
-    ctx.arguments = (row_start, weight.shape[0], mode, padding_idx, owned)
-
-
-def _partial_backward(ctx, grad_pooled, _grad_argmax):
-    ids, offsets, per_sample_weights, argmax = ctx.saved_tensors
-    row_start, rows, mode, padding_idx, owned = ctx.arguments
-    grad_weight = torch.ops.torch_shard._embedding_bag_partial_backward(
-        grad_pooled.contiguous(), ids, offsets, per_sample_weights, argmax, row_start, rows, mode, padding_idx, owned
-    )
-    # Only the weight is differentiable: ids, offsets and argmax are integers, and per_sample_weights
-    # never requires grad here (checked in the forward).
-    return grad_weight, None, None, None, None, None, None, None
-
-
-torch.library.register_autograd(_PARTIAL, _partial_backward, setup_context=_partial_setup_context)
 
 
 @torch.library.register_fake("torch_shard::chunk_boxes")
