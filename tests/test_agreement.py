@@ -7,6 +7,7 @@ call on the same process group still works.
 """
 
 import time
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -207,6 +208,24 @@ class TestEveryOpOneBadArgument(ShardedTensorTestBase):
             lambda: _ops._colwise_lookup_backward(torch.ones_like(out), saved, -1, "embedding", group),
             lambda: _ops._colwise_lookup_backward(torch.ones_like(out), saved[:3], -1, "embedding", group),
         )
+        # Every check a backward makes of what its caller passed (backward_head): the mode, the gradient's
+        # dims, and the saved counts' dtype and length (they are the last saved tensor of both ops).
+        for name, forward, local, layout in (
+            ("_rowwise_lookup_backward", _ops._rowwise_lookup, local_rows, rows_layout),
+            ("_colwise_lookup_backward", _ops._colwise_lookup, local_cols, cols_layout),
+        ):
+            out, saved = lookup(forward, local, layout)()
+            backward, grad = getattr(_ops, name), torch.ones_like(out)
+            good = (grad, saved, -1, "embedding", group)
+            bad_args = {
+                "mode": (grad, saved, -1, "bogus", group),
+                "1-D grad": (grad.flatten(), saved, -1, "embedding", group),
+                "float counts": (grad, saved[:-1] + [saved[-1].double()], -1, "embedding", group),
+                "short counts": (grad, saved[:-1] + [saved[-1][:-1]], -1, "embedding", group),
+            }
+            for what, args in bad_args.items():
+                self._all_raise(f"{name} ({what})", partial(backward, *good), partial(backward, *args))
+
         def renorm(dim, local, layout, ids):
             return lambda: _ops._embedding_renorm_(local.detach(), ids, dim, *layout, 16, 1.0, 2.0, 0, [], group)
 

@@ -37,14 +37,12 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
-#include "comm/process_group.h"
 #include "layout/layout.h"
 #include "ops/agreement.h"
 #include "ops/collectives.h"
 #include "ops/lookup_checks.h"
 #include "ops/lookup_common.h"
 #include "ops/shared_inputs.h"
-#include "ops/untraceable.h"
 
 namespace torch_shard {
 namespace ops {
@@ -100,8 +98,7 @@ ColumnRequest prepare_columns(c10d::ProcessGroup& pg, const LookupCall& call) {
 } // namespace
 
 LookupResult colwise_lookup(const LookupCall& call) {
-  check_not_tracing("_colwise_lookup", kCommunicates);
-  const auto pg = comm::resolve_group(std::string(call.group_name), "_colwise_lookup");
+  const auto pg = lookup_group(call.group_name, "_colwise_lookup");
   const at::Tensor &local = call.local, &ids = call.ids;
   const std::optional<at::Tensor>&offsets = call.offsets, &per_sample_weights = call.per_sample_weights;
   const int64_t padding_idx = call.padding_idx, num_embeddings = call.num_embeddings;
@@ -256,8 +253,7 @@ LookupResult colwise_lookup(const LookupCall& call) {
 
 at::Tensor colwise_lookup_backward(const at::Tensor& grad, at::TensorList saved, int64_t padding_idx,
                                    c10::string_view mode_name, c10::string_view group_name) {
-  check_not_tracing("_colwise_lookup_backward", kCommunicates);
-  const auto pg = comm::resolve_group(std::string(group_name), "_colwise_lookup_backward");
+  const auto pg = lookup_group(group_name, "_colwise_lookup_backward");
   const int64_t me = pg->getRank(), world = pg->getSize();
   // 1. This rank's checks (a failure here is reported in the agreement).
   LookupMode mode = LookupMode::kEmbedding;
@@ -265,15 +261,11 @@ at::Tensor colwise_lookup_backward(const at::Tensor& grad, at::TensorList saved,
   int64_t rows = 0;
   std::exception_ptr error;
   try {
-    mode = parse_mode(kColumnBackward, mode_name);
-    TORCH_CHECK_VALUE(saved.size() == kNumSaved, kColumnBackward, ": expected ",
-                      static_cast<int64_t>(kNumSaved), " saved tensors, got ", saved.size());
-    TORCH_CHECK_VALUE(grad.dim() == 2, kColumnBackward, ": grad must be 2-D, got ", grad.sizes());
-    const at::Tensor counts = saved[kCounts].contiguous();
-    TORCH_CHECK_VALUE(counts.is_cpu() && counts.scalar_type() == at::kLong && counts.numel() == 1 + 3 * world,
-                      kColumnBackward, ": malformed counts");
-    const int64_t* c = counts.const_data_ptr<int64_t>();
-    rows = *c++;
+    const BackwardHead head =
+        backward_head(kColumnBackward, mode_name, grad, saved, kNumSaved, kCounts, 1 + 3 * world);
+    mode = head.mode;
+    rows = head.counts[0];
+    const int64_t* c = head.counts.data() + 1; // then each rank's rows, widths and first columns
     TORCH_CHECK_VALUE(rows >= 0 && padding_idx >= -1 && padding_idx < rows, kColumnBackward,
                       ": malformed counts");
     rows_of.assign(c, c + world);

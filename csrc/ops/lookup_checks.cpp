@@ -14,8 +14,10 @@
 #include <c10/util/Exception.h>
 
 #include "comm/exchange.h"
+#include "comm/process_group.h"
 #include "layout/layout.h"
 #include "ops/lookup_common.h"
+#include "ops/untraceable.h"
 
 namespace torch_shard {
 namespace ops {
@@ -143,6 +145,11 @@ void raise_input_error(const LookupInput& input) {
               "torch_shard: an input check failed on the device but not on the host; please report this");
 }
 
+c10::intrusive_ptr<c10d::ProcessGroup> lookup_group(c10::string_view group_name, const char* op) {
+  check_not_tracing(op, kCommunicates);
+  return comm::resolve_group(std::string(group_name), op);
+}
+
 CheckedInput check_input(const char* op, const LookupCall& call) {
   const at::Tensor &local = call.local, &ids = call.ids;
   const std::optional<at::Tensor>&offsets = call.offsets, &per_sample_weights = call.per_sample_weights;
@@ -213,6 +220,21 @@ void agree_backward(c10d::ProcessGroup& pg, LookupOp op, LookupMode mode, const 
   request.device = grad.device();
   request.error = std::move(error);
   share_inputs(pg, request);
+}
+
+BackwardHead backward_head(const char* op, c10::string_view mode_name, const at::Tensor& grad,
+                           at::TensorList saved, size_t num_saved, size_t counts_at, int64_t words) {
+  const LookupMode mode = parse_mode(op, mode_name);
+  TORCH_CHECK_VALUE(saved.size() == num_saved, op, ": expected ", static_cast<int64_t>(num_saved),
+                    " saved tensors, got ", saved.size());
+  TORCH_CHECK_VALUE(grad.dim() == 2, op, ": grad must be 2-D, got ", grad.sizes());
+  const at::Tensor& counts = saved[counts_at];
+  TORCH_CHECK_VALUE(counts.is_cpu() && counts.scalar_type() == at::kLong && counts.dim() == 1 &&
+                        counts.numel() == words,
+                    op, ": malformed counts");
+  const at::Tensor dense = counts.contiguous();
+  const int64_t* c = dense.const_data_ptr<int64_t>();
+  return {mode, std::vector<int64_t>(c, c + words)};
 }
 
 at::Tensor bag_offsets(const LookupInput& input) {

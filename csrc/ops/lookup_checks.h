@@ -119,6 +119,10 @@ void register_lookup(torch::Library& m, const std::string& name) {
   m.impl((name + "_backward").c_str(), TORCH_FN(backward));
 }
 
+// The group of the lookup op `op` (its forward, backward or renorm), which communicates: it raises
+// under a tracing mode first (NOTE [ Ops that cannot be traced ]).
+c10::intrusive_ptr<c10d::ProcessGroup> lookup_group(c10::string_view group_name, const char* op);
+
 struct CheckedInput {
   LookupMode mode = LookupMode::kEmbedding;
   LookupInput input;
@@ -149,6 +153,16 @@ ShareRequest agreement_request(const CheckedInput& checked, int64_t fingerprint,
 // width and dtype (the bytes that move). Raises on every rank unless all agree.
 void agree_backward(c10d::ProcessGroup& pg, LookupOp op, LookupMode mode, const at::Tensor& grad,
                     std::exception_ptr error);
+
+// What a backward op reads first from what its forward saved, checked (a call made by hand gets a
+// ValueError, not a read out of bounds): its mode, and the `words` counts at saved[counts_at], a CPU
+// int64 tensor; `saved` must hold `num_saved` tensors and `grad` be 2-D.
+struct BackwardHead {
+  LookupMode mode;
+  std::vector<int64_t> counts;
+};
+BackwardHead backward_head(const char* op, c10::string_view mode_name, const at::Tensor& grad,
+                           at::TensorList saved, size_t num_saved, size_t counts_at, int64_t words);
 
 } // namespace ops
 } // namespace torch_shard

@@ -40,7 +40,6 @@
 #include <ATen/ops/where.h>
 #include <c10/util/Exception.h>
 
-#include "comm/process_group.h"
 #include "layout/layout.h"
 #include "ops/agreement.h"
 #include "ops/collectives.h"
@@ -48,7 +47,6 @@
 #include "ops/lookup_common.h"
 #include "ops/routing.h"
 #include "ops/shared_inputs.h"
-#include "ops/untraceable.h"
 
 namespace torch_shard {
 namespace ops {
@@ -140,10 +138,9 @@ void embedding_renorm(const at::Tensor& local, const at::Tensor& ids, int64_t di
                       c10::IntArrayRef block_starts, c10::IntArrayRef block_sizes, int64_t num_embeddings,
                       double max_norm, double norm_type, int64_t fingerprint, c10::ArrayRef<double> arguments,
                       c10::string_view group_name) {
-  check_not_tracing("_embedding_renorm_", kCommunicates);
+  const auto pg = lookup_group(group_name, "_embedding_renorm_");
   // In place on a leaf that may require grad, as F.embedding's embedding_renorm_ under no_grad.
   at::NoGradGuard no_grad;
-  const auto pg = comm::resolve_group(std::string(group_name), "_embedding_renorm_");
   // 1. This rank's request (a failure here is reported in the agreement).
   RenormRequest req;
   const std::exception_ptr error = prepared(req, [&] {

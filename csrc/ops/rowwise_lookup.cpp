@@ -44,7 +44,6 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
-#include "comm/process_group.h"
 #include "layout/layout.h"
 #include "ops/agreement.h"
 #include "ops/collectives.h"
@@ -53,7 +52,6 @@
 #include "ops/routing.h"
 #include "ops/rowwise_max.h"
 #include "ops/shared_inputs.h"
-#include "ops/untraceable.h"
 
 namespace torch_shard {
 namespace ops {
@@ -221,8 +219,7 @@ std::vector<int64_t> saved_counts(const RowRequest& req, const at::Tensor& local
 } // namespace
 
 LookupResult rowwise_lookup(const LookupCall& call) {
-  check_not_tracing("_rowwise_lookup", kCommunicates);
-  const auto pg = comm::resolve_group(std::string(call.group_name), "_rowwise_lookup");
+  const auto pg = lookup_group(call.group_name, "_rowwise_lookup");
   const at::Tensor &local = call.local, &ids = call.ids;
   const int64_t padding_idx = call.padding_idx;
   const bool needs_grad = call.needs_grad;
@@ -267,8 +264,7 @@ LookupResult rowwise_lookup(const LookupCall& call) {
 
 at::Tensor rowwise_lookup_backward(const at::Tensor& grad, at::TensorList saved, int64_t padding_idx,
                                    c10::string_view mode_name, c10::string_view group_name) {
-  check_not_tracing("_rowwise_lookup_backward", kCommunicates);
-  const auto pg = comm::resolve_group(std::string(group_name), "_rowwise_lookup_backward");
+  const auto pg = lookup_group(group_name, "_rowwise_lookup_backward");
   const int64_t world = pg->getSize();
   // 1. This rank's checks (a failure here is reported in the agreement).
   LookupMode mode = LookupMode::kEmbedding;
@@ -277,14 +273,10 @@ at::Tensor rowwise_lookup_backward(const at::Tensor& grad, at::TensorList saved,
   at::Tensor max_rows_grad; // max: the requester's part, before the agreement (it checks saved winners)
   std::exception_ptr error;
   try {
-    mode = parse_mode(kRowBackward, mode_name);
-    TORCH_CHECK_VALUE(saved.size() == kRowNumSaved, kRowBackward, ": expected ",
-                      static_cast<int64_t>(kRowNumSaved), " saved tensors, got ", saved.size());
-    TORCH_CHECK_VALUE(grad.dim() == 2, kRowBackward, ": grad must be 2-D, got ", grad.sizes());
-    const at::Tensor counts = saved[kRowCounts].contiguous();
-    TORCH_CHECK_VALUE(counts.is_cpu() && counts.scalar_type() == at::kLong && counts.numel() == 3 + 3 * world,
-                      kRowBackward, ": malformed counts");
-    const int64_t* c = counts.const_data_ptr<int64_t>();
+    const BackwardHead head =
+        backward_head(kRowBackward, mode_name, grad, saved, kRowNumSaved, kRowCounts, 3 + 3 * world);
+    mode = head.mode;
+    const int64_t* c = head.counts.data();
     rows = c[0];
     row_start = c[1];
     TORCH_CHECK_VALUE(rows >= 0 && row_start >= 0, kRowBackward, ": malformed counts");
