@@ -29,7 +29,6 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/string_view.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-#include <torch/library.h>
 
 #include "ops/lookup_common.h"
 #include "ops/shared_inputs.h"
@@ -107,16 +106,6 @@ lookup_kernel(const at::Tensor& local, const at::Tensor& ids, const std::optiona
   copy_aliases(outputs, inputs);
   copy_aliases(saved, inputs);
   return {outputs[0], saved};
-}
-
-// A lookup op's kernels for one dispatch key: `name` (its forward, through lookup_kernel) and
-// `name`_backward. CPU and CUDA tensors take the same ones (the CPU loops or the composition: loops_for).
-template <LookupResult (*forward)(const LookupCall&),
-          at::Tensor (*backward)(const at::Tensor&, at::TensorList, int64_t, c10::string_view,
-                                 c10::string_view)>
-void register_lookup(torch::Library& m, const std::string& name) {
-  m.impl(name.c_str(), TORCH_FN(lookup_kernel<forward>));
-  m.impl((name + "_backward").c_str(), TORCH_FN(backward));
 }
 
 // The group of the lookup op `op` (its forward, backward or renorm), which communicates: it raises

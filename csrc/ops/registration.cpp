@@ -3,6 +3,8 @@
 // their headers), the fake kernels and the autograd written in Python in
 // torch_shard/_support/_op_registrations.py. tests/test_op_registrations.py checks every op's keys.
 
+#include <string>
+
 #include <torch/library.h>
 
 #include "ops/collectives.h"
@@ -19,6 +21,15 @@
 namespace torch_shard {
 namespace ops {
 namespace {
+
+// A lookup op's kernels: `name` (its forward, through lookup_kernel) and `name`_backward.
+template <LookupResult (*forward)(const LookupCall&),
+          at::Tensor (*backward)(const at::Tensor&, at::TensorList, int64_t, c10::string_view,
+                                 c10::string_view)>
+void register_lookup(torch::Library& m, const std::string& name) {
+  m.impl(name.c_str(), TORCH_FN(lookup_kernel<forward>));
+  m.impl((name + "_backward").c_str(), TORCH_FN(backward));
+}
 
 // The ops that take and return plain tensors only (the sharded lookups, _redistribute); their fake
 // kernels and autograd are in Python. One kernel per op serves CPU and CUDA tensors alike: the lookups

@@ -42,7 +42,6 @@
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
-#include <torch/library.h>
 
 #include "layout/layout.h"
 #include "ops/agreement.h"
